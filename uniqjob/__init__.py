@@ -1,0 +1,64 @@
+"""uniqjob: stop duplicate background jobs.
+
+Mix :class:`UniqueJob` into a job class; each call's lock key comes from the
+class and its arguments. See the README for the guarantees.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .backends.base import Backend
+from .config import backend_from_url, configure, default_backend
+from .errors import (
+    BackendError,
+    ConfigurationError,
+    CorruptRecordError,
+    JobNotUnique,
+    UniqJobError,
+    UniqueKeyError,
+)
+from .job import Queue, UniqueJob
+from .joblock import JobLock
+
+if TYPE_CHECKING:
+    from .backends.file import FileBackend
+    from .backends.memory import MemoryBackend
+    from .backends.redis import RedisBackend
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "ConfigurationError",
+    "CorruptRecordError",
+    "FileBackend",
+    "JobLock",
+    "JobNotUnique",
+    "MemoryBackend",
+    "Queue",
+    "RedisBackend",
+    "UniqJobError",
+    "UniqueJob",
+    "UniqueKeyError",
+    "backend_from_url",
+    "configure",
+    "default_backend",
+]
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "FileBackend": ".backends.file",
+    "MemoryBackend": ".backends.memory",
+    "RedisBackend": ".backends.redis",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Backends load on first use: a script on the file store never imports redis.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'uniqjob' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(module, __name__), name)

@@ -1,0 +1,217 @@
+"""The lock state machine over a plain, JSON-ready record.
+
+The memory and file backends keep each key as one such record and run these
+transitions under their own mutual exclusion; the Redis backend runs the same
+transitions as Lua scripts. The shared contract suite holds them to one meaning.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ..locks import (
+    QUEUED,
+    RUNNING,
+    Holder,
+    LockState,
+    QueueMeta,
+    QueueRecord,
+    RunClaim,
+    RunRecord,
+)
+from .base import Backend
+
+Record = dict[str, Any]
+
+
+class Slot:
+    """One key's locks as of ``now``, with lapsed leases and autoexpired locks dropped."""
+
+    def __init__(self, key: str, record: Record | None, now: float) -> None:
+        self.key = key
+        self.now = now
+        self.q: Record | None = None
+        self.r: Record | None = None
+        self.changed = False
+        if record:
+            self.q = record.get("q")
+            self.r = record.get("r")
+        if self.q is not None and self.q.get("expires") is not None and self.q["expires"] <= now:
+            self.q, self.changed = None, True
+        if self.r is not None and self.r["until"] <= now:
+            self.r, self.changed = None, True
+
+    # -- reading -------------------------------------------------------------------
+
+    def state(self) -> LockState:
+        queue = run = None
+        if self.q is not None:
+            q = self.q
+            expires = q.get("expires")
+            queue = QueueRecord(
+                token=q["token"],
+                state=q["state"],
+                since=q["since"],
+                meta=QueueMeta(q.get("cls", ""), q.get("args", ""), q.get("job_id", "")),
+                ttl=None if expires is None else expires - self.now,
+            )
+        if self.r is not None:
+            r = self.r
+            run = RunRecord(
+                token=r["token"],
+                holder=Holder(r["host"], r["node"], r["pid"], r["pstart"]),
+                started=r["started"],
+                lease=r["lease"],
+                lease_left=r["until"] - self.now,
+            )
+        return LockState(self.key, queue, run, self.now)
+
+    def record(self) -> Record | None:
+        """Return the record to store, or None when the key holds no lock."""
+        if self.q is None and self.r is None:
+            return None
+        return {"key": self.key, "q": self.q, "r": self.r}
+
+    # -- transitions ---------------------------------------------------------------
+
+    def _set_queue(self, token: str, state: str, meta: QueueMeta, ttl: float | None) -> None:
+        self.q = {
+            "token": token,
+            "state": state,
+            "since": self.now,
+            "cls": meta.cls,
+            "args": meta.args,
+            "job_id": meta.job_id,
+            "expires": None if ttl is None else self.now + ttl,
+        }
+        self.changed = True
+
+    def _set_run(self, token: str, claim: RunClaim) -> None:
+        h = claim.holder
+        started = self.r["started"] if self.r is not None and self.r["token"] == token else self.now
+        self.r = {
+            "token": token,
+            "host": h.host,
+            "node": h.node,
+            "pid": h.pid,
+            "pstart": h.pstart,
+            "started": started,
+            "lease": claim.lease,
+            "until": self.now + claim.lease,
+        }
+        self.changed = True
+
+    def claim(self, token: str, meta: QueueMeta, ttl: float | None, run: RunClaim | None) -> LockState | None:
+        if self.q is not None:
+            if self.q["state"] == RUNNING and self.r is None:
+                self.q, self.changed = None, True  # orphan: its holder stopped beating
+            else:
+                return self.state()
+        if run is not None:
+            if self.r is not None:
+                return self.state()
+            self._set_queue(token, RUNNING, meta, ttl)
+            self._set_run(token, run)
+        else:
+            self._set_queue(token, QUEUED, meta, ttl)
+        return None
+
+    def start(
+        self, token: str, run: RunClaim, meta: QueueMeta, ttl: float | None, adopt: bool
+    ) -> LockState | None:
+        if self.r is not None and self.r["token"] != token:
+            return self.state()
+        self._set_run(token, run)
+        if self.q is None:
+            self._set_queue(token, RUNNING, meta, ttl)
+        elif self.q["token"] == token or adopt:
+            self.q = {**self.q, "token": token, "state": RUNNING}
+        return None
+
+    def renew(self, token: str, lease: float) -> bool:
+        if self.r is None or self.r["token"] != token:
+            return False
+        self.r = {**self.r, "lease": lease, "until": self.now + lease}
+        self.changed = True
+        return True
+
+    def finish(self, token: str) -> None:
+        if self.r is not None and self.r["token"] == token:
+            self.r, self.changed = None, True
+        if self.q is not None and self.q["token"] == token:
+            self.q, self.changed = None, True
+
+    def dequeue(self, token: str | None) -> bool:
+        if self.q is None or self.q["state"] != QUEUED:
+            return False
+        if token is not None and self.q["token"] != token:
+            return False
+        self.q, self.changed = None, True
+        return True
+
+    def reclaim(self, queue_token: str | None, run_token: str | None) -> bool:
+        gone = False
+        if queue_token is not None and self.q is not None and self.q["token"] == queue_token:
+            self.q, gone = None, True
+        if run_token is not None and self.r is not None and self.r["token"] == run_token:
+            self.r, gone = None, True
+        self.changed |= gone
+        return gone
+
+
+class SlotBackend(Backend):
+    """A backend that keeps each key as one record and runs :class:`Slot` transitions on it.
+
+    Subclasses provide :meth:`_slot`: a context manager that holds the key's
+    mutual exclusion, yields its slot and stores the record if it changed.
+    """
+
+    @abstractmethod
+    def _slot(self, key: str) -> AbstractContextManager[Slot]: ...
+
+    def claim(
+        self,
+        key: str,
+        token: str,
+        *,
+        meta: QueueMeta,
+        ttl: float | None = None,
+        run: RunClaim | None = None,
+    ) -> LockState | None:
+        with self._slot(key) as slot:
+            return slot.claim(token, meta, ttl, run)
+
+    def start(
+        self,
+        key: str,
+        token: str,
+        *,
+        run: RunClaim,
+        meta: QueueMeta,
+        ttl: float | None = None,
+        adopt: bool = False,
+    ) -> LockState | None:
+        with self._slot(key) as slot:
+            return slot.start(token, run, meta, ttl, adopt)
+
+    def renew(self, key: str, token: str, lease: float) -> bool:
+        with self._slot(key) as slot:
+            return slot.renew(token, lease)
+
+    def finish(self, key: str, token: str) -> None:
+        with self._slot(key) as slot:
+            slot.finish(token)
+
+    def dequeue(self, key: str, token: str | None = None) -> bool:
+        with self._slot(key) as slot:
+            return slot.dequeue(token)
+
+    def reclaim(self, key: str, queue_token: str | None, run_token: str | None) -> bool:
+        with self._slot(key) as slot:
+            return slot.reclaim(queue_token, run_token)
+
+    def read(self, key: str) -> LockState:
+        with self._slot(key) as slot:
+            return slot.state()

@@ -1,0 +1,99 @@
+"""The backend contract: a handful of atomic primitives over one key's locks.
+
+Policy (conflict handling, the same-host liveness check, heartbeats) lives once,
+above the backends. A backend only makes each primitive atomic, reads time from
+its own clock (on Redis the server's ``TIME``, never the client's) and acts on
+a lock only while the caller's token still matches.
+
+Every backend passes the shared contract suite in ``tests/test_backend_contract.py``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
+from ..locks import LockState, QueueMeta, RunClaim
+
+__all__ = ["Backend"]
+
+
+class Backend(ABC):
+    """Where locks live. Subclasses implement the primitives below."""
+
+    #: Short name used in errors and logs.
+    name = "backend"
+
+    @abstractmethod
+    def claim(
+        self,
+        key: str,
+        token: str,
+        *,
+        meta: QueueMeta,
+        ttl: float | None = None,
+        run: RunClaim | None = None,
+    ) -> LockState | None:
+        """Take the queue lock of ``key`` for ``token``; None when taken, else the state in the way.
+
+        First, an orphan is reclaimed: a queue lock in state ``running`` whose
+        run lock has lapsed. A queue lock otherwise conflicts. ``ttl`` (seconds)
+        bounds the new lock's life (autoexpire). With ``run``, the lock is taken
+        in state ``running`` together with the run lock, in the same step; then
+        a live run lock (whose queue lock autoexpired) conflicts too.
+        """
+
+    @abstractmethod
+    def start(
+        self,
+        key: str,
+        token: str,
+        *,
+        run: RunClaim,
+        meta: QueueMeta,
+        ttl: float | None = None,
+        adopt: bool = False,
+    ) -> LockState | None:
+        """Take the run lock of ``key`` for ``token``; None when taken, else the state in the way.
+
+        A live run lock of another token conflicts; the caller's own (a
+        redelivered job) is renewed. The queue lock moves to state ``running``
+        if it is ``token``'s; it is created (with ``ttl``) if missing. With
+        ``adopt``, a queue lock of any token is taken over (a queue that cannot
+        carry tokens); without it, another token's queue lock is a successor's
+        and is left alone.
+        """
+
+    @abstractmethod
+    def renew(self, key: str, token: str, lease: float) -> bool:
+        """Extend ``token``'s run lock to ``lease`` seconds from now; False if it is no longer ours."""
+
+    @abstractmethod
+    def finish(self, key: str, token: str) -> None:
+        """Release the run lock and the queue lock of ``key``, each only if it is ``token``'s."""
+
+    @abstractmethod
+    def dequeue(self, key: str, token: str | None = None) -> bool:
+        """Release the queue lock of ``key`` while it is still ``queued``; True if released.
+
+        With ``token``, only that token's lock; a running lock is left to its holder.
+        """
+
+    @abstractmethod
+    def reclaim(self, key: str, queue_token: str | None, run_token: str | None) -> bool:
+        """Delete the locks of ``key`` that still carry the given tokens; True if any went.
+
+        The caller has proved the holder dead; the tokens make sure that a lock
+        taken since by someone else is never touched.
+        """
+
+    @abstractmethod
+    def read(self, key: str) -> LockState:
+        """Return a snapshot of ``key``'s locks (lapsed leases already dropped)."""
+
+    @abstractmethod
+    def scan(self) -> Iterator[str]:
+        """Yield every key that has a lock, streaming (never loading all at once)."""
+
+    def close(self) -> None:  # noqa: B027 - optional: most backends hold nothing
+        """Release connections and files held by the backend."""

@@ -1,0 +1,301 @@
+"""RedisBackend: locks in Redis, for many hosts.
+
+Each primitive is one Lua script, so one round trip and one atomic step. The
+scripts read the server's clock (``TIME``), never the client's. Both locks of a
+key share a hash tag, ``<namespace>:{<key>}:q`` and ``...:r``, so every script
+touches one cluster slot. Listing uses ``SCAN``, never ``KEYS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from typing import Any, TypeVar
+
+import redis
+from redis.commands.core import Script
+
+from ..errors import BackendError, ConfigurationError
+from ..locks import Holder, LockState, QueueMeta, QueueRecord, RunClaim, RunRecord
+from .base import Backend
+
+__all__ = ["RedisBackend"]
+
+T = TypeVar("T")
+
+# Shared by every script. KEYS[1] is the queue lock (a hash), KEYS[2] the run lock.
+# Times are written as "seconds.microseconds" strings of the server's TIME, so no
+# float ever rounds them.
+_PRELUDE = """
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local function clock()
+  local t = redis.call('TIME')
+  return t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+end
+local function snapshot(now)
+  return {0, now, redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[1]),
+          redis.call('HGETALL', KEYS[2]), redis.call('PTTL', KEYS[2])}
+end
+-- ARGV[i..i+4]: host, node, pid, pstart, lease_ms
+local function set_run(token, now, i)
+  local started = now
+  if redis.call('HGET', KEYS[2], 'token') == token then
+    started = redis.call('HGET', KEYS[2], 'started')
+  end
+  redis.call('HSET', KEYS[2], 'token', token, 'host', ARGV[i], 'node', ARGV[i + 1],
+             'pid', ARGV[i + 2], 'pstart', ARGV[i + 3], 'started', started, 'lease', ARGV[i + 4])
+  redis.call('PEXPIRE', KEYS[2], ARGV[i + 4])
+end
+-- ARGV[2..5]: ttl_ms (0: none), cls, args, job_id
+local function set_queue(token, state, now)
+  redis.call('HSET', KEYS[1], 'token', token, 'state', state, 'since', now,
+             'cls', ARGV[3], 'args', ARGV[4], 'job_id', ARGV[5])
+  if tonumber(ARGV[2]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+end
+"""
+
+# ARGV: token, ttl_ms, cls, args, job_id, mode ('q' or 'r'), host, node, pid, pstart, lease_ms
+# Returns {1} when taken, else a snapshot of what is in the way.
+_CLAIM = (
+    _PRELUDE
+    + """
+local now = clock()
+local state = redis.call('HGET', KEYS[1], 'state')
+if state then
+  if state == 'running' and redis.call('EXISTS', KEYS[2]) == 0 then
+    redis.call('DEL', KEYS[1])  -- orphan: its holder stopped beating
+  else
+    return snapshot(now)
+  end
+end
+if ARGV[6] == 'r' then
+  if redis.call('EXISTS', KEYS[2]) == 1 then return snapshot(now) end
+  set_queue(ARGV[1], 'running', now)
+  set_run(ARGV[1], now, 7)
+else
+  set_queue(ARGV[1], 'queued', now)
+end
+return {1}
+"""
+)
+
+# ARGV: token, ttl_ms, cls, args, job_id, adopt ('1' or '0'), host, node, pid, pstart, lease_ms
+# Returns {1} when the run lock is taken, else a snapshot of what is in the way.
+_START = (
+    _PRELUDE
+    + """
+local now = clock()
+local rtok = redis.call('HGET', KEYS[2], 'token')
+if rtok and rtok ~= ARGV[1] then return snapshot(now) end
+set_run(ARGV[1], now, 7)
+local qtok = redis.call('HGET', KEYS[1], 'token')
+if not qtok then
+  set_queue(ARGV[1], 'running', now)
+elseif qtok == ARGV[1] or ARGV[6] == '1' then
+  redis.call('HSET', KEYS[1], 'token', ARGV[1], 'state', 'running')
+end
+return {1}
+"""
+)
+
+# KEYS[1]: run lock. ARGV: token, lease_ms. Returns 1 if renewed, 0 if not ours.
+_RENEW = """
+if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'lease', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+# ARGV: token. Deletes each lock that is still the token's.
+_FINISH = """
+if redis.call('HGET', KEYS[2], 'token') == ARGV[1] then redis.call('DEL', KEYS[2]) end
+if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1
+"""
+
+# KEYS[1]: queue lock. ARGV: token or '' (any). Returns 1 if a queued lock was dropped.
+_DEQUEUE = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then return 0 end
+if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+# ARGV: queue token or '', run token or ''. Returns how many locks went.
+_RECLAIM = """
+local gone = 0
+if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
+  gone = gone + redis.call('DEL', KEYS[1])
+end
+if ARGV[2] ~= '' and redis.call('HGET', KEYS[2], 'token') == ARGV[2] then
+  gone = gone + redis.call('DEL', KEYS[2])
+end
+return gone
+"""
+
+_READ = _PRELUDE + "\nreturn snapshot(clock())\n"
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
+
+
+def _fields(flat: Sequence[Any]) -> dict[str, str]:
+    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+class RedisBackend(Backend):
+    """Locks in Redis, shared by every host that talks to the same server.
+
+    ``client`` is a redis-py client (``decode_responses`` on or off) or a URL
+    (``redis://``, ``rediss://``, ``unix://``). A URL gets bounded socket
+    timeouts (``timeout`` seconds), so an unreachable server fails the call
+    with :class:`BackendError` in bounded time; the job is then not run.
+    """
+
+    name = "redis"
+
+    def __init__(
+        self,
+        client: redis.Redis | str,
+        *,
+        namespace: str = "uniqjob",
+        timeout: float = 5.0,
+    ) -> None:
+        if isinstance(client, str):
+            try:
+                client = redis.Redis.from_url(client, socket_timeout=timeout, socket_connect_timeout=timeout)
+            except ValueError as exc:
+                raise ConfigurationError(f"bad Redis URL {client!r}: {exc}") from exc
+        self.client: redis.Redis = client
+        self.namespace = namespace
+        self._claim = self._script(_CLAIM)
+        self._start = self._script(_START)
+        self._renew = self._script(_RENEW)
+        self._finish = self._script(_FINISH)
+        self._dequeue = self._script(_DEQUEUE)
+        self._reclaim = self._script(_RECLAIM)
+        self._read = self._script(_READ)
+
+    def __repr__(self) -> str:
+        kwargs = self.client.connection_pool.connection_kwargs
+        where = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
+        return f"RedisBackend({where!r}, db={kwargs.get('db', 0)})"
+
+    def _script(self, source: str) -> Script:
+        return self.client.register_script(source)
+
+    def _keys(self, key: str) -> list[str]:
+        base = f"{self.namespace}:{{{key}}}"
+        return [base + ":q", base + ":r"]
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except redis.RedisError as exc:
+            raise BackendError(f"{exc} ({self!r})", self.name) from exc
+
+    def _eval(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+        return self._call(lambda: script(keys=keys, args=args))
+
+    def _state(self, key: str, reply: Sequence[Any]) -> LockState:
+        _, now_s, qflat, qttl, rflat, rttl = reply
+        now = float(_text(now_s))
+        queue = run = None
+        if qflat:
+            q = _fields(qflat)
+            queue = QueueRecord(
+                token=q["token"],
+                state=q["state"],
+                since=float(q["since"]),
+                meta=QueueMeta(q.get("cls", ""), q.get("args", ""), q.get("job_id", "")),
+                ttl=int(qttl) / 1000 if int(qttl) >= 0 else None,
+            )
+        if rflat:
+            r = _fields(rflat)
+            run = RunRecord(
+                token=r["token"],
+                holder=Holder(r["host"], r["node"], int(r["pid"]), int(r["pstart"])),
+                started=float(r["started"]),
+                lease=int(r["lease"]) / 1000,
+                lease_left=max(int(rttl), 0) / 1000,
+            )
+        return LockState(key, queue, run, now)
+
+    @staticmethod
+    def _args(token: str, meta: QueueMeta, ttl: float | None, flag: str, run: RunClaim | None) -> list[Any]:
+        args: list[Any] = [token, _ms(ttl) if ttl else 0, meta.cls, meta.args, meta.job_id, flag]
+        if run is not None:
+            h = run.holder
+            args += [h.host, h.node, h.pid, h.pstart, _ms(run.lease)]
+        return args
+
+    def claim(
+        self,
+        key: str,
+        token: str,
+        *,
+        meta: QueueMeta,
+        ttl: float | None = None,
+        run: RunClaim | None = None,
+    ) -> LockState | None:
+        args = self._args(token, meta, ttl, "q" if run is None else "r", run)
+        reply = self._eval(self._claim, self._keys(key), args)
+        return None if reply[0] == 1 else self._state(key, reply)
+
+    def start(
+        self,
+        key: str,
+        token: str,
+        *,
+        run: RunClaim,
+        meta: QueueMeta,
+        ttl: float | None = None,
+        adopt: bool = False,
+    ) -> LockState | None:
+        args = self._args(token, meta, ttl, "1" if adopt else "0", run)
+        reply = self._eval(self._start, self._keys(key), args)
+        return None if reply[0] == 1 else self._state(key, reply)
+
+    def renew(self, key: str, token: str, lease: float) -> bool:
+        return bool(self._eval(self._renew, self._keys(key)[1:], [token, _ms(lease)]))
+
+    def finish(self, key: str, token: str) -> None:
+        self._eval(self._finish, self._keys(key), [token])
+
+    def dequeue(self, key: str, token: str | None = None) -> bool:
+        return bool(self._eval(self._dequeue, self._keys(key)[:1], [token or ""]))
+
+    def reclaim(self, key: str, queue_token: str | None, run_token: str | None) -> bool:
+        return bool(self._eval(self._reclaim, self._keys(key), [queue_token or "", run_token or ""]))
+
+    def read(self, key: str) -> LockState:
+        return self._state(key, self._eval(self._read, self._keys(key), []))
+
+    def scan(self) -> Iterator[str]:
+        head = len(self.namespace) + 2  # "<namespace>:{"
+        match = f"{self.namespace}:{{*}}:[qr]"
+        cursor: int = 0
+        while True:
+            cursor, page = self._call(partial(self.client.scan, cursor, match=match, count=1000))
+            names = [_text(n) for n in page]
+            queued = {n[:-2] for n in names if n.endswith(":q")}
+            # A run lock whose queue lock autoexpired is still a held key.
+            lone = [n[:-2] for n in names if n.endswith(":r") and n[:-2] not in queued]
+            if lone:
+                pipe = self.client.pipeline(transaction=False)
+                for base in lone:
+                    pipe.exists(base + ":q")
+                exists = self._call(pipe.execute)
+                queued.update(base for base, e in zip(lone, exists, strict=True) if not e)
+            for base in queued:
+                yield base[head:-1]
+            if int(cursor) == 0:
+                return
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))

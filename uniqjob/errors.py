@@ -1,0 +1,86 @@
+"""The exception hierarchy of uniqjob.
+
+This module imports nothing else of the package, so every other module (and a
+worker that only needs to unpickle an error) can import it cheaply.
+
+Every exception keeps its facts as attributes, builds a useful ``str()`` and
+pickles: workers send exceptions across process boundaries, and the default
+``Exception.__reduce__`` would call ``__init__`` with the message alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "BackendError",
+    "ConfigurationError",
+    "CorruptRecordError",
+    "JobNotUnique",
+    "UniqJobError",
+    "UniqueKeyError",
+]
+
+
+class UniqJobError(Exception):
+    """Base class of every error raised by uniqjob."""
+
+
+class JobNotUnique(UniqJobError):
+    """The lock key is already held: the job is queued or running elsewhere."""
+
+    def __init__(self, key: str, holder: Mapping[str, Any] | None = None) -> None:
+        self.key = key
+        self.holder: dict[str, Any] = dict(holder or {})
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        facts = ", ".join(f"{k}={v}" for k, v in self.holder.items() if v not in (None, ""))
+        return f"job {self.key!r} is already locked" + (f" ({facts})" if facts else "")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.holder))
+
+
+class UniqueKeyError(UniqJobError, TypeError):
+    """A lock key cannot be derived from the job's arguments.
+
+    ``path`` names the offending argument, e.g. ``payload["user"]``.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}" if path else reason)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.reason))
+
+
+class ConfigurationError(UniqJobError, ValueError):
+    """A job class setting, URL or backend option is invalid."""
+
+
+class BackendError(UniqJobError):
+    """The lock store failed or could not be reached; the job was not run."""
+
+    def __init__(self, message: str, backend: str = "") -> None:
+        self.backend = backend
+        super().__init__(f"{backend}: {message}" if backend else message)
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message, self.backend))
+
+
+class CorruptRecordError(BackendError):
+    """A lock record cannot be read; it is never treated as a free lock."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"unreadable lock record {path}: {reason}", "file")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.reason))

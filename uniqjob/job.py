@@ -1,0 +1,357 @@
+"""The UniqueJob mixin: class settings, keys, enqueue and run, and the queue hooks."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import reprlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any, ClassVar, Literal
+
+from . import config
+from .backends.base import Backend
+from .errors import ConfigurationError, JobNotUnique, UniqueKeyError
+from .joblock import JobLock, held
+from .keys import digest, make_key
+from .locks import QueueMeta
+
+__all__ = ["ConflictPolicy", "Queue", "UniqueJob"]
+
+log = logging.getLogger(__name__)
+
+ConflictPolicy = Literal["log", "discard", "raise"]
+_POLICIES: tuple[str, ...] = ("log", "discard", "raise")
+
+# Every setting a job class may define; any other ``unique_*`` attribute is a typo.
+_SETTINGS = frozenset(
+    {
+        "unique_lock_autoexpire",
+        "unique_on_conflict",
+        "unique_run_lease",
+        "unique_args",
+        "unique_key",
+        "unique_backend",
+        "unique_queue",
+        "unique_lock",
+    }
+)
+
+_preview = reprlib.Repr()
+_preview.maxstring = 40
+_preview.maxother = 40
+
+
+class Queue:
+    """Base of queue integrations: ``enqueue`` hands jobs to a ``Queue``.
+
+    ``push`` is called with the queue lock already held; it must send
+    ``lock.key`` and ``lock.token`` with the job, so the worker can rebuild the
+    lock (``job_cls.lock_from(key, token)``) and run the job inside
+    ``lock.running()``. If ``push`` raises, the queue lock is released and the
+    error propagates: nothing stuck, nothing lost.
+    """
+
+    def new_job_id(self) -> str:
+        """Return the id the next pushed job will have, recorded in its queue lock; "" if unknown."""
+        return ""
+
+    def push(
+        self, job_cls: type[UniqueJob], lock: JobLock, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Hand the job to the queue with ``lock.meta.job_id`` as its id; return the queue's job handle."""
+        raise NotImplementedError
+
+    def job_gone(self, job_id: str) -> bool:
+        """True only if the queue can prove that job ``job_id`` will never run (deleted, expired).
+
+        A queued lock whose job is gone is reclaimed at the next enqueue. When
+        in doubt, return False: the lock is then kept.
+        """
+        return False
+
+
+def _seconds(value: object, what: str) -> float | None:
+    """Validate a duration setting: None, or a positive number of seconds or timedelta."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ConfigurationError(f"{what} must be a number of seconds or a timedelta, got {value!r}")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ConfigurationError(f"{what} must be positive and finite, got {value!r}")
+    return seconds
+
+
+class UniqueJob:
+    """Mix into a job class to stop duplicate calls of it.
+
+    Each call's lock key comes from the class and ``perform``'s arguments.
+    ``enqueue`` takes a queue lock; ``perform`` runs under a run lock kept alive
+    by a heartbeat; both are released when ``perform`` ends, however it ends.
+    """
+
+    #: Seconds (or a timedelta, or a classmethod returning either) after which a
+    #: queue lock expires even if its job never ran; None: never.
+    unique_lock_autoexpire: ClassVar[float | timedelta | None] = None
+    #: What a duplicate enqueue does: "log" (drop, log at INFO), "discard" or "raise".
+    unique_on_conflict: ClassVar[ConflictPolicy] = "log"
+    #: Seconds a run lock outlives its holder's last heartbeat (beats every third of it).
+    unique_run_lease: ClassVar[float] = 30.0
+    #: Names of the ``perform`` parameters that make the key; None: all of them.
+    unique_args: ClassVar[Sequence[str] | None] = None
+    #: This class's backend (a Backend or a URL); None: the process-wide default.
+    unique_backend: ClassVar[Backend | str | None] = None
+    #: The queue ``enqueue`` hands jobs to; None: run inline, like a queue in eager mode.
+    unique_queue: ClassVar[Queue | None] = None
+
+    _perform_signature: ClassVar[inspect.Signature | None] = None
+    _perform_bound: ClassVar[bool] = False  # perform is a classmethod or staticmethod
+    _custom_key: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in vars(cls):
+            if name.startswith("unique_") and name not in _SETTINGS:
+                known = ", ".join(sorted(_SETTINGS))
+                raise ConfigurationError(
+                    f"{cls.__qualname__}.{name} is not a uniqjob setting (known: {known})"
+                )
+        if cls.unique_on_conflict not in _POLICIES:
+            raise ConfigurationError(
+                f"{cls.__qualname__}.unique_on_conflict must be one of {', '.join(_POLICIES)};"
+                f" got {cls.unique_on_conflict!r}"
+            )
+        if not isinstance(inspect.getattr_static(cls, "unique_lock_autoexpire"), classmethod):
+            _seconds(cls.unique_lock_autoexpire, f"{cls.__qualname__}.unique_lock_autoexpire")
+        if _seconds(cls.unique_run_lease, f"{cls.__qualname__}.unique_run_lease") is None:
+            raise ConfigurationError(f"{cls.__qualname__}.unique_run_lease must be set")
+        backend = cls.unique_backend
+        if backend is not None and not isinstance(backend, (str, Backend)):
+            raise ConfigurationError(
+                f"{cls.__qualname__}.unique_backend must be a Backend or a URL, got {type(backend).__name__}"
+            )
+        cls._custom_key = inspect.getattr_static(cls, "unique_key") is not _DEFAULT_KEY
+        perform = inspect.getattr_static(cls, "perform", None)
+        if perform is not None:
+            cls._perform_bound = isinstance(perform, (classmethod, staticmethod))
+            signature = inspect.signature(cls.perform)
+            if not cls._perform_bound:  # drop ``self``
+                params = list(signature.parameters.values())[1:]
+                signature = signature.replace(parameters=params)
+            cls._perform_signature = signature
+        cls._check_unique_args()
+
+    @classmethod
+    def _check_unique_args(cls) -> None:
+        names = cls.unique_args
+        if names is None:
+            return
+        where = f"{cls.__qualname__}.unique_args"
+        if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+            raise ConfigurationError(f"{where} must be a tuple of parameter names, e.g. ('account_id',)")
+        if cls._perform_signature is not None:
+            unknown = [n for n in names if n not in cls._perform_signature.parameters]
+            if unknown:
+                raise ConfigurationError(
+                    f"{where} names {', '.join(unknown)}, not parameters of perform{cls._perform_signature}"
+                )
+
+    # -- the job ---------------------------------------------------------------------
+
+    def perform(self, *args: Any, **kwargs: Any) -> Any:
+        """The job's work. Override it (as a method, classmethod or staticmethod)."""
+        raise NotImplementedError(f"{type(self).__qualname__} must define perform()")
+
+    @classmethod
+    def invoke(cls, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """Call ``perform`` (on a new instance for a plain method) and return its result; no locks."""
+        if cls._perform_bound:
+            return cls.perform(*args, **kwargs)
+        return cls().perform(*args, **kwargs)
+
+    # -- keys ------------------------------------------------------------------------
+
+    @classmethod
+    def job_name(cls) -> str:
+        """Return the name that starts this class's keys: ``module.QualName``."""
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+    @classmethod
+    def unique_key(cls, *args: Any, **kwargs: Any) -> Any:
+        """Return the value whose digest makes the key; override to choose it.
+
+        By default: ``perform``'s arguments, bound to its signature with defaults
+        applied (so ``f(1)`` and ``f(a=1)`` are one key), limited to ``unique_args``.
+        """
+        signature = cls._perform_signature
+        if signature is None:
+            raise ConfigurationError(f"{cls.__qualname__} must define perform()")
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            reason = f"arguments do not match perform{signature}: {exc}"
+            raise UniqueKeyError(_param_in(str(exc)), reason) from None
+        bound.apply_defaults()
+        arguments = bound.arguments
+        if cls.unique_args is not None:
+            return {name: arguments[name] for name in cls.unique_args}
+        return arguments
+
+    @classmethod
+    def lock_key(cls, *args: Any, **kwargs: Any) -> str:
+        """Return the lock key of a call with these arguments."""
+        value = cls.unique_key(*args, **kwargs)
+        if cls._custom_key:
+            return f"{cls.job_name()}:1:{digest(value, 'unique_key()')}"
+        return make_key(cls.job_name(), value)
+
+    # -- settings resolved per call ---------------------------------------------------
+
+    @classmethod
+    def backend(cls) -> Backend:
+        """Return the backend this class's locks live in."""
+        target = cls.unique_backend
+        return config.default_backend() if target is None else config.resolve(target)
+
+    @classmethod
+    def autoexpire(cls) -> float | None:
+        """Return ``unique_lock_autoexpire`` in seconds (calling it if it is a classmethod)."""
+        value: Any = cls.unique_lock_autoexpire
+        if callable(value):
+            value = value()
+        return _seconds(value, f"{cls.__qualname__}.unique_lock_autoexpire")
+
+    @classmethod
+    def lock(cls, *args: Any, **kwargs: Any) -> JobLock:
+        """Return a new :class:`JobLock` for a call with these arguments (nothing is taken yet)."""
+        return cls._lock(cls.lock_key(*args, **kwargs), args, kwargs)
+
+    @classmethod
+    def lock_from(cls, key: str, token: str | None, *, adopt: bool = False) -> JobLock:
+        """Rebuild a job's lock from the key and token that travelled with it (worker side)."""
+        return cls._lock(key, (), {}, token=token, adopt=adopt)
+
+    @classmethod
+    def _lock(
+        cls,
+        key: str,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        *,
+        token: str | None = None,
+        adopt: bool = False,
+    ) -> JobLock:
+        meta = QueueMeta(cls.job_name(), _describe_call(args, kwargs))
+        return JobLock(
+            cls.backend(),
+            key,
+            token=token,
+            lease=float(cls.unique_run_lease),
+            ttl=cls.autoexpire(),
+            meta=meta,
+            adopt=adopt,
+        )
+
+    # -- the user's entry points -------------------------------------------------------
+
+    @classmethod
+    def enqueue(cls, *args: Any, **kwargs: Any) -> Any:
+        """Take the queue lock and hand the job to its queue (inline: run it now).
+
+        Returns the queue's job handle (inline: ``perform``'s result), or None
+        when the call is a duplicate and the policy drops it.
+        """
+        lock = cls.lock(*args, **kwargs)
+        queue = cls.unique_queue
+        if queue is None:
+            return cls._run(lock, args, kwargs)
+        lock.meta = replace(lock.meta, job_id=queue.new_job_id())
+        if not lock.acquire(gone=queue.job_gone):
+            return cls._conflict(lock)
+        try:
+            return queue.push(cls, lock, args, kwargs)
+        except BaseException:
+            lock.dequeue()
+            raise
+
+    @classmethod
+    def run(cls, *args: Any, **kwargs: Any) -> Any:
+        """Lock, perform in this process, release; for scripts and cron.
+
+        Returns ``perform``'s result, or None when the key is held and the policy drops the call.
+        """
+        return cls._run(cls.lock(*args, **kwargs), args, kwargs)
+
+    @classmethod
+    def _run(cls, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        if not lock.acquire(run=True):
+            return cls._conflict(lock)
+        with lock.running(started=True):
+            return cls.invoke(args, kwargs)
+
+    @classmethod
+    def _conflict(cls, lock: JobLock) -> None:
+        holder = lock.conflict.describe() if lock.conflict is not None else {}
+        policy = cls.unique_on_conflict
+        if policy == "raise":
+            raise JobNotUnique(lock.key, holder)
+        if policy == "log":
+            log.info("%s not run: %s is already locked (%s)", cls.job_name(), lock.key, holder)
+
+    # -- hooks for queues --------------------------------------------------------------
+
+    @classmethod
+    def before_enqueue(cls, *args: Any, **kwargs: Any) -> bool:
+        """Take the queue lock for these arguments; on conflict apply the policy and return False."""
+        lock = cls.lock(*args, **kwargs)
+        queue = cls.unique_queue
+        if lock.acquire(gone=queue.job_gone if queue is not None else None):
+            return True
+        cls._conflict(lock)
+        return False
+
+    @classmethod
+    @contextmanager
+    def around_perform(cls, *args: Any, **kwargs: Any) -> Iterator[JobLock]:
+        """Hold the key's locks while the body runs: the queued lock is taken over, the run lock kept alive.
+
+        Raises :class:`JobNotUnique` if another live job holds the run lock.
+        """
+        lock = cls._lock(cls.lock_key(*args, **kwargs), args, kwargs, adopt=True)
+        with lock.running():
+            yield lock
+
+    @classmethod
+    def after_dequeue(cls, *args: Any, **kwargs: Any) -> bool:
+        """Drop the key's queue lock while it is still queued (its job left the queue); True if dropped."""
+        return cls.backend().dequeue(cls.lock_key(*args, **kwargs))
+
+    @classmethod
+    def is_locked(cls, *args: Any, **kwargs: Any) -> bool:
+        """True when an enqueue with these arguments would conflict now; orphans don't count."""
+        state = cls.backend().read(cls.lock_key(*args, **kwargs))
+        return held(state, run_conflicts=cls.unique_queue is None)
+
+
+def _param_in(message: str) -> str:
+    """Pull the parameter name out of a ``Signature.bind`` error, if it names one."""
+    start = message.find("'")
+    end = message.find("'", start + 1)
+    return message[start + 1 : end] if 0 <= start < end else ""
+
+
+def _describe_call(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    """A short preview of a call's arguments, for people reading the lock."""
+    parts = [_preview.repr(a) for a in args[:6]]
+    parts += [f"{k}={_preview.repr(v)}" for k, v in list(kwargs.items())[:6]]
+    text = ", ".join(parts)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+_DEFAULT_KEY = inspect.getattr_static(UniqueJob, "unique_key")

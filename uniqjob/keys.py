@@ -1,0 +1,226 @@
+"""Canonical encoding of job arguments and the lock keys made from it.
+
+Pure functions, no I/O. The encoding is type-aware (``1``, ``"1"``, ``1.0`` and
+``True`` differ), order-free for dicts and sets, and treats lists and tuples
+alike, because queues serialise tuples as lists. Anything it does not know is a
+:class:`~uniqjob.errors.UniqueKeyError` that names the argument's path: a
+``repr()`` fallback would put memory addresses into keys and silently split them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import hashlib
+import json
+import math
+import uuid
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from typing import Any
+
+from .errors import UniqueKeyError
+
+__all__ = ["KEY_VERSION", "canonical", "digest", "make_key"]
+
+#: Bumped whenever the encoding changes, so old and new keys can never collide
+#: silently; the version is part of every key.
+KEY_VERSION = 1
+
+_Encoder = Callable[[Any, str, bytearray], None]
+
+
+def _str(value: str, out: bytearray) -> None:
+    raw = value.encode("utf-8", "surrogatepass")
+    out += b"s%d:" % len(raw)
+    out += raw
+
+
+def _enc_none(value: Any, path: str, out: bytearray) -> None:
+    out += b"n"
+
+
+def _enc_bool(value: bool, path: str, out: bytearray) -> None:
+    out += b"T" if value else b"F"
+
+
+def _enc_int(value: int, path: str, out: bytearray) -> None:
+    out += b"i%d;" % value
+
+
+def _enc_float(value: float, path: str, out: bytearray) -> None:
+    if math.isnan(value):
+        raise UniqueKeyError(path, "NaN is not equal to itself and cannot be part of a lock key")
+    out += b"f" + (value + 0.0).hex().encode() + b";"  # + 0.0 folds -0.0 into 0.0
+
+
+def _enc_str(value: str, path: str, out: bytearray) -> None:
+    _str(value, out)
+
+
+def _enc_bytes(value: bytes | bytearray | memoryview, path: str, out: bytearray) -> None:
+    raw = bytes(value)
+    out += b"b%d:" % len(raw)
+    out.extend(raw)
+
+
+def _enc_seq(value: list[Any] | tuple[Any, ...], path: str, out: bytearray) -> None:
+    out += b"l%d:" % len(value)
+    for i, item in enumerate(value):
+        _encode(item, f"{path}[{i}]", out)
+
+
+def _enc_dict(value: Mapping[Any, Any], path: str, out: bytearray) -> None:
+    pairs = []
+    for k, v in value.items():
+        item = bytearray()
+        _encode(k, f"{path} key {_show(k)}", item)
+        _encode(v, f"{path}[{_show(k)}]", item)
+        pairs.append(bytes(item))
+    pairs.sort()
+    out += b"d%d:" % len(pairs)
+    for pair in pairs:
+        out += pair
+
+
+def _enc_set(value: set[Any] | frozenset[Any], path: str, out: bytearray) -> None:
+    items = []
+    for v in value:
+        encoded = bytearray()
+        _encode(v, f"{path}{{{_show(v)}}}", encoded)
+        items.append(bytes(encoded))
+    items.sort()
+    out += b"S%d:" % len(items)
+    for item in items:
+        out += item
+
+
+def _enc_datetime(value: dt.datetime, path: str, out: bytearray) -> None:
+    offset = value.utcoffset()
+    if offset is None:
+        out += b"Dn" + value.isoformat().encode()
+    else:
+        # One key per instant, whatever the zone it was written in.
+        utc = (value.replace(tzinfo=None) - offset).isoformat()
+        out += b"Da" + utc.encode()
+    out += b";"
+
+
+def _enc_date(value: dt.date, path: str, out: bytearray) -> None:
+    out += b"Y" + value.isoformat().encode() + b";"
+
+
+def _enc_time(value: dt.time, path: str, out: bytearray) -> None:
+    out += b"H" + value.isoformat().encode() + b";"
+
+
+def _enc_decimal(value: Decimal, path: str, out: bytearray) -> None:
+    if value.is_nan():
+        raise UniqueKeyError(path, "Decimal NaN is not equal to itself and cannot be part of a lock key")
+    # Equal Decimals are one key: 1.5 and 1.50 normalise alike, and so do 0 and -0.
+    text = "0" if value == 0 else str(value.normalize())
+    out += b"M" + text.encode() + b";"
+
+
+def _enc_uuid(value: uuid.UUID, path: str, out: bytearray) -> None:
+    out += b"U" + value.hex.encode() + b";"
+
+
+def _enc_enum(value: enum.Enum, path: str, out: bytearray) -> None:
+    # A member differs from its value, even an IntEnum's: the class is in the key.
+    cls = type(value)
+    out += b"E"
+    _str(f"{cls.__module__}.{cls.__qualname__}", out)
+    _str(value.name, out)
+
+
+_EXACT: dict[type, _Encoder] = {
+    type(None): _enc_none,
+    bool: _enc_bool,
+    int: _enc_int,
+    float: _enc_float,
+    str: _enc_str,
+    bytes: _enc_bytes,
+    bytearray: _enc_bytes,
+    memoryview: _enc_bytes,
+    list: _enc_seq,
+    tuple: _enc_seq,
+    dict: _enc_dict,
+    set: _enc_set,
+    frozenset: _enc_set,
+    dt.datetime: _enc_datetime,
+    dt.date: _enc_date,
+    dt.time: _enc_time,
+    Decimal: _enc_decimal,
+    uuid.UUID: _enc_uuid,
+}
+
+# Order matters: Enum before the types its members may also be (IntEnum is an
+# int), bool before int, datetime before date.
+_BY_ISINSTANCE: tuple[tuple[type | tuple[type, ...], _Encoder], ...] = (
+    (enum.Enum, _enc_enum),
+    (bool, _enc_bool),
+    (int, _enc_int),
+    (float, _enc_float),
+    (str, _enc_str),
+    ((bytes, bytearray), _enc_bytes),
+    ((list, tuple), _enc_seq),
+    (Mapping, _enc_dict),
+    ((set, frozenset), _enc_set),
+    (dt.datetime, _enc_datetime),
+    (dt.date, _enc_date),
+    (dt.time, _enc_time),
+    (Decimal, _enc_decimal),
+    (uuid.UUID, _enc_uuid),
+)
+
+
+def _show(value: Any) -> str:
+    """Name a dict key or set item in an error path, never with a memory address."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if type(value) in (int, bool, float, type(None)):
+        return repr(value)
+    return f"<{type(value).__qualname__}>"
+
+
+def _encode(value: Any, path: str, out: bytearray) -> None:
+    encoder = _EXACT.get(type(value))
+    if encoder is None:
+        for types, candidate in _BY_ISINSTANCE:
+            if isinstance(value, types):
+                encoder = candidate
+                break
+        else:
+            raise UniqueKeyError(
+                path,
+                f"values of type {type(value).__module__}.{type(value).__qualname__} cannot be "
+                "part of a lock key (supported: None, bool, int, float, str, bytes, list, tuple, "
+                "dict, set, datetime, date, time, Decimal, UUID, Enum); "
+                "set unique_args or define unique_key()",
+            )
+    encoder(value, path, out)
+
+
+def canonical(value: Any, path: str = "") -> bytes:
+    """Return the canonical encoding of ``value``; equal values encode alike."""
+    out = bytearray()
+    _encode(value, path, out)
+    return bytes(out)
+
+
+def digest(value: Any, path: str = "") -> str:
+    """Return the versioned hex digest of ``value``'s canonical encoding."""
+    return hashlib.blake2b(canonical(value, path), digest_size=16).hexdigest()
+
+
+def make_key(name: str, arguments: Mapping[str, Any]) -> str:
+    """Return the lock key of job ``name`` called with bound ``arguments``.
+
+    Each argument's path in an error is its parameter name.
+    """
+    out = bytearray(b"d%d:" % len(arguments))
+    for param in sorted(arguments):
+        _str(param, out)
+        _encode(arguments[param], param, out)
+    return f"{name}:{KEY_VERSION}:{hashlib.blake2b(bytes(out), digest_size=16).hexdigest()}"

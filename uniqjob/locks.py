@@ -1,0 +1,205 @@
+"""Lock records, tokens and holder identity.
+
+A key has at most two locks. The **queue lock** lives from enqueue until perform
+ends and knows its state (``queued`` / ``running``). The **run lock** lives while
+perform runs; its lease is renewed by a heartbeat and names its holder (host,
+pid, process start time), so a holder that died can be told from one that is
+merely slow.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "Holder",
+    "LockState",
+    "QueueMeta",
+    "QueueRecord",
+    "RunClaim",
+    "RunRecord",
+    "holder_is_dead",
+    "local_holder",
+    "new_token",
+    "orphaned",
+]
+
+QUEUED: Literal["queued"] = "queued"
+RUNNING: Literal["running"] = "running"
+
+
+def new_token() -> str:
+    """Return a fresh random token: the proof of ownership of one lock."""
+    return secrets.token_hex(12)
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Who holds a run lock.
+
+    ``node`` fingerprints the pid space (boot id and pid namespace): two holders
+    with equal ``host`` and ``node`` can check each other's pids.
+    """
+
+    host: str
+    node: str
+    pid: int
+    pstart: int = 0  # process start time in clock ticks after boot; 0 if unknown
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMeta:
+    """What the queue lock records for humans and for queue integrations."""
+
+    cls: str = ""
+    args: str = ""
+    job_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunClaim:
+    """A request to hold a run lock: who, and for how long between beats."""
+
+    holder: Holder
+    lease: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRecord:
+    token: str
+    state: str  # QUEUED or RUNNING
+    since: float  # store clock, seconds
+    meta: QueueMeta
+    ttl: float | None  # seconds left before autoexpire; None: no autoexpire
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    token: str
+    holder: Holder
+    started: float  # store clock, seconds
+    lease: float  # seconds
+    lease_left: float  # seconds
+
+
+@dataclass(frozen=True, slots=True)
+class LockState:
+    """A snapshot of one key's locks, read in one atomic step."""
+
+    key: str
+    queue: QueueRecord | None
+    run: RunRecord | None
+    now: float  # the store's clock when the snapshot was taken
+
+    @property
+    def free(self) -> bool:
+        return self.queue is None and self.run is None
+
+    def describe(self) -> dict[str, object]:
+        """Return the facts a person needs about who holds the key."""
+        facts: dict[str, object] = {}
+        if self.queue is not None:
+            facts["state"] = self.queue.state
+            facts["since"] = round(self.now - self.queue.since, 3)
+            if self.queue.meta.job_id:
+                facts["job_id"] = self.queue.meta.job_id
+        if self.run is not None:
+            facts["host"] = self.run.holder.host
+            facts["pid"] = self.run.holder.pid
+            facts["running_for"] = round(self.now - self.run.started, 3)
+        return facts
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _pid_start(pid: int) -> int:
+    """Return the start time of ``pid`` in clock ticks after boot; 0 if unknown; -1 if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return -1
+    except OSError:
+        return 0
+    # The command name may hold spaces and parentheses: fields restart after the last ')'.
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X"):
+        return -1  # a zombie has exited; only its parent has yet to reap it
+    return int(fields[19])  # field 22 of proc(5), counted from field 3
+
+
+@functools.cache
+def _node() -> str:
+    boot = _read("/proc/sys/kernel/random/boot_id")
+    try:
+        pidns = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        pidns = ""
+    if not boot:
+        # Without a boot id we cannot tell a reboot from a live process: use a
+        # value no other process can share, so liveness falls back to the lease.
+        return "unknown-" + new_token()
+    return hashlib.blake2b(f"{boot}/{pidns}".encode(), digest_size=8).hexdigest()
+
+
+_local: Holder | None = None
+
+
+def local_holder() -> Holder:
+    """Return the identity of the calling process (recomputed in a forked child)."""
+    global _local
+    pid = os.getpid()
+    if _local is None or _local.pid != pid:
+        _local = Holder(socket.gethostname(), _node(), pid, max(_pid_start(pid), 0))
+    return _local
+
+
+def holder_is_dead(holder: Holder, me: Holder | None = None) -> bool:
+    """Return True only when ``holder`` is provably dead; a holder on another host never is."""
+    me = me or local_holder()
+    if holder.host != me.host or holder.node != me.node:
+        return False  # another pid space: only its lease can tell
+    if holder.pid == me.pid:
+        return holder.pstart != me.pstart
+    start = _pid_start(holder.pid)
+    if start == -1:
+        return True
+    if start == 0 or holder.pstart == 0:
+        return not _pid_exists(holder.pid)
+    return start != holder.pstart  # the pid was reused by another process
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def orphaned(state: LockState, me: Holder | None = None) -> bool:
+    """Apply the orphan rule: is the lock on this key held by nobody alive?
+
+    A queue lock in state ``running`` whose run lock has lapsed or whose holder
+    is provably dead is an orphan. A ``queued`` lock never is: only its queue,
+    or autoexpire, can say its job is gone. When in doubt, never delete.
+    """
+    if state.queue is not None and state.queue.state == QUEUED:
+        return False
+    if state.run is not None:
+        return holder_is_dead(state.run.holder, me)
+    return state.queue is not None  # running, and its run lock has lapsed
