@@ -83,9 +83,7 @@ def test_server_dies_with_its_parent() -> None:
         "print(s.pid, s.socket_path, flush=True); time.sleep(60)\n"
     )
     root = Path(__file__).resolve().parent.parent
-    with subprocess.Popen(
-        [sys.executable, "-c", code], cwd=root, stdout=subprocess.PIPE, text=True
-    ) as child:
+    with subprocess.Popen([sys.executable, "-c", code], cwd=root, stdout=subprocess.PIPE, text=True) as child:
         assert child.stdout is not None
         pid_text, socket_path = child.stdout.readline().split()
         redis_pid = int(pid_text)

@@ -137,8 +137,8 @@ class UniqueJob:
                 f"{cls.__qualname__}.unique_backend must be a Backend or a URL, got {type(backend).__name__}"
             )
         cls._custom_key = inspect.getattr_static(cls, "unique_key") is not _DEFAULT_KEY
-        perform = inspect.getattr_static(cls, "perform", None)
-        if perform is not None:
+        perform = inspect.getattr_static(cls, "perform")
+        if perform is not _BASE_PERFORM:
             cls._perform_bound = isinstance(perform, (classmethod, staticmethod))
             signature = inspect.signature(cls.perform)
             if not cls._perform_bound:  # drop ``self``
@@ -355,3 +355,4 @@ def _describe_call(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
 
 
 _DEFAULT_KEY = inspect.getattr_static(UniqueJob, "unique_key")
+_BASE_PERFORM = inspect.getattr_static(UniqueJob, "perform")

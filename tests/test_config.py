@@ -1,0 +1,66 @@
+"""The process-wide default backend and backends made from URLs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import uniqjob
+from tests.redis_server import RedisServer
+from uniqjob import ConfigurationError
+from uniqjob.backends.file import FileBackend
+from uniqjob.backends.memory import MemoryBackend
+from uniqjob.backends.redis import RedisBackend
+from uniqjob.config import backend_from_url, default_directory
+
+
+def test_default_is_a_file_store_in_the_state_directory(tmp_path: Path) -> None:
+    backend = uniqjob.default_backend()
+    assert isinstance(backend, FileBackend)
+    assert backend.directory == tmp_path / "state" / "uniqjob" == default_directory()
+    assert uniqjob.default_backend() is backend
+
+
+def test_environment_url(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("UNIQJOB_URL", f"file://{tmp_path}/env-locks")
+    backend = uniqjob.default_backend()
+    assert isinstance(backend, FileBackend) and backend.directory == tmp_path / "env-locks"
+
+
+def test_configure_wins_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UNIQJOB_URL", "memory://")
+    mine = MemoryBackend()
+    assert uniqjob.configure(mine) is mine
+    assert uniqjob.default_backend() is mine
+
+
+def test_urls(redis_server: RedisServer, tmp_path: Path) -> None:
+    for url in (redis_server.url, redis_server.unix_url):
+        backend = backend_from_url(url)
+        assert isinstance(backend, RedisBackend)
+        assert backend.read("k").free
+        backend.close()
+    assert isinstance(backend_from_url("memory://"), MemoryBackend)
+    files = backend_from_url(f"file://{tmp_path}/a%20b")
+    assert isinstance(files, FileBackend) and files.directory == tmp_path / "a b"
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("postgres://localhost/db", "unsupported lock store URL 'postgres://localhost/db'"),
+        ("localhost:6379", "unsupported lock store URL"),
+        ("file://relative/dir", "bad file URL"),
+        ("file://", "bad file URL"),
+        ("redis://localhost:notaport/0", "bad Redis URL"),
+    ],
+)
+def test_bad_urls(url: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        uniqjob.configure(url)
+
+
+def test_configure_rejects_other_objects() -> None:
+    with pytest.raises(ConfigurationError, match="expected a Backend or a URL string, got int"):
+        uniqjob.configure(42)  # type: ignore[arg-type]

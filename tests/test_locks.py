@@ -1,0 +1,72 @@
+"""Holder identity and the orphan rule."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+from uniqjob.locks import (
+    Holder,
+    LockState,
+    QueueMeta,
+    QueueRecord,
+    RunRecord,
+    holder_is_dead,
+    local_holder,
+    orphaned,
+)
+
+
+def test_local_holder_is_stable_and_specific() -> None:
+    me = local_holder()
+    assert me == local_holder()
+    assert me.pid == os.getpid() and me.pstart > 0 and me.node
+
+
+def test_live_process_is_alive() -> None:
+    me = local_holder()
+    parent = replace(me, pid=os.getppid(), pstart=0)
+    assert not holder_is_dead(me)
+    assert not holder_is_dead(parent)  # start time unknown: pid existence decides
+
+
+def test_exited_process_is_dead() -> None:
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True
+    )
+    pid = int(child.stdout)
+    assert holder_is_dead(replace(local_holder(), pid=pid, pstart=123))
+
+
+def test_reused_pid_is_dead() -> None:
+    me = local_holder()
+    assert holder_is_dead(replace(me, pstart=me.pstart + 1))  # same pid, another process
+    parent = replace(me, pid=os.getppid(), pstart=1)
+    assert holder_is_dead(parent)
+
+
+def test_other_hosts_and_pid_spaces_are_never_judged() -> None:
+    me = local_holder()
+    assert not holder_is_dead(replace(me, host="other", pid=999_999_999))
+    assert not holder_is_dead(replace(me, node="other-container", pid=999_999_999))
+
+
+def _state(queue_state: str | None, holder: Holder | None) -> LockState:
+    queue = QueueRecord("t", queue_state, 0.0, QueueMeta(), None) if queue_state else None
+    run = RunRecord("t", holder, 0.0, 30.0, 10.0) if holder else None
+    return LockState("k", queue, run, 1.0)
+
+
+def test_orphan_rule() -> None:
+    me = local_holder()
+    dead = replace(me, pstart=me.pstart + 1)
+    far = replace(me, host="far", pid=1)
+    assert orphaned(_state("running", None))  # lease lapsed
+    assert orphaned(_state("running", dead))
+    assert orphaned(_state(None, dead))
+    assert not orphaned(_state("running", me))
+    assert not orphaned(_state("running", far))
+    assert not orphaned(_state("queued", None))  # never by this rule
+    assert not orphaned(_state("queued", dead))
