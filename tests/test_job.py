@@ -261,7 +261,7 @@ def test_is_locked_ignores_orphans() -> None:
 
     assert Short.enqueue(1)
     lock = Short.lock_from(Short.lock_key(1), Short.unique_queue.jobs[0][1])
-    lock._start()  # started, then never heard from again
+    lock.start()  # started, then never heard from again
     assert Short.is_locked(1)
     clock.advance(11)
     assert not Short.is_locked(1)
@@ -320,7 +320,7 @@ def test_autoexpire_frees_queue_lock() -> None:
         ({"unique_lock_autoexpire": "1h"}, "must be a number of seconds"),
         ({"unique_lock_autoexpire": True}, "must be a number of seconds"),
         ({"unique_lock_autoexpire": float("nan")}, "must be positive"),
-        ({"unique_on_conflict": "explode"}, "unique_on_conflict must be one of log, discard, raise"),
+        ({"unique_on_conflict": "explode"}, "unique_on_conflict must be one of log, discard, raise, resch"),
         ({"unique_run_lease": 0}, "unique_run_lease must be positive"),
         ({"unique_run_lease": None}, "unique_run_lease must be set"),
         ({"unique_lock_autoexpiry": 5}, "unique_lock_autoexpiry is not a uniqjob setting"),

@@ -5,39 +5,27 @@ from __future__ import annotations
 import inspect
 import logging
 import reprlib
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-from . import config
+from . import config, settings
 from .backends.base import Backend
 from .errors import ConfigurationError, JobNotUnique, UniqueKeyError
-from .joblock import JobLock, held
+from .joblock import JobLock, Strategy
 from .keys import digest, make_key
 from .locks import QueueMeta
+from .settings import ConflictPolicy
 
 __all__ = ["ConflictPolicy", "Queue", "UniqueJob"]
 
 log = logging.getLogger(__name__)
 
-ConflictPolicy = Literal["log", "discard", "raise"]
-_POLICIES: tuple[str, ...] = ("log", "discard", "raise")
-
-# Every setting a job class may define; any other ``unique_*`` attribute is a typo.
-_SETTINGS = frozenset(
-    {
-        "unique_lock_autoexpire",
-        "unique_on_conflict",
-        "unique_run_lease",
-        "unique_args",
-        "unique_key",
-        "unique_backend",
-        "unique_queue",
-        "unique_lock",
-    }
-)
+_RESCHEDULED: Any = object()  # an inline call to try again after unique_reschedule_delay
+_sleep = time.sleep  # replaced by tests
 
 _preview = reprlib.Repr()
 _preview.maxstring = 40
@@ -64,6 +52,17 @@ class Queue:
         """Hand the job to the queue with ``lock.meta.job_id`` as its id; return the queue's job handle."""
         raise NotImplementedError
 
+    def push_later(
+        self, job_cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any], delay: float
+    ) -> Any:
+        """Call ``job_cls.enqueue(*args, **kwargs)`` again in ``delay`` seconds (policy "reschedule").
+
+        The rescheduled call holds no lock until it is enqueued again. A queue
+        that cannot delay jobs leaves this out; a class using "reschedule" on
+        it is then a ConfigurationError when it is defined.
+        """
+        raise NotImplementedError
+
     def job_gone(self, job_id: str) -> bool:
         """True only if the queue can prove that job ``job_id`` will never run (deleted, expired).
 
@@ -71,21 +70,6 @@ class Queue:
         in doubt, return False: the lock is then kept.
         """
         return False
-
-
-def _seconds(value: object, what: str) -> float | None:
-    """Validate a duration setting: None, or a positive number of seconds or timedelta."""
-    if value is None:
-        return None
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        raise ConfigurationError(f"{what} must be a number of seconds or a timedelta, got {value!r}")
-    if not seconds > 0 or seconds == float("inf"):
-        raise ConfigurationError(f"{what} must be positive and finite, got {value!r}")
-    return seconds
 
 
 class UniqueJob:
@@ -99,8 +83,14 @@ class UniqueJob:
     #: Seconds (or a timedelta, or a classmethod returning either) after which a
     #: queue lock expires even if its job never ran; None: never.
     unique_lock_autoexpire: ClassVar[float | timedelta | None] = None
-    #: What a duplicate enqueue does: "log" (drop, log at INFO), "discard" or "raise".
+    #: What a duplicate does: "log" (drop, log at INFO), "discard", "raise" or "reschedule".
     unique_on_conflict: ClassVar[ConflictPolicy] = "log"
+    #: What is locked when: see the README's "Choosing a strategy".
+    unique_strategy: ClassVar[Strategy] = "until_executed"
+    #: How many calls may hold one key at once; the next one is the conflict.
+    unique_lock_limit: ClassVar[int] = 1
+    #: Seconds after which a "reschedule"d duplicate tries again.
+    unique_reschedule_delay: ClassVar[float] = 5.0
     #: Seconds a run lock outlives its holder's last heartbeat (beats every third of it).
     unique_run_lease: ClassVar[float] = 30.0
     #: Names of the ``perform`` parameters that make the key; None: all of them.
@@ -116,26 +106,6 @@ class UniqueJob:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for name in vars(cls):
-            if name.startswith("unique_") and name not in _SETTINGS:
-                known = ", ".join(sorted(_SETTINGS))
-                raise ConfigurationError(
-                    f"{cls.__qualname__}.{name} is not a uniqjob setting (known: {known})"
-                )
-        if cls.unique_on_conflict not in _POLICIES:
-            raise ConfigurationError(
-                f"{cls.__qualname__}.unique_on_conflict must be one of {', '.join(_POLICIES)};"
-                f" got {cls.unique_on_conflict!r}"
-            )
-        if not isinstance(inspect.getattr_static(cls, "unique_lock_autoexpire"), classmethod):
-            _seconds(cls.unique_lock_autoexpire, f"{cls.__qualname__}.unique_lock_autoexpire")
-        if _seconds(cls.unique_run_lease, f"{cls.__qualname__}.unique_run_lease") is None:
-            raise ConfigurationError(f"{cls.__qualname__}.unique_run_lease must be set")
-        backend = cls.unique_backend
-        if backend is not None and not isinstance(backend, (str, Backend)):
-            raise ConfigurationError(
-                f"{cls.__qualname__}.unique_backend must be a Backend or a URL, got {type(backend).__name__}"
-            )
         cls._custom_key = inspect.getattr_static(cls, "unique_key") is not _DEFAULT_KEY
         perform = inspect.getattr_static(cls, "perform")
         if perform is not _BASE_PERFORM:
@@ -145,22 +115,7 @@ class UniqueJob:
                 params = list(signature.parameters.values())[1:]
                 signature = signature.replace(parameters=params)
             cls._perform_signature = signature
-        cls._check_unique_args()
-
-    @classmethod
-    def _check_unique_args(cls) -> None:
-        names = cls.unique_args
-        if names is None:
-            return
-        where = f"{cls.__qualname__}.unique_args"
-        if isinstance(names, str) or not all(isinstance(n, str) for n in names):
-            raise ConfigurationError(f"{where} must be a tuple of parameter names, e.g. ('account_id',)")
-        if cls._perform_signature is not None:
-            unknown = [n for n in names if n not in cls._perform_signature.parameters]
-            if unknown:
-                raise ConfigurationError(
-                    f"{where} names {', '.join(unknown)}, not parameters of perform{cls._perform_signature}"
-                )
+        settings.check(cls, Queue)
 
     # -- the job ---------------------------------------------------------------------
 
@@ -225,7 +180,7 @@ class UniqueJob:
         value: Any = cls.unique_lock_autoexpire
         if callable(value):
             value = value()
-        return _seconds(value, f"{cls.__qualname__}.unique_lock_autoexpire")
+        return settings.seconds(value, f"{cls.__qualname__}.unique_lock_autoexpire")
 
     @classmethod
     def lock(cls, *args: Any, **kwargs: Any) -> JobLock:
@@ -256,6 +211,8 @@ class UniqueJob:
             ttl=cls.autoexpire(),
             meta=meta,
             adopt=adopt,
+            strategy=cls.unique_strategy,
+            limit=cls.unique_lock_limit,
         )
 
     # -- the user's entry points -------------------------------------------------------
@@ -265,15 +222,15 @@ class UniqueJob:
         """Take the queue lock and hand the job to its queue (inline: run it now).
 
         Returns the queue's job handle (inline: ``perform``'s result), or None
-        when the call is a duplicate and the policy drops it.
+        when the call is a duplicate and the policy drops or reschedules it.
         """
         lock = cls.lock(*args, **kwargs)
         queue = cls.unique_queue
         if queue is None:
             return cls._run(lock, args, kwargs)
         lock.meta = replace(lock.meta, job_id=queue.new_job_id())
-        if not lock.acquire(gone=queue.job_gone):
-            return cls._conflict(lock)
+        if cls.unique_strategy != "while_executing" and not lock.acquire(gone=queue.job_gone):
+            return cls._conflict(lock, args, kwargs)
         try:
             return queue.push(cls, lock, args, kwargs)
         except BaseException:
@@ -289,31 +246,69 @@ class UniqueJob:
         return cls._run(cls.lock(*args, **kwargs), args, kwargs)
 
     @classmethod
-    def _run(cls, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-        if not lock.acquire(run=True):
-            return cls._conflict(lock)
+    def execute(cls, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """Worker side: perform under the strategy's locks, releasing them after; returns its result.
+
+        A conflict at execution time (another live job holds the run lock)
+        drops this call's own queued lock and applies the conflict policy.
+        """
+        try:
+            lock.start()
+        except JobNotUnique:
+            lock.dequeue()
+            return cls._conflict(lock, args, kwargs)
         with lock.running(started=True):
             return cls.invoke(args, kwargs)
 
     @classmethod
-    def _conflict(cls, lock: JobLock) -> None:
+    def _run(cls, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        while True:
+            if cls.unique_strategy == "until_executed":
+                # the common case in one step: both locks at once
+                if lock.acquire(run=True):
+                    with lock.running(started=True):
+                        return cls.invoke(args, kwargs)
+                result = cls._conflict(lock, args, kwargs)
+            elif cls.unique_strategy != "while_executing" and not lock.acquire():
+                result = cls._conflict(lock, args, kwargs)
+            else:
+                result = cls.execute(lock, args, kwargs)
+            if result is not _RESCHEDULED:
+                return result
+            # inline, "reschedule" waits in this process and tries again
+            _sleep(cls.unique_reschedule_delay)
+
+    @classmethod
+    def _conflict(cls, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         holder = lock.conflict.describe() if lock.conflict is not None else {}
         policy = cls.unique_on_conflict
         if policy == "raise":
             raise JobNotUnique(lock.key, holder)
         if policy == "log":
-            log.info("%s not run: %s is already locked (%s)", cls.job_name(), lock.key, holder)
+            log.info("%s dropped: %s is already locked (%s)", cls.job_name(), lock.key, holder)
+        elif policy == "reschedule":
+            log.info("%s rescheduled: %s is already locked (%s)", cls.job_name(), lock.key, holder)
+            queue = cls.unique_queue
+            if queue is None:
+                return _RESCHEDULED
+            queue.push_later(cls, tuple(args), dict(kwargs), float(cls.unique_reschedule_delay))
+        return None
 
     # -- hooks for queues --------------------------------------------------------------
 
     @classmethod
     def before_enqueue(cls, *args: Any, **kwargs: Any) -> bool:
-        """Take the queue lock for these arguments; on conflict apply the policy and return False."""
+        """Take the queue lock for these arguments; on conflict apply the policy and return False.
+
+        Under "reschedule" with no queue to delay the call, the conflict is logged and False returned.
+        """
+        if cls.unique_strategy == "while_executing":
+            return True  # nothing is locked at enqueue
         lock = cls.lock(*args, **kwargs)
         queue = cls.unique_queue
         if lock.acquire(gone=queue.job_gone if queue is not None else None):
             return True
-        cls._conflict(lock)
+        cls._conflict(lock, args, kwargs)
         return False
 
     @classmethod
@@ -335,8 +330,8 @@ class UniqueJob:
     @classmethod
     def is_locked(cls, *args: Any, **kwargs: Any) -> bool:
         """True when an enqueue with these arguments would conflict now; orphans don't count."""
-        state = cls.backend().read(cls.lock_key(*args, **kwargs))
-        return held(state, run_conflicts=cls.unique_queue is None)
+        inline = cls.unique_queue is None or cls.unique_strategy == "while_executing"
+        return cls.lock(*args, **kwargs).held(run_conflicts=inline)
 
 
 def _param_in(message: str) -> str:

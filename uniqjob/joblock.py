@@ -1,11 +1,12 @@
 """JobLock: one job call's hold on its key, above any backend.
 
 This is where the policy lives once for every backend: reclaiming locks whose
-holder is provably dead, keeping a run lock alive with the heartbeat, and
-releasing only what is still ours. Queue integrations use it directly: the
-enqueuing side calls :meth:`JobLock.acquire` and sends ``key`` and ``token``
-with the job; the worker rebuilds the lock from them and runs the job inside
-:meth:`JobLock.running`.
+holder is provably dead, keeping a run lock alive with the heartbeat, releasing
+only what is still ours, and what each uniqueness strategy locks when. Queue
+integrations use it directly: the enqueuing side calls :meth:`JobLock.acquire`
+and sends ``key`` and ``token`` with the job; the worker rebuilds the lock from
+them (``job_cls.lock_from(key, token)``) and runs the job with
+``job_cls.execute(lock, args, kwargs)``.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Literal
 
-from .backends.base import Backend
+from .backends.base import Backend, QueueMode
 from .errors import BackendError, JobNotUnique
 from .heartbeat import Beat, heartbeat
 from .locks import (
@@ -28,9 +30,34 @@ from .locks import (
     new_token,
 )
 
-__all__ = ["JobLock"]
+__all__ = ["STRATEGIES", "JobLock", "Strategy"]
 
 log = logging.getLogger(__name__)
+
+Strategy = Literal[
+    "until_executed",
+    "until_executing",
+    "while_executing",
+    "until_and_while_executing",
+    "until_expired",
+]
+STRATEGIES: tuple[Strategy, ...] = (
+    "until_executed",
+    "until_executing",
+    "while_executing",
+    "until_and_while_executing",
+    "until_expired",
+)
+
+# What each strategy does when perform starts: whether it holds a run lock, and
+# what taking it does to the queue lock (see Backend.start).
+_AT_START: dict[Strategy, QueueMode | None] = {
+    "until_executed": "run",
+    "until_executing": None,  # no run lock: the queue lock is simply released
+    "while_executing": "keep",
+    "until_and_while_executing": "release",
+    "until_expired": "keep",
+}
 
 _ATTEMPTS = 3  # a reclaimed orphan is retried; a lock that keeps changing hands is a conflict
 
@@ -39,9 +66,11 @@ class JobLock:
     """The locks of one job call: ``key``, and ``token``, the proof that they are ours.
 
     ``lease`` (seconds) is how long the run lock outlives its last heartbeat;
-    ``ttl`` bounds the queue lock's life from enqueue (autoexpire). With
-    ``adopt``, :meth:`running` takes over a queued lock of any token, for
-    queues that cannot carry the token to the worker.
+    ``ttl`` bounds the queue lock's life from enqueue (autoexpire).
+    ``strategy`` says what is locked when; ``limit`` lets up to that many calls
+    hold one key at once (each in its own slot: ``key``, ``key#2``, ...). With
+    ``adopt``, :meth:`start` takes over a queued lock of any token, for queues
+    that cannot carry the token to the worker.
     """
 
     def __init__(
@@ -54,25 +83,39 @@ class JobLock:
         ttl: float | None = None,
         meta: QueueMeta | None = None,
         adopt: bool = False,
+        strategy: Strategy = "until_executed",
+        limit: int = 1,
     ) -> None:
         self.backend = backend
         self.key = key
+        self._base = key
         self.token = token or new_token()
         self.lease = lease
         self.ttl = ttl
         self.meta = meta or QueueMeta()
         self.adopt = adopt
-        #: The state that blocked the last failed acquire, for logs and errors.
+        self.strategy: Strategy = strategy
+        self.limit = limit
+        #: The state that blocked the last failed acquire or start, for logs and errors.
         self.conflict: LockState | None = None
+        # A key travelling with a job names its slot; a fresh lock picks one.
+        self._slot_fixed = token is not None and strategy != "while_executing"
         self._beat: Beat | None = None
 
     def __repr__(self) -> str:
-        return f"JobLock({self.key!r}, backend={self.backend!r})"
+        return f"JobLock({self.key!r}, strategy={self.strategy!r}, backend={self.backend!r})"
 
     @property
     def lost(self) -> bool:
         """True if the heartbeat found the run lock taken over by someone else."""
         return self._beat is not None and self._beat.lost.is_set()
+
+    def _slots(self) -> list[str]:
+        if self._slot_fixed or self.limit == 1:
+            return [self.key]
+        return [self._base] + [f"{self._base}#{n}" for n in range(2, self.limit + 1)]
+
+    # -- enqueue -----------------------------------------------------------------------
 
     def acquire(self, *, run: bool = False, gone: Callable[[str], bool] | None = None) -> bool:
         """Take the queue lock; with ``run``, the run lock too, in one step. False on conflict.
@@ -81,15 +124,16 @@ class JobLock:
         is reclaimed only if ``gone(job_id)`` (the queue) proves its job will
         never run; autoexpire is the other way out. When in doubt, never delete.
         """
-        for _ in range(_ATTEMPTS):
-            claim = RunClaim(local_holder(), self.lease) if run else None
-            state = self.backend.claim(self.key, self.token, meta=self.meta, ttl=self.ttl, run=claim)
-            if state is None:
-                self.conflict = None
-                return True
-            self.conflict = state
-            if not (self._reclaim_dead(state) or self._reclaim_gone(state, gone)):
-                return False
+        claim = RunClaim(local_holder(), self.lease) if run else None
+        for slot in self._slots():
+            for _ in range(_ATTEMPTS):
+                state = self.backend.claim(slot, self.token, meta=self.meta, ttl=self.ttl, run=claim)
+                if state is None:
+                    self.key, self.conflict, self._slot_fixed = slot, None, True
+                    return True
+                self.conflict = state
+                if not (self._reclaim_dead(state) or self._reclaim_gone(state, gone)):
+                    break
         return False
 
     def _reclaim_gone(self, state: LockState, gone: Callable[[str], bool] | None) -> bool:
@@ -98,26 +142,8 @@ class JobLock:
             return False
         if not gone(queue.meta.job_id):
             return False
-        log.warning("reclaiming lock %s: its job %s is gone from the queue", self.key, queue.meta.job_id)
-        return self.backend.dequeue(self.key, queue.token)
-
-    def _start(self) -> None:
-        for _ in range(_ATTEMPTS):
-            state = self.backend.start(
-                self.key,
-                self.token,
-                run=RunClaim(local_holder(), self.lease),
-                meta=self.meta,
-                ttl=self.ttl,
-                adopt=self.adopt,
-            )
-            if state is None:
-                return
-            self.conflict = state
-            if not self._reclaim_dead(state):
-                break
-        assert self.conflict is not None
-        raise JobNotUnique(self.key, self.conflict.describe())
+        log.warning("reclaiming lock %s: its job %s is gone from the queue", state.key, queue.meta.job_id)
+        return self.backend.dequeue(state.key, queue.token)
 
     def _reclaim_dead(self, state: LockState) -> bool:
         """Reclaim the locks of a holder that is provably dead; True if worth retrying."""
@@ -133,19 +159,48 @@ class JobLock:
             queue_token, run_token = queue.token, None  # its lease lapsed a moment ago
         else:
             return False
-        log.warning("reclaiming orphaned lock %s (holder %s)", self.key, state.describe())
-        self.backend.reclaim(self.key, queue_token, run_token)
+        log.warning("reclaiming orphaned lock %s (holder %s)", state.key, state.describe())
+        self.backend.reclaim(state.key, queue_token, run_token)
         return True
+
+    # -- perform -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Take what the strategy holds while perform runs; raise :class:`JobNotUnique` if held.
+
+        ``until_executing`` holds nothing: its queue lock is released here.
+        """
+        mode = _AT_START[self.strategy]
+        if mode is None:
+            self.backend.dequeue(self.key, None if self.adopt else self.token)
+            return
+        claim = RunClaim(local_holder(), self.lease)
+        for slot in self._slots():
+            for _ in range(_ATTEMPTS):
+                state = self.backend.start(
+                    slot, self.token, run=claim, meta=self.meta, ttl=self.ttl, adopt=self.adopt, queue=mode
+                )
+                if state is None:
+                    self.key, self.conflict, self._slot_fixed = slot, None, True
+                    return
+                self.conflict = state
+                if not self._reclaim_dead(state):
+                    break
+        assert self.conflict is not None
+        raise JobNotUnique(self.key, self.conflict.describe())
 
     @contextmanager
     def running(self, *, started: bool = False) -> Iterator[JobLock]:
-        """Hold the run lock, renewed by the heartbeat, for the body; release both locks after.
+        """Hold the strategy's locks for the body, the run lock renewed by the heartbeat; release after.
 
         Raises :class:`JobNotUnique` if another live job holds the run lock.
-        ``started`` says :meth:`acquire` already took it (``run=True``).
+        ``started`` says :meth:`start` (or ``acquire(run=True)``) already took it.
         """
         if not started:
-            self._start()
+            self.start()
+        if _AT_START[self.strategy] is None:
+            yield self
+            return
         backend, key, token, lease = self.backend, self.key, self.token, self.lease
         self._beat = heartbeat.start(lambda: backend.renew(key, token, lease), lease / 3, key)
         try:
@@ -155,14 +210,14 @@ class JobLock:
             self.release()
 
     def release(self) -> None:
-        """Release both locks if they are still ours.
+        """Release what is still ours (``until_expired`` keeps its queue lock until it expires).
 
         A store failure here is logged, not raised: the job has already run, and
         raising would invite a retry, a duplicate. The lock then lapses with its
         lease and is reclaimed as an orphan.
         """
         try:
-            self.backend.finish(self.key, self.token)
+            self.backend.finish(self.key, self.token, keep_queue=self.strategy == "until_expired")
         except BackendError:
             log.error("could not release %s; it lapses one lease from now", self.key, exc_info=True)
 
@@ -170,17 +225,16 @@ class JobLock:
         """Drop the queue lock while it is still queued and ours (its job left the queue)."""
         return self.backend.dequeue(self.key, self.token)
 
-    def read(self) -> LockState:
-        """Return the current state of this key's locks."""
-        return self.backend.read(self.key)
+    def held(self, *, run_conflicts: bool = False) -> bool:
+        """Would a claim of this key conflict now? Orphans don't count; every slot must be held.
+
+        ``run_conflicts``: a live run lock alone conflicts too (a claim that runs
+        at once, as an inline enqueue does).
+        """
+        return all(_held(self.backend.read(slot), run_conflicts) for slot in self._slots())
 
 
-def held(state: LockState, *, run_conflicts: bool) -> bool:
-    """Would a claim conflict with ``state``? Orphans don't count.
-
-    ``run_conflicts``: a live run lock alone conflicts too (a claim that starts
-    running at once, as an inline enqueue does).
-    """
+def _held(state: LockState, run_conflicts: bool) -> bool:
     queue, run = state.queue, state.run
     run_alive = run is not None and not holder_is_dead(run.holder)
     if queue is not None and queue.state == QUEUED:

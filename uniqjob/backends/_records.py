@@ -21,7 +21,7 @@ from ..locks import (
     RunClaim,
     RunRecord,
 )
-from .base import Backend
+from .base import Backend, QueueMode
 
 Record = dict[str, Any]
 
@@ -119,15 +119,26 @@ class Slot:
         return None
 
     def start(
-        self, token: str, run: RunClaim, meta: QueueMeta, ttl: float | None, adopt: bool
+        self,
+        token: str,
+        run: RunClaim,
+        meta: QueueMeta,
+        ttl: float | None,
+        *,
+        adopt: bool,
+        queue: QueueMode,
     ) -> LockState | None:
         if self.r is not None and self.r["token"] != token:
             return self.state()
         self._set_run(token, run)
-        if self.q is None:
-            self._set_queue(token, RUNNING, meta, ttl)
-        elif self.q["token"] == token or adopt:
-            self.q = {**self.q, "token": token, "state": RUNNING}
+        mine = self.q is not None and (self.q["token"] == token or adopt)
+        if queue == "run":
+            if self.q is None:
+                self._set_queue(token, RUNNING, meta, ttl)
+            elif mine:
+                self.q = {**self.q, "token": token, "state": RUNNING}
+        elif queue == "release" and mine:
+            self.q = None
         return None
 
     def renew(self, token: str, lease: float) -> bool:
@@ -137,10 +148,10 @@ class Slot:
         self.changed = True
         return True
 
-    def finish(self, token: str) -> None:
+    def finish(self, token: str, keep_queue: bool) -> None:
         if self.r is not None and self.r["token"] == token:
             self.r, self.changed = None, True
-        if self.q is not None and self.q["token"] == token:
+        if not keep_queue and self.q is not None and self.q["token"] == token:
             self.q, self.changed = None, True
 
     def dequeue(self, token: str | None) -> bool:
@@ -192,17 +203,18 @@ class SlotBackend(Backend):
         meta: QueueMeta,
         ttl: float | None = None,
         adopt: bool = False,
+        queue: QueueMode = "run",
     ) -> LockState | None:
         with self._slot(key) as slot:
-            return slot.start(token, run, meta, ttl, adopt)
+            return slot.start(token, run, meta, ttl, adopt=adopt, queue=queue)
 
     def renew(self, key: str, token: str, lease: float) -> bool:
         with self._slot(key) as slot:
             return slot.renew(token, lease)
 
-    def finish(self, key: str, token: str) -> None:
+    def finish(self, key: str, token: str, *, keep_queue: bool = False) -> None:
         with self._slot(key) as slot:
-            slot.finish(token)
+            slot.finish(token, keep_queue)
 
     def dequeue(self, key: str, token: str | None = None) -> bool:
         with self._slot(key) as slot:

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from typing import Literal
 
 from ..locks import LockState, QueueMeta, RunClaim
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "QueueMode"]
+
+#: What taking the run lock does to the queue lock: see :meth:`Backend.start`.
+QueueMode = Literal["run", "release", "keep"]
 
 
 class Backend(ABC):
@@ -53,15 +57,23 @@ class Backend(ABC):
         meta: QueueMeta,
         ttl: float | None = None,
         adopt: bool = False,
+        queue: QueueMode = "run",
     ) -> LockState | None:
         """Take the run lock of ``key`` for ``token``; None when taken, else the state in the way.
 
         A live run lock of another token conflicts; the caller's own (a
-        redelivered job) is renewed. The queue lock moves to state ``running``
-        if it is ``token``'s; it is created (with ``ttl``) if missing. With
-        ``adopt``, a queue lock of any token is taken over (a queue that cannot
-        carry tokens); without it, another token's queue lock is a successor's
-        and is left alone.
+        redelivered job) is renewed. What happens to the queue lock, in the
+        same step, depends on ``queue``:
+
+        - ``"run"``: it moves to state ``running`` if it is ``token``'s, and is
+          created (with ``ttl``) if missing;
+        - ``"release"``: it is deleted if it is ``token``'s (the lock passes
+          from queue to run atomically);
+        - ``"keep"``: it is not touched.
+
+        With ``adopt``, a queue lock of any token counts as ``token``'s (a
+        queue that cannot carry tokens); without it, another token's queue lock
+        is a successor's and is left alone.
         """
 
     @abstractmethod
@@ -69,8 +81,8 @@ class Backend(ABC):
         """Extend ``token``'s run lock to ``lease`` seconds from now; False if it is no longer ours."""
 
     @abstractmethod
-    def finish(self, key: str, token: str) -> None:
-        """Release the run lock and the queue lock of ``key``, each only if it is ``token``'s."""
+    def finish(self, key: str, token: str, *, keep_queue: bool = False) -> None:
+        """Release ``key``'s run lock and (unless ``keep_queue``) its queue lock, each only if ``token``'s."""
 
     @abstractmethod
     def dequeue(self, key: str, token: str | None = None) -> bool:

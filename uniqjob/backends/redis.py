@@ -17,7 +17,7 @@ from redis.commands.core import Script
 
 from ..errors import BackendError, ConfigurationError
 from ..locks import Holder, LockState, QueueMeta, QueueRecord, RunClaim, RunRecord
-from .base import Backend
+from .base import Backend, QueueMode
 
 __all__ = ["RedisBackend"]
 
@@ -79,7 +79,8 @@ return {1}
 """
 )
 
-# ARGV: token, ttl_ms, cls, args, job_id, adopt ('1' or '0'), host, node, pid, pstart, lease_ms
+# ARGV: token, ttl_ms, cls, args, job_id, flags, host, node, pid, pstart, lease_ms
+# flags: 'a' (adopt) or '-', then the queue mode: 'r' (run), 'x' (release) or 'k' (keep).
 # Returns {1} when the run lock is taken, else a snapshot of what is in the way.
 _START = (
     _PRELUDE
@@ -88,10 +89,15 @@ local now = clock()
 local rtok = redis.call('HGET', KEYS[2], 'token')
 if rtok and rtok ~= ARGV[1] then return snapshot(now) end
 set_run(ARGV[1], now, 7)
+local mode = string.sub(ARGV[6], 2, 2)
+if mode == 'k' then return {1} end
 local qtok = redis.call('HGET', KEYS[1], 'token')
-if not qtok then
+local mine = qtok and (qtok == ARGV[1] or string.sub(ARGV[6], 1, 1) == 'a')
+if mode == 'x' then
+  if mine then redis.call('DEL', KEYS[1]) end
+elseif not qtok then
   set_queue(ARGV[1], 'running', now)
-elseif qtok == ARGV[1] or ARGV[6] == '1' then
+elseif mine then
   redis.call('HSET', KEYS[1], 'token', ARGV[1], 'state', 'running')
 end
 return {1}
@@ -106,10 +112,10 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 """
 
-# ARGV: token. Deletes each lock that is still the token's.
+# ARGV: token, keep_queue ('1' or '0'). Deletes each lock that is still the token's.
 _FINISH = """
 if redis.call('HGET', KEYS[2], 'token') == ARGV[1] then redis.call('DEL', KEYS[2]) end
-if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then redis.call('DEL', KEYS[1]) end
+if ARGV[2] == '0' and redis.call('HGET', KEYS[1], 'token') == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 1
 """
 
@@ -132,6 +138,8 @@ if ARGV[2] ~= '' and redis.call('HGET', KEYS[2], 'token') == ARGV[2] then
 end
 return gone
 """
+
+_QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k"}
 
 _READ = _PRELUDE + "\nreturn snapshot(clock())\n"
 
@@ -252,16 +260,18 @@ class RedisBackend(Backend):
         meta: QueueMeta,
         ttl: float | None = None,
         adopt: bool = False,
+        queue: QueueMode = "run",
     ) -> LockState | None:
-        args = self._args(token, meta, ttl, "1" if adopt else "0", run)
+        flags = ("a" if adopt else "-") + _QUEUE_MODES[queue]
+        args = self._args(token, meta, ttl, flags, run)
         reply = self._eval(self._start, self._keys(key), args)
         return None if reply[0] == 1 else self._state(key, reply)
 
     def renew(self, key: str, token: str, lease: float) -> bool:
         return bool(self._eval(self._renew, self._keys(key)[1:], [token, _ms(lease)]))
 
-    def finish(self, key: str, token: str) -> None:
-        self._eval(self._finish, self._keys(key), [token])
+    def finish(self, key: str, token: str, *, keep_queue: bool = False) -> None:
+        self._eval(self._finish, self._keys(key), [token, "1" if keep_queue else "0"])
 
     def dequeue(self, key: str, token: str | None = None) -> bool:
         return bool(self._eval(self._dequeue, self._keys(key)[:1], [token or ""]))

@@ -1,0 +1,116 @@
+"""Validation of a job class's ``unique_*`` settings, run when the class is defined.
+
+A typo or a bad value fails at import, not at 3 a.m.: unknown ``unique_*``
+attributes, unknown policies and strategies, durations that are not positive.
+"""
+
+from __future__ import annotations
+
+import inspect
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+from .backends.base import Backend
+from .errors import ConfigurationError
+from .joblock import STRATEGIES
+
+if TYPE_CHECKING:
+    from .job import Queue, UniqueJob
+
+__all__ = ["POLICIES", "SETTINGS", "ConflictPolicy", "check", "seconds"]
+
+ConflictPolicy = Literal["log", "discard", "raise", "reschedule"]
+POLICIES: tuple[ConflictPolicy, ...] = ("log", "discard", "raise", "reschedule")
+
+#: Every setting a job class may define; any other ``unique_*`` attribute is a typo.
+SETTINGS = frozenset(
+    {
+        "unique_lock_autoexpire",
+        "unique_on_conflict",
+        "unique_run_lease",
+        "unique_args",
+        "unique_key",
+        "unique_backend",
+        "unique_queue",
+        "unique_lock",
+        "unique_strategy",
+        "unique_lock_limit",
+        "unique_reschedule_delay",
+    }
+)
+
+
+def seconds(value: object, what: str) -> float | None:
+    """Validate a duration setting: None, or a positive, finite number of seconds or timedelta."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        result = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        result = float(value)
+    else:
+        raise ConfigurationError(f"{what} must be a number of seconds or a timedelta, got {value!r}")
+    if not result > 0 or result == float("inf"):
+        raise ConfigurationError(f"{what} must be positive and finite, got {value!r}")
+    return result
+
+
+def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
+    """Raise :class:`ConfigurationError` naming the first bad setting of job class ``cls``."""
+    name = cls.__qualname__
+    for attr in vars(cls):
+        if attr.startswith("unique_") and attr not in SETTINGS:
+            known = ", ".join(sorted(SETTINGS))
+            raise ConfigurationError(f"{name}.{attr} is not a uniqjob setting (known: {known})")
+    _one_of(name, "unique_on_conflict", cls.unique_on_conflict, POLICIES)
+    _one_of(name, "unique_strategy", cls.unique_strategy, STRATEGIES)
+    autoexpire: Any = cls.unique_lock_autoexpire
+    if not isinstance(inspect.getattr_static(cls, "unique_lock_autoexpire"), classmethod):
+        autoexpire = seconds(autoexpire, f"{name}.unique_lock_autoexpire")
+    if cls.unique_strategy == "until_expired" and autoexpire is None:
+        raise ConfigurationError(
+            f"{name}.unique_strategy 'until_expired' needs unique_lock_autoexpire: nothing else frees it"
+        )
+    if seconds(cls.unique_run_lease, f"{name}.unique_run_lease") is None:
+        raise ConfigurationError(f"{name}.unique_run_lease must be set")
+    limit = cls.unique_lock_limit
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ConfigurationError(f"{name}.unique_lock_limit must be a whole number >= 1, got {limit!r}")
+    delay = cls.unique_reschedule_delay
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay < float("inf"):
+        raise ConfigurationError(f"{name}.unique_reschedule_delay must be seconds >= 0, got {delay!r}")
+    backend = cls.unique_backend
+    if backend is not None and not isinstance(backend, (str, Backend)):
+        raise ConfigurationError(
+            f"{name}.unique_backend must be a Backend or a URL, got {type(backend).__name__}"
+        )
+    queue = cls.unique_queue
+    if queue is not None and not isinstance(queue, queue_base):
+        raise ConfigurationError(f"{name}.unique_queue must be a uniqjob.Queue, got {type(queue).__name__}")
+    rescheduled = cls.unique_on_conflict == "reschedule"
+    if rescheduled and queue is not None and type(queue).push_later is queue_base.push_later:
+        raise ConfigurationError(
+            f"{name}.unique_on_conflict is 'reschedule', but {type(queue).__name__} cannot delay jobs"
+        )
+    _check_unique_args(cls)
+
+
+def _one_of(name: str, attr: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigurationError(f"{name}.{attr} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _check_unique_args(cls: type[UniqueJob]) -> None:
+    names = cls.unique_args
+    if names is None:
+        return
+    where = f"{cls.__qualname__}.unique_args"
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise ConfigurationError(f"{where} must be a tuple of parameter names, e.g. ('account_id',)")
+    signature = cls._perform_signature
+    if signature is not None:
+        unknown = [n for n in names if n not in signature.parameters]
+        if unknown:
+            raise ConfigurationError(
+                f"{where} names {', '.join(unknown)}, not parameters of perform{signature}"
+            )
