@@ -262,3 +262,13 @@ def test_queue_base_without_push_later_is_rejected_only_for_reschedule() -> None
         pass
 
     type("Fine", (UniqueJob,), {"unique_queue": Plain()})
+
+
+def test_after_dequeue_frees_one_slot(use: Backend) -> None:
+    Job = make("until_executed", unique_lock_limit=2)
+    assert Job.enqueue(1) and Job.enqueue(1)
+    assert Job.is_locked(1)
+    assert Job.after_dequeue(1)
+    assert not Job.is_locked(1)
+    assert Job.after_dequeue(1)
+    assert not Job.after_dequeue(1)

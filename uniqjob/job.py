@@ -325,7 +325,8 @@ class UniqueJob:
     @classmethod
     def after_dequeue(cls, *args: Any, **kwargs: Any) -> bool:
         """Drop the key's queue lock while it is still queued (its job left the queue); True if dropped."""
-        return cls.backend().dequeue(cls.lock_key(*args, **kwargs))
+        lock = cls.lock(*args, **kwargs)
+        return any(lock.backend.dequeue(slot) for slot in lock.slots())
 
     @classmethod
     def is_locked(cls, *args: Any, **kwargs: Any) -> bool:

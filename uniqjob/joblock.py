@@ -110,7 +110,8 @@ class JobLock:
         """True if the heartbeat found the run lock taken over by someone else."""
         return self._beat is not None and self._beat.lost.is_set()
 
-    def _slots(self) -> list[str]:
+    def slots(self) -> list[str]:
+        """Return the keys this lock may take: its own once taken, else one per allowed holder."""
         if self._slot_fixed or self.limit == 1:
             return [self.key]
         return [self._base] + [f"{self._base}#{n}" for n in range(2, self.limit + 1)]
@@ -125,7 +126,7 @@ class JobLock:
         never run; autoexpire is the other way out. When in doubt, never delete.
         """
         claim = RunClaim(local_holder(), self.lease) if run else None
-        for slot in self._slots():
+        for slot in self.slots():
             for _ in range(_ATTEMPTS):
                 state = self.backend.claim(slot, self.token, meta=self.meta, ttl=self.ttl, run=claim)
                 if state is None:
@@ -175,7 +176,7 @@ class JobLock:
             self.backend.dequeue(self.key, None if self.adopt else self.token)
             return
         claim = RunClaim(local_holder(), self.lease)
-        for slot in self._slots():
+        for slot in self.slots():
             for _ in range(_ATTEMPTS):
                 state = self.backend.start(
                     slot, self.token, run=claim, meta=self.meta, ttl=self.ttl, adopt=self.adopt, queue=mode
@@ -231,7 +232,7 @@ class JobLock:
         ``run_conflicts``: a live run lock alone conflicts too (a claim that runs
         at once, as an inline enqueue does).
         """
-        return all(_held(self.backend.read(slot), run_conflicts) for slot in self._slots())
+        return all(_held(self.backend.read(slot), run_conflicts) for slot in self.slots())
 
 
 def _held(state: LockState, run_conflicts: bool) -> bool:
