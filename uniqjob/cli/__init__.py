@@ -1,0 +1,127 @@
+"""The ``uniqjob`` command: a cron drop-in (``uniqjob run -- CMD``) and lock inspection.
+
+Each subcommand lives in its own module as one ``add_*_parser(subparsers)``
+function that registers its parser and sets ``handler`` (``Namespace -> int``,
+the exit status); ``SUBCOMMANDS`` lists them in ``--help`` order. Adding a
+subcommand is one such function and one line here.
+
+Errors are one line on stderr with sysexits codes: 64 usage, 69 store
+unreachable, 78 configuration, 1 nothing to do (e.g. no such lock), and 75
+only for "held elsewhere".
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+
+from .. import __version__
+from ..errors import BackendError, ConfigurationError, UniqJobError
+from ._common import (
+    EX_CONFIG,
+    EX_SOFTWARE,
+    EX_UNAVAILABLE,
+    EX_USAGE,
+    PROG,
+    HelpFormatter,
+    Parser,
+    SubParsers,
+    UsageError,
+    say,
+)
+from ._locks import add_locks_parser, add_reap_parser, add_release_parser
+from ._run import add_run_parser
+
+__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+
+AddParser = Callable[[SubParsers], None]
+
+#: The subcommands, in ``--help`` order.
+SUBCOMMANDS: list[AddParser] = [add_run_parser, add_locks_parser, add_release_parser, add_reap_parser]
+
+_EPILOG = """\
+examples:
+  uniqjob run -- echo hello                 # file store, no server needed
+  uniqjob run --url redis://localhost:6379/0 -- ./nightly-export.sh
+  uniqjob locks --json
+  uniqjob <command> --help                  # each command's options and examples
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the ``uniqjob`` argument parser with every subcommand registered."""
+    parser = Parser(
+        prog=PROG,
+        description="Run commands at most once at a time, on one host or many, and see their locks.",
+        epilog=_EPILOG,
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(title="commands", metavar="<command>", dest="command_name")
+    for add in SUBCOMMANDS:
+        add(subparsers)
+    return parser
+
+
+class _OneLine(logging.Formatter):
+    """Library warnings (a reclaimed orphan, a failing heartbeat) as one line each, no traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = f"{PROG}: {record.getMessage()}"
+        if record.exc_info and record.exc_info[1] is not None:
+            message += f": {record.exc_info[1]}"
+        return message
+
+
+@contextlib.contextmanager
+def _library_warnings_to_stderr() -> Iterator[None]:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLine())
+    handler.setLevel(logging.WARNING)
+    logger = logging.getLogger("uniqjob")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``uniqjob`` command with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error (already exit 64)
+        return exc.code if isinstance(exc.code, int) else EX_USAGE
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        say("error: no command given (see uniqjob --help)")
+        return EX_USAGE
+    try:
+        with _library_warnings_to_stderr():
+            status: int = handler(args)
+            sys.stdout.flush()  # here, where a closed pipe is handled, not at interpreter exit
+    except UsageError as exc:
+        say(f"error: {exc} (see uniqjob {args.command_name} --help)")
+        return EX_USAGE
+    except ConfigurationError as exc:
+        say(f"configuration error: {exc}")
+        return EX_CONFIG
+    except BackendError as exc:
+        say(f"lock store unavailable: {exc}")
+        return EX_UNAVAILABLE
+    except UniqJobError as exc:
+        say(str(exc))
+        return EX_SOFTWARE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader of our output went away (`uniqjob locks | head`): not an error worth a line.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    return status

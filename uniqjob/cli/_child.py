@@ -1,0 +1,194 @@
+"""Run a command as a child that cannot outlive us, and watch it: signals, deadline, lost lock.
+
+The child is started through a tiny Python launcher that asks the kernel to
+SIGKILL it when we die (Linux ``prctl(PR_SET_PDEATHSIG)``, kept across
+``execve``) and then execs the command. A ``preexec_fn`` could do the same but
+is unsafe once threads exist, and the heartbeat is a thread. So a ``uniqjob
+run`` killed with SIGKILL takes its command with it: the next cron tick never
+overlaps a command that runs on without its lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from types import FrameType
+
+from ._common import say
+
+__all__ = ["FORWARDED", "Child", "SignalWaiter", "exit_status", "signal_waiter", "spawn"]
+
+# Python ignores SIGPIPE and SIGXFSZ at startup, and ignored signals stay
+# ignored across execve: the launcher restores them, or the command would not
+# die quietly when its reader goes away (`cmd | head`). It unblocks every
+# signal too, since our mask is inherited. SIGINT goes back to the default
+# unless it was ignored when the launcher started (a background job's ^C).
+_LAUNCHER = """\
+import os, signal, sys
+for name in ("SIGPIPE", "SIGXFSZ"):
+    if hasattr(signal, name):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+if sys.platform.startswith("linux"):
+    import ctypes
+    try:
+        ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != int(sys.argv[1]):
+        os._exit(137)  # the wrapper died before the death signal was armed
+signal.pthread_sigmask(signal.SIG_SETMASK, ())
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as exc:
+    sys.stderr.write("uniqjob: cannot run %r: %s\\n" % (sys.argv[2], exc.strerror or exc))
+    os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+"""
+
+#: Signals passed on to the command; the wrapper itself waits for the command to exit.
+FORWARDED = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+)
+
+_SI_KERNEL = 0x80  # Linux si_code of a signal the kernel sent, e.g. ^C from the terminal
+_TICK = 0.25  # how often a running command's lock is checked for loss
+
+
+def spawn(argv: Sequence[str]) -> subprocess.Popen[bytes]:
+    """Start ``argv`` (PATH lookup, no shell) with our stdio and inheritable fds; on Linux it dies with us."""
+    launcher = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid())]
+    # close_fds=False: only fds the caller made inheritable pass (ours are not, PEP 446),
+    # so a wrapped command sees exactly what it would see without the wrapper.
+    return subprocess.Popen([*launcher, *argv], close_fds=False)
+
+
+def exit_status(returncode: int) -> int:
+    """Map a Popen return code to a shell-style exit status: 128+N for death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class SignalWaiter:
+    """Collects the signals we forward (and SIGCHLD) and waits for the next one, with a timeout."""
+
+    def wait(self, timeout: float) -> int | None:
+        """Return a signal to forward; None on timeout or when only a child changed state."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Give the signals back to their previous handling."""
+
+
+class _MaskWaiter(SignalWaiter):
+    """Block the signals and take them with ``sigtimedwait``: nothing runs in a handler.
+
+    ``siginfo`` tells a terminal's ^C (sent by the kernel to the whole
+    foreground process group, so the command already has it) from a ``kill``
+    aimed at us, which only we got; only the latter is passed on.
+    """
+
+    def __init__(self) -> None:
+        self._set = {*FORWARDED, signal.SIGCHLD}
+        self._old = signal.pthread_sigmask(signal.SIG_BLOCK, self._set)
+
+    def wait(self, timeout: float) -> int | None:
+        info = signal.sigtimedwait(self._set, max(timeout, 0.0))
+        if info is None or info.si_signo == signal.SIGCHLD or info.si_code == _SI_KERNEL:
+            return None
+        return info.si_signo
+
+    def close(self) -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._old)
+
+
+class _PipeWaiter(SignalWaiter):
+    """Where ``sigtimedwait`` is missing (macOS): handlers write to a wakeup pipe we select on."""
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._old_fd = signal.set_wakeup_fd(self._w)
+        self._pending: list[int] = []
+        self._old: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
+        for signum in (*FORWARDED, signal.SIGCHLD):
+            self._old[signum] = signal.signal(signum, _noop)
+
+    def wait(self, timeout: float) -> int | None:
+        if not self._pending:
+            readable, _, _ = select.select([self._r], [], [], max(timeout, 0.0))
+            if readable:
+                with contextlib.suppress(BlockingIOError):
+                    self._pending += [n for n in os.read(self._r, 512) if n != signal.SIGCHLD]
+        return self._pending.pop(0) if self._pending else None
+
+    def close(self) -> None:
+        for signum, handler in self._old.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        signal.set_wakeup_fd(self._old_fd)
+        os.close(self._r)
+        os.close(self._w)
+
+
+def _noop(signum: int, frame: FrameType | None) -> None:
+    """A handler that only lets the wakeup fd record the signal."""
+
+
+@contextlib.contextmanager
+def signal_waiter() -> Iterator[SignalWaiter]:
+    """Take over the forwarded signals (main thread, before any thread starts) until the block ends."""
+    waiter: SignalWaiter = _MaskWaiter() if hasattr(signal, "sigtimedwait") else _PipeWaiter()
+    try:
+        yield waiter
+    finally:
+        waiter.close()
+
+
+@dataclass
+class Child:
+    """A running command and the limits it runs under.
+
+    ``lost`` reports that our lock was taken over: the command must not run on
+    unlocked, so it is stopped like one that ran past ``kill_after``.
+    """
+
+    proc: subprocess.Popen[bytes]
+    name: str
+    kill_after: float | None = None
+    grace: float = 10.0
+    lost: Callable[[], bool] = lambda: False
+
+    def supervise(self, waiter: SignalWaiter) -> int:
+        """Forward signals, enforce the deadline, stop on a lost lock; return the command's exit status."""
+        proc = self.proc
+        started = time.monotonic()
+        deadline = started + self.kill_after if self.kill_after is not None else float("inf")
+        hard_kill_at = float("inf")
+        stopping = False
+        while True:
+            status = proc.poll()
+            if status is not None:
+                return exit_status(status)
+            now = time.monotonic()
+            if not stopping and (self.lost() or now >= deadline):
+                if now >= deadline:
+                    say(f"{self.name} ran longer than {self.kill_after:g}s: sending SIGTERM")
+                else:
+                    say(f"lost the lock to another holder: stopping {self.name}")
+                proc.terminate()
+                stopping, hard_kill_at = True, now + self.grace
+            elif now >= hard_kill_at:
+                say(f"{self.name} still running {self.grace:g}s after SIGTERM: sending SIGKILL")
+                proc.kill()
+                hard_kill_at = float("inf")
+            wake = min(now + _TICK, deadline if not stopping else hard_kill_at)
+            signum = waiter.wait(wake - now)
+            if signum is not None:
+                proc.send_signal(signum)  # a no-op once the child has been reaped

@@ -1,0 +1,108 @@
+"""What every subcommand shares: exit codes, the parser class, the store option, number checks."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import NoReturn, TypeAlias
+
+from .. import config
+from ..backends.base import Backend
+from ..errors import ConfigurationError
+
+# sysexits(3) codes, so cron mail and scripts can tell the failures apart.
+EX_OK = 0
+EX_FAILURE = 1  # e.g. no lock on the key given to `release`
+EX_USAGE = 64
+EX_UNAVAILABLE = 69  # the lock store cannot be reached
+EX_SOFTWARE = 70
+EX_TEMPFAIL = 75  # held elsewhere; no other failure uses it
+EX_CONFIG = 78  # a bad URL or setting
+EX_NOEXEC = 126  # the command exists but cannot be executed (as POSIX shells say)
+EX_NOTFOUND = 127  # the command does not exist
+
+PROG = "uniqjob"
+
+
+class UsageError(Exception):
+    """A command line that parses but makes no sense (exit 64)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr and exit 64, not 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EX_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+#: What an ``add_*_parser`` function receives: call its ``add_parser(name, ...)``.
+SubParsers: TypeAlias = "argparse._SubParsersAction[Parser]"
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the examples in epilogs laid out as written."""
+
+
+def add_url_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--url``: where the locks live (else UNIQJOB_URL, else the default file store)."""
+    parser.add_argument(
+        "--url",
+        metavar="URL",
+        help="lock store: redis://host:6379/0, rediss://..., unix:///path.sock, file:///dir "
+        f"(default: ${config.ENV_URL}, else the file store in {config.default_directory()})",
+    )
+
+
+def open_backend(url: str | None) -> Backend:
+    """Return the store named by ``url``, else the library's default (UNIQJOB_URL, else files)."""
+    backend = config.resolve(url) if url is not None else config.default_backend()
+    if backend.name == "memory":
+        # Each process would see only its own locks: no command could ever conflict.
+        raise ConfigurationError(
+            "memory:// keeps locks inside one process; the uniqjob command needs "
+            "a shared store (redis://..., file:///dir)"
+        )
+    return backend
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text!r}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """argparse type: a finite number of seconds, zero or more."""
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds above zero."""
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def exit_code(text: str) -> int:
+    """argparse type: a process exit status, 0 to 255."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an exit status 0-255, got {text!r}") from None
+    if not 0 <= value <= 255:
+        raise argparse.ArgumentTypeError(f"expected an exit status 0-255, got {text!r}")
+    return value
+
+
+def say(message: str) -> None:
+    """Write one line to stderr, prefixed with the program name."""
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,179 @@
+"""``uniqjob run``: run a command at most once at a time, under a run lock with heartbeat."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shlex
+import time
+from collections.abc import Sequence
+
+from ..joblock import JobLock
+from ..keys import make_key
+from ..locks import LockState, QueueMeta
+from ._child import Child, SignalWaiter, signal_waiter, spawn
+from ._common import (
+    EX_TEMPFAIL,
+    HelpFormatter,
+    SubParsers,
+    UsageError,
+    add_url_option,
+    exit_code,
+    open_backend,
+    positive_seconds,
+    say,
+    seconds,
+)
+
+__all__ = ["RUN_JOB", "add_run_parser", "command_key"]
+
+#: The job name of ``uniqjob run`` locks: the ``class`` that ``uniqjob locks`` shows.
+RUN_JOB = "uniqjob.cli.run"
+
+_EXAMPLES = """\
+The default key is derived from the command and its arguments exactly as
+given (not the working directory or environment): the same command line is the
+same key, on every host that uses the same store.
+
+exit status:
+  the command's own status; 128+N if it died of signal N;
+  75 (or --conflict-exit) if the lock is held elsewhere; 64 bad usage;
+  69 lock store unreachable; 78 bad store URL; 126/127 command not executable/found
+
+examples:
+  # crontab: a nightly backup that never overlaps itself, on any host
+  0 2 * * *  UNIQJOB_URL=redis://redis.internal:6379/0 uniqjob run -- /usr/local/bin/backup --full
+
+  # wait up to 5 minutes for the previous run, stop it after 2 hours
+  uniqjob run --wait 300 --kill-after 7200 --key reports -- ./make-reports.sh
+"""
+
+
+def add_run_parser(subparsers: SubParsers) -> None:
+    """Register ``uniqjob run``."""
+    parser = subparsers.add_parser(
+        "run",
+        help="run a command unless another run of it holds its lock",
+        description="Run CMD under a lock. If another `uniqjob run` of the same key is running\n"
+        "(on this host, or on any host that shares the store), exit at once, or --wait.",
+        epilog=_EXAMPLES,
+        formatter_class=HelpFormatter,
+        usage="%(prog)s [options] -- CMD [ARG...]",
+    )
+    parser.add_argument("--key", help="lock key (default: derived from CMD and its arguments)")
+    add_url_option(parser)
+    parser.add_argument(
+        "--lease",
+        type=positive_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="run lock lease: how soon other hosts may take over if this one dies (default: 30)",
+    )
+    parser.add_argument(
+        "--wait",
+        type=seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to SECONDS for the lock instead of giving up at once",
+    )
+    parser.add_argument(
+        "--conflict-exit",
+        type=exit_code,
+        default=EX_TEMPFAIL,
+        metavar="CODE",
+        help="exit status when the lock is held elsewhere (default: 75)",
+    )
+    parser.add_argument(
+        "--kill-after",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="send CMD SIGTERM if it runs longer, then SIGKILL after --grace",
+    )
+    parser.add_argument(
+        "--grace",
+        type=seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds between SIGTERM and SIGKILL when stopping CMD (default: 10)",
+    )
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments"
+    )
+    parser.set_defaults(handler=run_command)
+
+
+def command_key(argv: Sequence[str]) -> str:
+    """Return the default lock key of a command line: the same argv always gives the same key."""
+    return make_key(RUN_JOB, {"argv": list(argv)})
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Handle ``uniqjob run``."""
+    argv: list[str] = args.command
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("no command given: uniqjob run [options] -- CMD [ARG...]")
+    if args.key is not None and not args.key.strip():
+        raise UsageError("--key must not be empty")
+    key = args.key if args.key is not None else command_key(argv)
+    name = _preview(shlex.join(argv))
+    # Signals are taken over before the lock, so one that arrives while we wait
+    # or start means "do not run": nothing is started and the lock goes back.
+    # It must also precede the heartbeat thread, which inherits the signal mask:
+    # a SIGTERM delivered to that thread instead would kill us outright.
+    with signal_waiter() as waiter:
+        backend = open_backend(args.url)
+        lock = JobLock(backend, key, lease=args.lease, meta=QueueMeta(RUN_JOB, name))
+        got, signum = _acquire(lock, args.wait, waiter)
+        if signum is not None:
+            return 128 + signum
+        if not got:
+            say(_conflict_message(key, lock.conflict, name))
+            return int(args.conflict_exit)
+        with lock.running(started=True):
+            signum = waiter.wait(0)
+            if signum is not None:
+                return 128 + signum
+            child = Child(spawn(argv), name, args.kill_after, args.grace, lambda: lock.lost)
+            return child.supervise(waiter)
+
+
+def _acquire(lock: JobLock, wait: float, waiter: SignalWaiter) -> tuple[bool, int | None]:
+    """Take the run lock, polling with capped exponential backoff for up to ``wait`` seconds.
+
+    Returns (taken, signal): a forwarded signal during the wait ends it untaken.
+    """
+    deadline = time.monotonic() + wait
+    delay = 0.05
+    while True:
+        if lock.acquire(run=True):
+            return True, None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False, None
+        # Jitter keeps many waiters from polling in step after a long run ends.
+        signum = waiter.wait(min(left, delay * random.uniform(0.8, 1.2)))
+        if signum is not None:
+            return False, signum
+        delay = min(delay * 2, 1.0)
+
+
+def _conflict_message(key: str, state: LockState | None, name: str) -> str:
+    """One line naming the key and its holder, for cron mail."""
+    if state is None:  # the lock kept changing hands while we tried
+        return f"lock {key!r} is busy; not running: {name}"
+    if state.run is not None:
+        run = state.run
+        holder = f"pid {run.holder.pid} on {run.holder.host}, running for {state.now - run.started:.1f}s"
+    elif state.queue is not None:
+        holder = f"a {state.queue.state} job, for {state.now - state.queue.since:.1f}s"
+    else:
+        holder = "another holder"
+    return f"lock {key!r} is held by {holder}; not running: {name}"
+
+
+def _preview(text: str) -> str:
+    """The command line on one line (for messages and lock listings), at most 200 characters."""
+    text = text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
+    return text if len(text) <= 200 else text[:197] + "..."
