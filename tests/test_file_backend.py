@@ -123,3 +123,99 @@ def _hold_all(directory: str, ready: Any, done: Any) -> None:
         lock.acquire()
     ready.set()
     done.wait(20)
+
+
+def _same_stripe(backend: FileBackend, key: str) -> str:
+    stripe = backend._path(key)[1]
+    return next(k for k in (f"other-{n}" for n in range(10_000)) if backend._path(k)[1] == stripe)
+
+
+def test_spare_still_linked_to_a_record_is_never_written_through(file_backend: FileBackend) -> None:
+    path = record_path(file_backend, "k")
+    before = path.read_bytes()
+    stripe = file_backend._path("k")[1]
+    for spare in file_backend.directory.glob(f".{stripe:02d}?.spare"):
+        spare.unlink()
+    # a crash between "keep the old record under a spare's name" and the rename
+    os.link(path, file_backend.directory / f".{stripe:02d}a.spare")
+    assert file_backend.claim(_same_stripe(file_backend, "k"), "t2", meta=QueueMeta()) is None
+    assert path.read_bytes() == before
+    state = file_backend.read("k")
+    assert state.queue is not None and state.queue.token == "t"
+
+
+def test_transitions_reuse_spare_files_and_leave_no_debris(file_backend: FileBackend) -> None:
+    uniqjob.configure(file_backend)
+    for n in range(40):
+        lock = Job.lock(n)
+        assert lock.acquire()
+        with lock.running():
+            pass
+    names = [p.name for p in file_backend.directory.iterdir() if p.is_file()]
+    assert not [n for n in names if n.endswith((".json", ".tmp"))]
+    spares = [p for p in file_backend.directory.glob(".*.spare")]
+    assert spares and all(p.stat().st_nlink == 1 for p in spares)
+    assert len(spares) <= 2 * len({p.name[:3] for p in spares})  # at most two per stripe
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_does_not_share_the_parents_stripe_lock(tmp_path: Path) -> None:
+    backend = FileBackend(tmp_path / "locks", timeout=0.2)
+    assert backend.claim("k", "t", meta=QueueMeta()) is None  # the stripe's lock file is open now
+    ctx = multiprocessing.get_context("fork")
+    held, result = ctx.Event(), ctx.Queue()
+    child = ctx.Process(target=_claim_in_child, args=(backend, held, result))
+    child.start()  # forked while nobody holds the lock
+    lock = backend._stripe(backend._path("k")[1])
+    lock.acquire()
+    try:
+        held.set()
+        # the child must wait for the parent like any other process, not share its flock
+        assert result.get(timeout=20) == "timed out"
+    finally:
+        lock.release()
+        child.join(20)
+
+
+def _claim_in_child(backend: FileBackend, held: Any, result: Any) -> None:
+    held.wait(20)
+    try:
+        backend.claim("k", "u", meta=QueueMeta())
+    except BackendError as exc:
+        result.put("timed out" if "timed out" in str(exc) else str(exc))
+    else:
+        result.put("took the lock the parent holds")
+
+
+def test_lock_files_removed_under_a_running_process_are_made_again(file_backend: FileBackend) -> None:
+    import shutil
+
+    assert file_backend.claim("k", "t", meta=QueueMeta()) is None
+    shutil.rmtree(file_backend.directory / ".locks")  # a cleanup that went too far
+    other = _same_stripe(file_backend, "k")
+    assert file_backend.claim(other, "t", meta=QueueMeta()) is None
+    stripe = file_backend._path("k")[1]
+    assert (file_backend.directory / ".locks" / f"{stripe:02d}.lock").exists()
+    # and the new file is the one locked: another process's FileLock on it must wait
+    with file_backend._slot(other), pytest.raises(TimeoutError):
+        FileLock(str(file_backend.directory / ".locks" / f"{stripe:02d}.lock"), timeout=0.05).acquire()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_lock_files_are_closed_with_the_store(tmp_path: Path) -> None:
+    def open_descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_descriptors()
+    backend = FileBackend(tmp_path / "locks")
+    for n in range(20):
+        assert backend.claim(f"k{n}", "t", meta=QueueMeta()) is None
+    assert open_descriptors() > before  # the stripes' lock files stay open between calls
+    backend.close()
+    assert open_descriptors() == before
+    assert backend.claim("k0", "u", meta=QueueMeta()) is not None  # usable again: it reopens them
+    del backend
+    import gc
+
+    gc.collect()
+    assert open_descriptors() == before  # and a store that is dropped closes them too

@@ -4,6 +4,12 @@ A thread per job would cost a thread start on every perform; one scheduler
 thread with a heap of due times costs a heap push. The thread is started on
 first use and again in a forked child (the parent's thread does not survive
 ``fork``, and RQ forks a work horse per job).
+
+The thread is woken only when a new beat falls due before the time it sleeps
+until. A short job's beat is cancelled long before it is due; waking the
+thread for it anyway would make it fight the job for the GIL on every perform.
+So cancelled beats stay in the heap, and the thread sleeps until they come up,
+until they are half of it: then it is rebuilt without them.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -35,9 +42,13 @@ class Beat:
     name: str = ""
     lost: threading.Event = field(default_factory=threading.Event)
     cancelled: bool = False
+    owner: Heartbeat | None = field(default=None, repr=False)
 
     def cancel(self) -> None:
-        self.cancelled = True
+        if not self.cancelled:
+            self.cancelled = True
+            if self.owner is not None:
+                self.owner._cancelled_one()
 
 
 class Heartbeat:
@@ -49,43 +60,66 @@ class Heartbeat:
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._wake_at = -math.inf  # when the sleeping thread wakes by itself; -inf: it is not asleep
+        self._cancelled = 0  # cancelled beats still in the heap, about
         os.register_at_fork(after_in_child=self._after_fork)
 
     def _after_fork(self) -> None:
         self._heap = []
         self._cond = threading.Condition()
         self._thread = None
+        self._wake_at = -math.inf
+        self._cancelled = 0
 
     def start(self, renew: Callable[[], bool], interval: float, name: str = "") -> Beat:
         """Call ``renew`` every ``interval`` seconds from now on, until the beat is cancelled."""
-        beat = Beat(renew, interval, name)
+        beat = Beat(renew, interval, name, owner=self)
         with self._cond:
-            heapq.heappush(self._heap, (self.clock() + interval, next(self._seq), beat))
+            due = self.clock() + interval
+            heapq.heappush(self._heap, (due, next(self._seq), beat))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="uniqjob-heartbeat", daemon=True)
                 self._thread.start()
-            elif self._heap[0][2] is beat:
+            elif due < self._wake_at:
                 self._cond.notify()
         return beat
+
+    def _cancelled_one(self) -> None:
+        self._cancelled += 1
+        if self._cancelled > 256 and 2 * self._cancelled > len(self._heap):
+            with self._cond:
+                self._heap = [entry for entry in self._heap if not entry[2].cancelled]
+                heapq.heapify(self._heap)
+                self._cancelled = 0
+
+    def _sleep(self, cond: threading.Condition, seconds: float) -> None:
+        self._wake_at = self.clock() + seconds
+        try:
+            cond.wait(seconds)
+        finally:
+            self._wake_at = -math.inf
 
     def _loop(self) -> None:
         cond = self._cond
         while True:
             with cond:
                 while True:
-                    while self._heap and self._heap[0][2].cancelled:
-                        heapq.heappop(self._heap)
                     if not self._heap:
-                        cond.wait(60.0)
+                        self._sleep(cond, 60.0)
                         if not self._heap:
                             self._thread = None
                             return  # idle: the next start() makes a new thread
                         continue
                     due = self._heap[0][0] - self.clock()
-                    if due <= 0:
-                        _, _, beat = heapq.heappop(self._heap)
+                    if due > 0:
+                        # Even for a cancelled beat: sleeping until it is due, rather than
+                        # dropping it at once, spares the wake-up a newer beat would need.
+                        self._sleep(cond, due)
+                        continue
+                    _, _, beat = heapq.heappop(self._heap)
+                    if not beat.cancelled:
                         break
-                    cond.wait(due)
+                    self._cancelled = max(0, self._cancelled - 1)
             self._beat(beat)
 
     def _beat(self, beat: Beat) -> None:

@@ -214,13 +214,35 @@ def digest(value: Any, path: str = "") -> str:
     return hashlib.blake2b(canonical(value, path), digest_size=16).hexdigest()
 
 
+# Parameter names come from job signatures, so there are few: their encodings are
+# kept (a bounded number, in case a caller passes made-up names).
+_param_heads: dict[str, bytes] = {}
+
+
 def make_key(name: str, arguments: Mapping[str, Any]) -> str:
     """Return the lock key of job ``name`` called with bound ``arguments``.
 
     Each argument's path in an error is its parameter name.
     """
+    # Every enqueue makes a key: ints and strs, the usual arguments, skip the
+    # dispatch (the bytes are the same as _enc_int's and _enc_str's).
     out = bytearray(b"d%d:" % len(arguments))
+    heads = _param_heads
     for param in sorted(arguments):
-        _str(param, out)
-        _encode(arguments[param], param, out)
-    return f"{name}:{KEY_VERSION}:{hashlib.blake2b(bytes(out), digest_size=16).hexdigest()}"
+        head = heads.get(param)
+        if head is None:
+            encoded = bytearray()
+            _str(param, encoded)
+            head = bytes(encoded)
+            if len(heads) < 4096:
+                heads[param] = head
+        out += head
+        value = arguments[param]
+        kind = type(value)
+        if kind is int:
+            out += b"i%d;" % value
+        elif kind is str:
+            _str(value, out)
+        else:
+            _encode(value, param, out)
+    return f"{name}:{KEY_VERSION}:{hashlib.blake2b(out, digest_size=16).hexdigest()}"

@@ -8,15 +8,17 @@ touches one cluster slot. Listing uses ``SCAN``, never ``KEYS``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
 import redis
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from ..errors import BackendError, ConfigurationError
-from ..locks import Holder, LockState, QueueMeta, QueueRecord, RunClaim, RunRecord
+from ..locks import QUEUED, RUNNING, Holder, LockState, QueueMeta, QueueRecord, RunClaim, RunRecord
 from .base import Backend, QueueMode
 
 __all__ = ["RedisBackend"]
@@ -24,81 +26,99 @@ __all__ = ["RedisBackend"]
 T = TypeVar("T")
 
 # Shared by every script. KEYS[1] is the queue lock (a hash), KEYS[2] the run lock.
-# Times are written as "seconds.microseconds" strings of the server's TIME, so no
-# float ever rounds them.
+# Every held lock is one small hash, so its bytes count: field names are one
+# letter, empty fields are left out, and a class name that the key already
+# starts with is kept as its length (the queue hash then fits a small listpack).
+#   queue lock: t token, s state ('q' queued / 'r' running), a since (µs),
+#               c class or n its length in the key, p arguments preview, j job id
+#   run lock:   t token, h host, o node, i pid, b process start, a started (µs), l lease (ms)
+# Times are the server's TIME as whole microseconds, so no float ever rounds them.
 _PRELUDE = """
-if redis.replicate_commands then pcall(redis.replicate_commands) end
 local function clock()
   local t = redis.call('TIME')
-  return t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
+  return t[1] .. string.format('%06d', tonumber(t[2]))
+end
+-- What is in the way, as one JSON string: [now, queue fields, queue pttl, run
+-- fields, run pttl], a lock's fields false if it is not there. The client parses
+-- one string, not a score of replies.
+local function record(key, ...)
+  local fields = redis.call('HMGET', key, ...)
+  return fields[1] and fields
 end
 local function snapshot(now)
-  return {0, now, redis.call('HGETALL', KEYS[1]), redis.call('PTTL', KEYS[1]),
-          redis.call('HGETALL', KEYS[2]), redis.call('PTTL', KEYS[2])}
+  local q = record(KEYS[1], 't', 's', 'a', 'c', 'n', 'p', 'j')
+  local r = record(KEYS[2], 't', 'h', 'o', 'i', 'b', 'a', 'l')
+  return {0, cjson.encode({now, q, redis.call('PTTL', KEYS[1]), r, redis.call('PTTL', KEYS[2])})}
 end
 -- ARGV[i..i+4]: host, node, pid, pstart, lease_ms
 local function set_run(token, now, i)
   local started = now
-  if redis.call('HGET', KEYS[2], 'token') == token then
-    started = redis.call('HGET', KEYS[2], 'started')
-  end
-  redis.call('HSET', KEYS[2], 'token', token, 'host', ARGV[i], 'node', ARGV[i + 1],
-             'pid', ARGV[i + 2], 'pstart', ARGV[i + 3], 'started', started, 'lease', ARGV[i + 4])
+  if redis.call('HGET', KEYS[2], 't') == token then started = redis.call('HGET', KEYS[2], 'a') end
+  redis.call('HSET', KEYS[2], 't', token, 'h', ARGV[i], 'o', ARGV[i + 1],
+             'i', ARGV[i + 2], 'b', ARGV[i + 3], 'a', started, 'l', ARGV[i + 4])
   redis.call('PEXPIRE', KEYS[2], ARGV[i + 4])
 end
--- ARGV[2..5]: ttl_ms (0: none), cls, args, job_id
+-- ARGV[2..6]: ttl_ms (0: none), cls, cls length in the key ('' : none), args, job_id.
+-- KEYS[1] does not exist here, so no field of an earlier lock can linger.
 local function set_queue(token, state, now)
-  redis.call('HSET', KEYS[1], 'token', token, 'state', state, 'since', now,
-             'cls', ARGV[3], 'args', ARGV[4], 'job_id', ARGV[5])
-  if tonumber(ARGV[2]) > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+  local hset = {'HSET', KEYS[1], 't', token, 's', state, 'a', now}
+  if ARGV[4] ~= '' then
+    hset[#hset + 1] = 'n'; hset[#hset + 1] = ARGV[4]
+  elseif ARGV[3] ~= '' then
+    hset[#hset + 1] = 'c'; hset[#hset + 1] = ARGV[3]
+  end
+  if ARGV[5] ~= '' then hset[#hset + 1] = 'p'; hset[#hset + 1] = ARGV[5] end
+  if ARGV[6] ~= '' then hset[#hset + 1] = 'j'; hset[#hset + 1] = ARGV[6] end
+  redis.call(unpack(hset))
+  if ARGV[2] ~= '0' then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 end
 """
 
-# ARGV: token, ttl_ms, cls, args, job_id, mode ('q' or 'r'), host, node, pid, pstart, lease_ms
+# ARGV: token, ttl_ms, cls, cls_len, args, job_id, mode ('q' or 'r'), host, node, pid, pstart, lease_ms
 # Returns {1} when taken, else a snapshot of what is in the way.
 _CLAIM = (
     _PRELUDE
     + """
 local now = clock()
-local state = redis.call('HGET', KEYS[1], 'state')
+local state = redis.call('HGET', KEYS[1], 's')
 if state then
-  if state == 'running' and redis.call('EXISTS', KEYS[2]) == 0 then
+  if state == 'r' and redis.call('EXISTS', KEYS[2]) == 0 then
     redis.call('DEL', KEYS[1])  -- orphan: its holder stopped beating
   else
     return snapshot(now)
   end
 end
-if ARGV[6] == 'r' then
+if ARGV[7] == 'r' then
   if redis.call('EXISTS', KEYS[2]) == 1 then return snapshot(now) end
-  set_queue(ARGV[1], 'running', now)
-  set_run(ARGV[1], now, 7)
+  set_queue(ARGV[1], 'r', now)
+  set_run(ARGV[1], now, 8)
 else
-  set_queue(ARGV[1], 'queued', now)
+  set_queue(ARGV[1], 'q', now)
 end
 return {1}
 """
 )
 
-# ARGV: token, ttl_ms, cls, args, job_id, flags, host, node, pid, pstart, lease_ms
+# ARGV: token, ttl_ms, cls, cls_len, args, job_id, flags, host, node, pid, pstart, lease_ms
 # flags: 'a' (adopt) or '-', then the queue mode: 'r' (run), 'x' (release) or 'k' (keep).
 # Returns {1} when the run lock is taken, else a snapshot of what is in the way.
 _START = (
     _PRELUDE
     + """
 local now = clock()
-local rtok = redis.call('HGET', KEYS[2], 'token')
+local rtok = redis.call('HGET', KEYS[2], 't')
 if rtok and rtok ~= ARGV[1] then return snapshot(now) end
-set_run(ARGV[1], now, 7)
-local mode = string.sub(ARGV[6], 2, 2)
+set_run(ARGV[1], now, 8)
+local mode = string.sub(ARGV[7], 2, 2)
 if mode == 'k' then return {1} end
-local qtok = redis.call('HGET', KEYS[1], 'token')
-local mine = qtok and (qtok == ARGV[1] or string.sub(ARGV[6], 1, 1) == 'a')
+local qtok = redis.call('HGET', KEYS[1], 't')
+local mine = qtok and (qtok == ARGV[1] or string.sub(ARGV[7], 1, 1) == 'a')
 if mode == 'x' then
   if mine then redis.call('DEL', KEYS[1]) end
 elseif not qtok then
-  set_queue(ARGV[1], 'running', now)
+  set_queue(ARGV[1], 'r', now)
 elseif mine then
-  redis.call('HSET', KEYS[1], 'token', ARGV[1], 'state', 'running')
+  redis.call('HSET', KEYS[1], 't', ARGV[1], 's', 'r')
 end
 return {1}
 """
@@ -106,23 +126,24 @@ return {1}
 
 # KEYS[1]: run lock. ARGV: token, lease_ms. Returns 1 if renewed, 0 if not ours.
 _RENEW = """
-if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'lease', ARGV[2])
+if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'l', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 """
 
 # ARGV: token, keep_queue ('1' or '0'). Deletes each lock that is still the token's.
 _FINISH = """
-if redis.call('HGET', KEYS[2], 'token') == ARGV[1] then redis.call('DEL', KEYS[2]) end
-if ARGV[2] == '0' and redis.call('HGET', KEYS[1], 'token') == ARGV[1] then redis.call('DEL', KEYS[1]) end
+if redis.call('HGET', KEYS[2], 't') == ARGV[1] then redis.call('DEL', KEYS[2]) end
+if ARGV[2] == '0' and redis.call('HGET', KEYS[1], 't') == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 1
 """
 
 # KEYS[1]: queue lock. ARGV: token or '' (any). Returns 1 if a queued lock was dropped.
 _DEQUEUE = """
-if redis.call('HGET', KEYS[1], 'state') ~= 'queued' then return 0 end
-if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
+local q = redis.call('HMGET', KEYS[1], 's', 't')
+if q[1] ~= 'q' then return 0 end
+if ARGV[1] ~= '' and q[2] ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 return 1
 """
@@ -130,10 +151,10 @@ return 1
 # ARGV: queue token or '', run token or ''. Returns how many locks went.
 _RECLAIM = """
 local gone = 0
-if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
+if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 't') == ARGV[1] then
   gone = gone + redis.call('DEL', KEYS[1])
 end
-if ARGV[2] ~= '' and redis.call('HGET', KEYS[2], 'token') == ARGV[2] then
+if ARGV[2] ~= '' and redis.call('HGET', KEYS[2], 't') == ARGV[2] then
   gone = gone + redis.call('DEL', KEYS[2])
 end
 return gone
@@ -148,8 +169,8 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
 
 
-def _fields(flat: Sequence[Any]) -> dict[str, str]:
-    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+def _micros(value: Any) -> float:
+    return int(value) / 1_000_000
 
 
 class RedisBackend(Backend):
@@ -176,7 +197,9 @@ class RedisBackend(Backend):
             except ValueError as exc:
                 raise ConfigurationError(f"bad Redis URL {client!r}: {exc}") from exc
         self.client: redis.Redis = client
+        self._execute: Callable[..., Any] = client.execute_command
         self.namespace = namespace
+        self._prefix = namespace + ":{"
         self._claim = self._script(_CLAIM)
         self._start = self._script(_START)
         self._renew = self._script(_RENEW)
@@ -194,8 +217,8 @@ class RedisBackend(Backend):
         return self.client.register_script(source)
 
     def _keys(self, key: str) -> list[str]:
-        base = f"{self.namespace}:{{{key}}}"
-        return [base + ":q", base + ":r"]
+        base = self._prefix + key
+        return [base + "}:q", base + "}:r"]
 
     def _call(self, fn: Callable[[], T]) -> T:
         try:
@@ -204,35 +227,51 @@ class RedisBackend(Backend):
             raise BackendError(f"{exc} ({self!r})", self.name) from exc
 
     def _eval(self, script: Script, keys: list[str], args: list[Any]) -> Any:
-        return self._call(lambda: script(keys=keys, args=args))
+        # EVALSHA straight through execute_command: Script.__call__ costs as much
+        # again in Python (an import, tuple copies, two more layers) on every call.
+        try:
+            try:
+                return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            except NoScriptError:  # the server lost its script cache (restart, SCRIPT FLUSH)
+                script.sha = self.client.script_load(script.script)
+                return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+        except redis.RedisError as exc:
+            raise BackendError(f"{exc} ({self!r})", self.name) from exc
 
     def _state(self, key: str, reply: Sequence[Any]) -> LockState:
-        _, now_s, qflat, qttl, rflat, rttl = reply
-        now = float(_text(now_s))
+        now, q, qttl, r, rttl = json.loads(reply[1])  # q, r: the fields named in _PRELUDE
         queue = run = None
-        if qflat:
-            q = _fields(qflat)
+        if q:
+            # A field that is not set comes as false.
+            token, state, since, cls, cls_len, args, job_id = q
+            if cls_len:
+                cls = key[: int(cls_len)]
             queue = QueueRecord(
-                token=q["token"],
-                state=q["state"],
-                since=float(q["since"]),
-                meta=QueueMeta(q.get("cls", ""), q.get("args", ""), q.get("job_id", "")),
+                token=token,
+                state=RUNNING if state == "r" else QUEUED,
+                since=_micros(since),
+                meta=QueueMeta(cls or "", args or "", job_id or ""),
                 ttl=int(qttl) / 1000 if int(qttl) >= 0 else None,
             )
-        if rflat:
-            r = _fields(rflat)
+        if r:
+            token, host, node, pid, pstart, started, lease = r
             run = RunRecord(
-                token=r["token"],
-                holder=Holder(r["host"], r["node"], int(r["pid"]), int(r["pstart"])),
-                started=float(r["started"]),
-                lease=int(r["lease"]) / 1000,
+                token=token,
+                holder=Holder(host, node, int(pid), int(pstart)),
+                started=_micros(started),
+                lease=int(lease) / 1000,
                 lease_left=max(int(rttl), 0) / 1000,
             )
-        return LockState(key, queue, run, now)
+        return LockState(key, queue, run, _micros(now))
 
     @staticmethod
-    def _args(token: str, meta: QueueMeta, ttl: float | None, flag: str, run: RunClaim | None) -> list[Any]:
-        args: list[Any] = [token, _ms(ttl) if ttl else 0, meta.cls, meta.args, meta.job_id, flag]
+    def _args(
+        key: str, token: str, meta: QueueMeta, ttl: float | None, *, flag: str, run: RunClaim | None
+    ) -> list[Any]:
+        cls, cls_len = meta.cls, ""
+        if cls and key.startswith(cls):
+            cls, cls_len = "", str(len(cls))  # the key already holds it
+        args: list[Any] = [token, _ms(ttl) if ttl else 0, cls, cls_len, meta.args, meta.job_id, flag]
         if run is not None:
             h = run.holder
             args += [h.host, h.node, h.pid, h.pstart, _ms(run.lease)]
@@ -247,7 +286,7 @@ class RedisBackend(Backend):
         ttl: float | None = None,
         run: RunClaim | None = None,
     ) -> LockState | None:
-        args = self._args(token, meta, ttl, "q" if run is None else "r", run)
+        args = self._args(key, token, meta, ttl, flag="q" if run is None else "r", run=run)
         reply = self._eval(self._claim, self._keys(key), args)
         return None if reply[0] == 1 else self._state(key, reply)
 
@@ -263,7 +302,7 @@ class RedisBackend(Backend):
         queue: QueueMode = "run",
     ) -> LockState | None:
         flags = ("a" if adopt else "-") + _QUEUE_MODES[queue]
-        args = self._args(token, meta, ttl, flags, run)
+        args = self._args(key, token, meta, ttl, flag=flags, run=run)
         reply = self._eval(self._start, self._keys(key), args)
         return None if reply[0] == 1 else self._state(key, reply)
 

@@ -1,0 +1,8 @@
+"""Entry point of ``python -m benchmarks``."""
+
+import sys
+
+from benchmarks.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""``python -m benchmarks``: run the sections, print the tables (or JSON)."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import redis
+
+from benchmarks.report import Report
+
+__all__ = ["SECTIONS", "main"]
+
+SECTIONS = ("redis", "parallel", "scale", "file", "memory")
+
+
+def _whole(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    return _whole(text, 1)
+
+
+def _warmup(text: str) -> int:
+    return _whole(text, 0)
+
+
+def _sections(text: str) -> list[str]:
+    chosen = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SECTIONS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(
+            f"unknown section {', '.join(unknown) or repr(text)}: choose from {', '.join(SECTIONS)}"
+        )
+    return chosen
+
+
+def parser() -> argparse.ArgumentParser:
+    """Return the command's argument parser."""
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Time uniqjob's locks against a bare PING / FileLock, its peers, and at scale.",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
+    p.add_argument("--quick", action="store_true", help="a short smoke run: few iterations, 2,000 held locks")
+    p.add_argument("--iterations", type=_count, help="samples per Redis and memory operation (default 3000)")
+    p.add_argument("--file-iterations", type=_count, help="samples per file operation (default 1500)")
+    p.add_argument(
+        "--warmup", type=_warmup, help="untimed calls before each series (default: 1/10, at most 200)"
+    )
+    p.add_argument("--held", type=_count, help="locks held for the scale section (default 100000)")
+    p.add_argument(
+        "--processes", type=_count, default=8, help="processes in the parallel section (default 8)"
+    )
+    p.add_argument("--parallel-ops", type=_count, help="cycles per process per phase (default 300)")
+    p.add_argument(
+        "--rounds", type=_count, help="alternating PING/cycle rounds in the parallel section (default 3)"
+    )
+    p.add_argument(
+        "--unix", action="store_true", help="talk to redis-server over its unix socket, not TCP loopback"
+    )
+    p.add_argument("--dir", type=Path, help="directory for the file backend (default: a new temporary one)")
+    p.add_argument(
+        "--only", type=_sections, help=f"comma-separated sections to run, of: {', '.join(SECTIONS)}"
+    )
+    return p
+
+
+def _settings(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the defaults left unset, from --quick or the full run."""
+    quick = args.quick
+    defaults = {
+        "iterations": 150 if quick else 3000,
+        "file_iterations": 60 if quick else 1500,
+        "held": 2000 if quick else 100_000,
+        "parallel_ops": 20 if quick else 300,
+        "rounds": 1 if quick else 3,
+    }
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.warmup is None:
+        args.warmup = min(200, args.iterations // 10)
+    args.sections = args.only or list(SECTIONS)
+    return args
+
+
+def _parser_name() -> str:
+    import importlib.util
+
+    return "hiredis" if importlib.util.find_spec("hiredis") else "python"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; return the exit status."""
+    args = _settings(parser().parse_args(argv))
+    try:
+        from tests.redis_server import RedisServer
+    except ImportError:
+        print(
+            "python -m benchmarks: run it from the repository root (needs tests/redis_server.py)",
+            file=sys.stderr,
+        )
+        return 2
+
+    def progress(message: str) -> None:
+        print(f"== {message}", file=sys.stderr, flush=True)
+
+    report = Report()
+    began = time.monotonic()
+    try:
+        server = RedisServer()
+        server.start()
+    except RuntimeError as exc:
+        print(f"python -m benchmarks: cannot start redis-server: {exc}", file=sys.stderr)
+        return 2
+    scratch = Path(tempfile.mkdtemp(prefix="uniqjob-bench-"))
+    try:
+        url = server.unix_url if args.unix else server.url
+        client = redis.Redis.from_url(url)
+        report.meta = {
+            "python": platform.python_version(),
+            "redis-py": redis.__version__,
+            "redis-server": client.info("server")["redis_version"],
+            "parser": _parser_name(),
+            "transport": "unix socket" if args.unix else "TCP loopback",
+            "cpus": _cpus(),
+            "iterations": args.iterations,
+            "file iterations": args.file_iterations,
+            "held": args.held,
+        }
+        from benchmarks import local_bench, parallel, redis_bench
+
+        if "redis" in args.sections:
+            progress(f"redis and peers: {args.iterations} samples per operation")
+            redis_bench.run_redis(report, client, args.iterations, args.warmup)
+        if "parallel" in args.sections:
+            progress(f"parallel: {args.processes} processes")
+            parallel.run_parallel(report, url, args.processes, args.parallel_ops, args.rounds)
+        client.flushall()
+        if "scale" in args.sections:
+            # Same server, another database: the same process and CPU placement for
+            # both sides, and a keyspace of its own for the held locks.
+            progress(f"scale: {args.held:,} locks held in database 1, none in database 0")
+            loaded = redis.Redis.from_url(_database(url, 1))
+            redis_bench.run_scale(
+                report,
+                client,
+                loaded,
+                held=args.held,
+                iterations=args.iterations,
+                warmup=args.warmup,
+                progress=progress,
+            )
+            loaded.close()
+        client.close()
+        if "file" in args.sections:
+            directory = args.dir or scratch / "file"
+            progress(f"file backend in {directory}: {args.file_iterations} samples per operation")
+            local_bench.run_file(report, directory, args.file_iterations, min(args.warmup, 50))
+        if "memory" in args.sections:
+            progress("memory backend")
+            local_bench.run_memory(report, args.iterations, args.warmup)
+    finally:
+        server.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    report.meta["seconds"] = round(time.monotonic() - began, 1)
+    print(report.to_json() if args.json else report.to_text())
+    return 0
+
+
+def _database(url: str, db: int) -> str:
+    """Return ``url`` (as RedisServer gives it) pointing at database ``db``."""
+    if url.startswith("unix://"):
+        return url.replace("?db=0", f"?db={db}")
+    return url.rsplit("/", 1)[0] + f"/{db}"
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
