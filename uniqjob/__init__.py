@@ -8,15 +8,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# ``uniqjob.inspect``: figures for metrics. Not in __all__: a star import would shadow the stdlib's.
+from . import inspect as inspect
 from .backends.base import Backend
+from .concurrency import Parked
 from .config import backend_from_url, configure, default_backend
 from .errors import (
     BackendError,
+    ConcurrencyLimitExceeded,
     ConfigurationError,
     CorruptRecordError,
     JobNotUnique,
     UniqJobError,
     UniqueKeyError,
+    UnstorableCallError,
 )
 from .job import Queue, UniqueJob
 from .joblock import JobLock
@@ -29,17 +34,20 @@ if TYPE_CHECKING:
 __all__ = [
     "Backend",
     "BackendError",
+    "ConcurrencyLimitExceeded",
     "ConfigurationError",
     "CorruptRecordError",
     "FileBackend",
     "JobLock",
     "JobNotUnique",
     "MemoryBackend",
+    "Parked",
     "Queue",
     "RedisBackend",
     "UniqJobError",
     "UniqueJob",
     "UniqueKeyError",
+    "UnstorableCallError",
     "backend_from_url",
     "configure",
     "default_backend",

@@ -15,11 +15,13 @@ from typing import Any
 
 __all__ = [
     "BackendError",
+    "ConcurrencyLimitExceeded",
     "ConfigurationError",
     "CorruptRecordError",
     "JobNotUnique",
     "UniqJobError",
     "UniqueKeyError",
+    "UnstorableCallError",
 ]
 
 
@@ -81,6 +83,37 @@ class CorruptRecordError(BackendError):
         self.path = path
         self.reason = reason
         super().__init__(f"unreadable lock record {path}: {reason}", "file")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.reason))
+
+
+class ConcurrencyLimitExceeded(UniqJobError):
+    """A concurrency key is at its limit (policy "raise"), or a blocked inline wait timed out."""
+
+    def __init__(self, key: str, limit: int, waited: float | None = None) -> None:
+        self.key = key
+        self.limit = limit
+        self.waited = waited
+        message = f"concurrency key {key!r} is at its limit of {limit}"
+        if waited is not None:
+            message += f" (gave up after waiting {waited:.1f}s)"
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.limit, self.waited))
+
+
+class UnstorableCallError(UniqJobError, TypeError):
+    """A call that may be parked has an argument (or a class) that cannot be stored as data.
+
+    ``path`` names the offending argument, e.g. ``kwargs["conn"]``.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}" if path else reason)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.path, self.reason))

@@ -6,7 +6,7 @@ import inspect
 import logging
 import reprlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
@@ -14,6 +14,9 @@ from typing import Any, ClassVar
 
 from . import config, settings
 from .backends.base import Backend
+from .concurrency import _job as _concurrency
+from .concurrency._job import ConcurrencyPolicy
+from .concurrency.semaphore import Semaphore
 from .errors import ConfigurationError, JobNotUnique, UniqueKeyError
 from .joblock import JobLock, Strategy
 from .keys import digest, make_key
@@ -71,6 +74,14 @@ class Queue:
         """
         return False
 
+    def pending_delay(self) -> float:
+        """Seconds until the job about to be pushed may start (a countdown, an ETA); 0 if at once.
+
+        A concurrency slot taken at enqueue keeps its job's place for its lease
+        plus this delay, so a delayed job does not lose its slot while it waits.
+        """
+        return 0.0
+
 
 class UniqueJob:
     """Mix into a job class to stop duplicate calls of it.
@@ -116,6 +127,7 @@ class UniqueJob:
                 signature = signature.replace(parameters=params)
             cls._perform_signature = signature
         settings.check(cls, Queue)
+        _concurrency.check(cls)
 
     # -- the job ---------------------------------------------------------------------
 
@@ -228,11 +240,11 @@ class UniqueJob:
         queue = cls.unique_queue
         if queue is None:
             return cls._run(lock, args, kwargs)
-        lock.meta = replace(lock.meta, job_id=queue.new_job_id())
+        lock.meta = replace(lock.meta, job_id=_concurrency.job_id(cls, queue))
         if cls.unique_strategy != "while_executing" and not lock.acquire(gone=queue.job_gone):
             return cls._conflict(lock, args, kwargs)
         try:
-            return queue.push(cls, lock, args, kwargs)
+            return _concurrency.push(cls, queue, lock, args, kwargs)
         except BaseException:
             lock.dequeue()
             raise
@@ -246,24 +258,49 @@ class UniqueJob:
         return cls._run(cls.lock(*args, **kwargs), args, kwargs)
 
     @classmethod
-    def execute(cls, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    def execute(
+        cls,
+        lock: JobLock,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        *,
+        settle: Callable[[BaseException | None, Any], None] | None = None,
+    ) -> Any:
         """Worker side: perform under the strategy's locks, releasing them after; returns its result.
 
         A conflict at execution time (another live job holds the run lock)
         drops this call's own queued lock and applies the conflict policy.
+        ``settle``, given by a queue that may run the job again (a retry), is
+        called with perform's exception or result instead of releasing the
+        locks, and settles them itself (``lock.release()`` or ``lock.requeue()``)
+        before any concurrency slot is given up.
         """
+        if cls.concurrency_limit is not None and not _concurrency.holding(lock):
+            # a concurrency slot first; it wraps this very call (the slot is always released after)
+            body = lambda: cls.execute(lock, args, kwargs, settle=settle)  # noqa: E731
+            return _concurrency.execute(cls, lock, args, kwargs, body)
         try:
             lock.start()
         except JobNotUnique:
             lock.dequeue()
             return cls._conflict(lock, args, kwargs)
-        with lock.running(started=True):
-            return cls.invoke(args, kwargs)
+        if settle is None:
+            with lock.running(started=True):
+                return cls.invoke(args, kwargs)
+        try:
+            with lock.running(started=True, release=False):
+                result = cls.invoke(args, kwargs)
+        except BaseException as exc:
+            settle(exc, None)
+            raise
+        settle(None, result)
+        return result
 
     @classmethod
     def _run(cls, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        _concurrency.mark_inline(lock)  # a concurrency "block" waits in this process
         while True:
-            if cls.unique_strategy == "until_executed":
+            if cls.unique_strategy == "until_executed" and cls.concurrency_limit is None:
                 # the common case in one step: both locks at once
                 if lock.acquire(run=True):
                     with lock.running(started=True):
@@ -333,6 +370,31 @@ class UniqueJob:
         """True when an enqueue with these arguments would conflict now; orphans don't count."""
         inline = cls.unique_queue is None or cls.unique_strategy == "while_executing"
         return cls.lock(*args, **kwargs).held(run_conflicts=inline)
+
+    # -- concurrency limits (uniqjob.concurrency; README "Concurrency limits") --------------
+
+    #: Up to this many calls with one concurrency key hold a slot (queued or running) at once;
+    #: None: no limit.
+    concurrency_limit: ClassVar[int | None] = None
+    #: Seconds (or a timedelta) a slot outlives its holder's silence; renewed while the job runs.
+    concurrency_duration: ClassVar[float | timedelta] = 15 * 60
+    #: What a call does when its key is at the limit: "block" (park it), "discard" or "raise".
+    concurrency_on_conflict: ClassVar[ConcurrencyPolicy] = "block"
+    #: Inline "block" only: seconds to wait for a turn before raising; None: as long as it takes.
+    concurrency_wait_timeout: ClassVar[float | None] = None
+
+    @classmethod
+    def concurrency_key(cls, *args: Any, **kwargs: Any) -> Any:
+        """Return the value (text, or anything a lock key can hold) naming this call's semaphore.
+
+        None, the default: one semaphore for the whole class.
+        """
+        return None
+
+    @classmethod
+    def semaphore(cls, *args: Any, **kwargs: Any) -> Semaphore:
+        """Return the concurrency semaphore a call with these arguments counts against."""
+        return _concurrency.semaphore_of(cls, args, kwargs)
 
 
 def _param_in(message: str) -> str:

@@ -191,11 +191,14 @@ class JobLock:
         raise JobNotUnique(self.key, self.conflict.describe())
 
     @contextmanager
-    def running(self, *, started: bool = False) -> Iterator[JobLock]:
+    def running(self, *, started: bool = False, release: bool = True) -> Iterator[JobLock]:
         """Hold the strategy's locks for the body, the run lock renewed by the heartbeat; release after.
 
         Raises :class:`JobNotUnique` if another live job holds the run lock.
         ``started`` says :meth:`start` (or ``acquire(run=True)``) already took it.
+        With ``release=False`` the heartbeat stops after the body but the locks
+        stay: the caller settles them with :meth:`release` or :meth:`requeue`
+        once its queue has said whether the job runs again (a retry).
         """
         if not started:
             self.start()
@@ -208,7 +211,8 @@ class JobLock:
             yield self
         finally:
             self._beat.cancel()
-            self.release()
+            if release:
+                self.release()
 
     def release(self) -> None:
         """Release what is still ours (``until_expired`` keeps its queue lock until it expires).
@@ -221,6 +225,33 @@ class JobLock:
             self.backend.finish(self.key, self.token, keep_queue=self.strategy == "until_expired")
         except BackendError:
             log.error("could not release %s; it lapses one lease from now", self.key, exc_info=True)
+
+    def requeue(self, *, delay: float = 0.0) -> bool:
+        """Keep the key for a job that will run again (a retry); False if it is no longer ours.
+
+        The run lock goes. The strategy's queue lock is ``queued`` again, with
+        this token and its job id, so duplicates still conflict while the retry
+        waits; its autoexpire counts afresh from now plus ``delay`` (the wait
+        before the retry).
+        """
+        if self._beat is not None:
+            self._beat.cancel()
+        self.backend.reclaim(self.key, None, self.token)
+        if self.strategy in ("while_executing", "until_expired"):
+            return True  # nothing to hold while waiting / a queue lock perform never touches
+        queue = self.backend.read(self.key).queue
+        mine = queue is not None and queue.token == self.token
+        if queue is not None and mine and queue.state == QUEUED:
+            return True
+        meta = queue.meta if queue is not None and mine else self.meta
+        ttl = None if self.ttl is None else self.ttl + delay
+        # A running queue lock without its run lock reads as an orphan, so claim
+        # turns ours back into a queued one. Between the two steps a concurrent
+        # enqueue may take the key first: its job and the retry then both run.
+        if self.backend.claim(self.key, self.token, meta=meta, ttl=ttl) is None:
+            return True
+        log.warning("%s was taken by another enqueue while its job waited for a retry", self.key)
+        return False
 
     def dequeue(self) -> bool:
         """Drop the queue lock while it is still queued and ours (its job left the queue)."""

@@ -33,6 +33,7 @@ from ._common import (
     UsageError,
     say,
 )
+from ._concurrency import add_discard_parked_parser
 from ._locks import add_locks_parser, add_reap_parser, add_release_parser
 from ._run import add_run_parser
 
@@ -41,7 +42,13 @@ __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 AddParser = Callable[[SubParsers], None]
 
 #: The subcommands, in ``--help`` order.
-SUBCOMMANDS: list[AddParser] = [add_run_parser, add_locks_parser, add_release_parser, add_reap_parser]
+SUBCOMMANDS: list[AddParser] = [
+    add_run_parser,
+    add_locks_parser,
+    add_release_parser,
+    add_reap_parser,
+    add_discard_parked_parser,
+]
 
 _EPILOG = """\
 examples:

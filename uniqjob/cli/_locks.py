@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from ..backends.base import Backend
 from ..locks import RUNNING, LockState, holder_is_dead, orphaned
 from ._common import EX_FAILURE, EX_OK, HelpFormatter, SubParsers, add_url_option, open_backend
+from ._concurrency import add_concurrency_options, concurrency_locks_command, release_concurrency
 
 __all__ = [
     "COLUMNS",
@@ -145,10 +146,17 @@ holder is dead; `uniqjob reap` reclaims those.
 
 --json fields: key, class, args, state, host, pid, age_s, ttl_s, lease_s, orphaned
 
+--concurrency lists concurrency keys instead: HELD slots / limit, their LEASE
+(fresh, stale: lapsed or its holder dead, mixed), RUN(ning), PARKED jobs and how
+long the oldest has WAITED; busiest first, then totals over every key. --json
+fields: key, class, limit, held, running, fresh, stale, lease, at_limit, parked,
+oldest_wait_s; the last line is {"totals": {...}, "left_out": N}.
+
 examples:
   uniqjob locks
   uniqjob locks --url redis://redis.internal:6379/0 --json | jq -r 'select(.orphaned) | .key'
   uniqjob locks --class uniqjob.cli.run      # only locks taken by `uniqjob run`
+  uniqjob locks --concurrency --top 10       # the ten busiest concurrency keys, and totals
 """
 
 
@@ -169,11 +177,14 @@ def add_locks_parser(subparsers: SubParsers) -> None:
         metavar="NAME",
         help="only locks of this job class (full name, or its last dotted part)",
     )
+    add_concurrency_options(parser)
     parser.set_defaults(handler=locks_command)
 
 
 def locks_command(args: argparse.Namespace) -> int:
     """Handle ``uniqjob locks``."""
+    if args.concurrency:
+        return concurrency_locks_command(args)
     rows = iter_rows(open_backend(args.url), job_class=args.job_class)
     out = sys.stdout
     if isinstance(out, io.TextIOWrapper):
@@ -199,6 +210,10 @@ A lock whose run holder is alive (its lease is fresh) is kept unless --force:
 its command would then run on unlocked. A `uniqjob run` whose lock is taken
 away notices at its next heartbeat and stops its command. A queued lock, or
 one whose holder is dead, is released. Exit status 1 if nothing was released.
+
+A concurrency key (as `uniqjob locks --concurrency` shows it) has its stale
+slots released and the oldest parked jobs promoted into them, never past its
+limit; --force releases slots with a fresh lease too, whose jobs may still run.
 
 examples:
   uniqjob locks                      # find the key
@@ -228,6 +243,9 @@ def release_command(args: argparse.Namespace) -> int:
     key: str = args.key
     state = backend.read(key)
     if state.free:
+        status = release_concurrency(backend, key, force=args.force)  # a key of `locks --concurrency`
+        if status is not None:
+            return status
         print(f"uniqjob: no lock on {key!r}", file=sys.stderr)
         return EX_FAILURE
     row = LockRow.from_state(state)

@@ -1,0 +1,120 @@
+"""A Celery app with unique tasks, imported by the test process and by the ``celery worker`` processes.
+
+The broker is the test Redis (``UNIQJOB_TEST_REDIS_URL``); the test process sets
+``app.conf.broker_url`` itself, since the URL is known only once the session's
+redis-server is up.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+
+from tests.integration_workers import (
+    URL_VAR,
+    client,
+    job_done,
+    job_started,
+    pretend_other_host,
+    wait_for_gate,
+)
+from uniqjob.integrations.celery import UniqueTask
+
+pretend_other_host()
+
+QUEUE = "uniqjob-test"
+#: Seconds before Redis hands an unacknowledged message to another worker (set low for the crash test).
+VISIBILITY_VAR = "UNIQJOB_TEST_VISIBILITY"
+
+app = Celery("tests.celery_app", set_as_current=False)
+app.conf.update(
+    broker_url=os.environ.get(URL_VAR),
+    broker_connection_retry_on_startup=True,
+    broker_transport_options={
+        "visibility_timeout": float(os.environ.get(VISIBILITY_VAR, "3600")),
+        "unacked_restore_interval": 1,  # look for abandoned messages every second
+        "unacked_restore_throttle": 1,
+    },
+    task_default_queue=QUEUE,
+    worker_prefetch_multiplier=1,
+    worker_hijack_root_logger=False,
+)
+
+
+def unique_task(**options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """``@app.task(base=UniqueTask, **options)`` on this app only, typed loosely (celery has no types)."""
+    decorator: Callable[[Callable[..., Any]], Any] = app.task(base=UniqueTask, shared=False, **options)
+    return decorator
+
+
+def _gated(name: str) -> str:
+    r = client()
+    job_started(r, name)
+    wait_for_gate(r, name)
+    job_done(r, name)
+    return name
+
+
+@unique_task(unique_run_lease=1.0)
+def gate(name: str) -> str:
+    """Starts, then waits until the test opens its gate."""
+    return _gated(name)
+
+
+@unique_task(acks_late=True, unique_run_lease=5.0)
+def late_gate(name: str) -> str:
+    """Like gate, acknowledged only when done: a worker crash leaves it to be delivered again."""
+    return _gated(name)
+
+
+@unique_task(bind=True, max_retries=2, unique_run_lease=2.0)
+def flaky(self: UniqueTask, name: str, failures: int, gated: bool = True) -> int:
+    """Retries (a second later) its first ``failures`` attempts; gives up after two retries."""
+    r = client()
+    attempt = job_started(r, name)
+    if gated:
+        wait_for_gate(r, f"{name}:{attempt}")
+    if attempt <= failures:
+        raise self.retry(countdown=1)
+    job_done(r, name)
+    return attempt
+
+
+@unique_task(unique_on_conflict="reschedule", unique_reschedule_delay=1.0)
+def rescheduled(name: str) -> str:
+    """A duplicate tries again a second later instead of being dropped."""
+    return _gated(name)
+
+
+@unique_task(concurrency_limit=1, concurrency_on_conflict="block")
+def one_at_a_time(name: str) -> str:
+    """One concurrency slot for the task: the others park, and are published in turn."""
+    return _gated(name)
+
+
+@unique_task(unique_lock_autoexpire=10)
+def expiring(name: str) -> str:
+    """A queue lock that expires 10 s after enqueue (plus any countdown)."""
+    return name
+
+
+@unique_task()
+def echo(value: int) -> int:
+    return value
+
+
+class Export(UniqueTask):
+    """A class-based task: one export per account at a time, duplicates raise."""
+
+    name = "tests.celery_app.Export"
+    unique_on_conflict = "raise"
+    unique_args = ("account_id",)
+
+    def run(self, account_id: int, note: str = "") -> int:
+        return account_id
+
+
+export = app.register_task(Export())

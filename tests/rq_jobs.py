@@ -1,0 +1,87 @@
+"""Job classes on RQ queues, imported by the test process and by the ``rq worker`` processes."""
+
+from __future__ import annotations
+
+import os
+
+from redis import Redis
+from rq import Queue, Retry
+
+from tests.integration_workers import (
+    URL_VAR,
+    client,
+    job_done,
+    job_started,
+    pretend_other_host,
+    wait_for_gate,
+)
+from uniqjob import UniqueJob
+from uniqjob.integrations.rq import RQQueue
+
+pretend_other_host()
+
+QUEUE = "uniqjob-test"
+
+
+def rq_queue() -> Queue:
+    """The RQ queue of the tests, on the test Redis (made on first use: the URL is known late)."""
+    return Queue(QUEUE, connection=Redis.from_url(os.environ[URL_VAR]))
+
+
+queue = RQQueue(rq_queue)
+
+
+class Gate(UniqueJob):
+    """Starts, then waits until the test opens its gate."""
+
+    unique_queue = queue
+    unique_run_lease = 1.0
+
+    def perform(self, name: str) -> str:
+        r = client()
+        job_started(r, name)
+        wait_for_gate(r, name)
+        job_done(r, name)
+        return name
+
+
+class Flaky(UniqueJob):
+    """Fails its first ``failures`` attempts; RQ retries it twice, a second apart."""
+
+    unique_queue = RQQueue(rq_queue, retry=Retry(max=2, interval=1))
+    unique_run_lease = 2.0
+
+    def perform(self, name: str, failures: int, gated: bool = True) -> int:
+        r = client()
+        attempt = job_started(r, name)
+        if gated:
+            wait_for_gate(r, f"{name}:{attempt}")
+        if attempt <= failures:
+            raise RuntimeError(f"attempt {attempt} of {name} fails")
+        job_done(r, name)
+        return attempt
+
+
+class Rescheduled(Gate):
+    """A duplicate tries again a second later instead of being dropped."""
+
+    unique_on_conflict = "reschedule"
+    unique_reschedule_delay = 1.0
+
+
+class Inline(UniqueJob):
+    """On a queue in RQ's sync mode: enqueue runs it at once, in the caller's process."""
+
+    unique_queue = RQQueue(
+        lambda: Queue("inline", connection=Redis.from_url(os.environ[URL_VAR]), is_async=False)
+    )
+
+    def perform(self, n: int) -> tuple[bool, object]:
+        return Inline.is_locked(n), Inline.enqueue(n)
+
+
+class OneAtATime(Gate):
+    """One concurrency slot for the class: the others park, and are enqueued into RQ in turn."""
+
+    concurrency_limit = 1
+    concurrency_on_conflict = "block"

@@ -1,0 +1,336 @@
+"""The Celery integration against real ``celery worker`` processes; the test redis-server is the broker."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.exceptions import Reject, Retry
+from celery.result import AsyncResult
+from kombu.exceptions import OperationalError
+
+import uniqjob
+from tests.celery_app import (
+    QUEUE,
+    VISIBILITY_VAR,
+    Export,
+    app,
+    echo,
+    expiring,
+    export,
+    flaky,
+    gate,
+    late_gate,
+    one_at_a_time,
+    rescheduled,
+)
+from tests.integration_workers import NODE_VAR, REPO, URL_VAR, Workers, count, open_gate, wait_until
+from tests.redis_server import RedisServer
+from uniqjob import ConfigurationError, JobNotUnique
+from uniqjob.integrations import job_ref, resolve_job
+from uniqjob.integrations.celery import UniqueTask
+from uniqjob.locks import LockState
+
+
+@pytest.fixture
+def broker(
+    redis_server: RedisServer, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> redis.Redis:
+    """The test Redis as lock store and broker, flushed."""
+    monkeypatch.setenv(URL_VAR, redis_server.url)
+    uniqjob.configure(redis_server.url)
+    app.conf.broker_url = redis_server.url
+    return redis_client
+
+
+@pytest.fixture
+def workers(broker: redis.Redis, tmp_path: Path) -> Iterator[Workers]:
+    url = os.environ[URL_VAR]
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    pool = Workers(tmp_path, {URL_VAR: url, "UNIQJOB_URL": url, "PYTHONPATH": path})
+    yield pool
+    pool.close()
+
+
+def start_worker(workers: Workers, name: str = "celery", **env: str) -> None:
+    """A ``celery worker``: one prefork child, so its main process stays free for control commands."""
+    argv = [sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker", "-P", "prefork", "-c", "1"]
+    argv += ["--prefetch-multiplier", "1", "-Q", QUEUE, "-n", f"{name}-{uuid.uuid4().hex[:8]}@%h"]
+    argv += ["--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO"]
+    workers.start(name, argv, **env)
+
+
+def state(task: Any, *args: object) -> LockState:
+    return uniqjob.default_backend().read(task.unique_job.lock_key(*args))
+
+
+def test_duplicates_while_a_task_runs_run_once(workers: Workers, broker: redis.Redis) -> None:
+    start_worker(workers)
+    result = gate.delay("a")
+    assert result is not None
+    wait_until(lambda: count(broker, "started", "a") == 1, "the task to start")
+    running = state(gate, "a")
+    assert running.queue is not None and running.queue.state == "running"
+    assert running.queue.meta.job_id == result.id  # the queue lock records the task id
+    assert running.run is not None and running.run.holder.pid != os.getpid()  # held by the pool child
+
+    assert [gate.delay("a") for _ in range(25)] == [None] * 25
+    assert gate.apply_async(("a",), countdown=5) is None
+    assert gate.delay("b") is not None  # another key is free
+
+    open_gate(broker, "a")
+    open_gate(broker, "b")
+    wait_until(lambda: not gate.is_locked("a") and not gate.is_locked("b"), "both locks to go")
+    assert count(broker, "started", "a") == count(broker, "done", "a") == 1
+
+    # Published around uniqjob, by name: the worker still locks it, by its arguments.
+    app.send_task("tests.celery_app.gate", ("h",))
+    wait_until(lambda: count(broker, "started", "h") == 1, "the task sent by name to start")
+    assert gate.delay("h") is None
+    open_gate(broker, "h")
+    wait_until(lambda: not gate.is_locked("h"), "its lock to go")
+
+
+def test_killed_worker_is_reclaimed_at_once_on_its_host(workers: Workers, broker: redis.Redis) -> None:
+    start_worker(workers, "first")
+    gate.delay("k")
+    wait_until(lambda: count(broker, "started", "k") == 1, "the task to start")
+    assert gate.delay("k") is None  # a live task is never robbed
+    workers.kill("first")  # main process and pool child, mid-task
+    assert gate.delay("k") is not None  # the child's pid is gone: provably dead, reclaimed at once
+
+
+def test_killed_worker_elsewhere_is_reclaimed_within_one_lease(workers: Workers, broker: redis.Redis) -> None:
+    start_worker(workers, "remote", **{NODE_VAR: "another-machine"})
+    gate.delay("r")
+    wait_until(lambda: count(broker, "started", "r") == 1, "the task to start")
+    lease = float(gate.unique_job.unique_run_lease)
+    time.sleep(lease * 1.5)  # alive across leases: its heartbeat keeps the lock
+    assert gate.delay("r") is None
+    workers.kill("remote")
+    assert gate.delay("r") is None  # another machine's pid cannot be checked: wait for the lease
+    waited = wait_until(lambda: gate.delay("r") is not None, "the lease to lapse", timeout=10)
+    assert waited <= lease + 1.0
+
+
+def test_acks_late_redelivery_after_a_crash_readopts_its_lock(workers: Workers, broker: redis.Redis) -> None:
+    start_worker(workers, "first")
+    late_gate.delay("x")
+    wait_until(lambda: count(broker, "started", "x") == 1, "the task to start")
+    token = state(late_gate, "x").run.token  # type: ignore[union-attr]
+    workers.kill("first")  # the message was never acknowledged
+
+    # Redis hands an unacknowledged message on once it is older than visibility_timeout
+    # (1 s for the second worker); older kombu only looks when the worker starts.
+    time.sleep(1.2)
+    start_worker(workers, "second", **{VISIBILITY_VAR: "1"})
+    wait_until(lambda: count(broker, "started", "x") == 2, "the message to be delivered again")
+    again = state(late_gate, "x")
+    assert again.queue is not None and again.run is not None
+    assert again.queue.token == again.run.token == token  # its own lock, re-taken: not a duplicate
+    assert again.queue.state == "running"
+    assert late_gate.delay("x") is None
+    open_gate(broker, "x")
+    wait_until(lambda: count(broker, "done", "x") == 1, "the redelivered task to finish")
+    wait_until(lambda: not late_gate.is_locked("x"), "its lock to go")
+    assert list(uniqjob.default_backend().scan()) == []  # nothing stale left
+
+
+def test_retries_keep_the_lock_until_the_last_attempt(workers: Workers, broker: redis.Redis) -> None:
+    start_worker(workers)
+    result = flaky.delay("f", 1)
+    wait_until(lambda: count(broker, "started", "f") == 1, "attempt 1")
+    first = state(flaky, "f", 1)
+    assert first.queue is not None
+    open_gate(broker, "f:1")  # attempt 1 calls self.retry(countdown=1)
+
+    def waiting_for_retry() -> bool:
+        now = state(flaky, "f", 1)
+        return now.queue is not None and now.queue.state == "queued" and now.run is None
+
+    wait_until(waiting_for_retry, "the lock to wait, queued, for the retry")
+    between = state(flaky, "f", 1)
+    assert between.queue is not None
+    assert between.queue.token == first.queue.token and between.queue.meta.job_id == result.id
+    assert flaky.delay("f", 1) is None  # still unique while the retry waits
+
+    wait_until(lambda: count(broker, "started", "f") == 2, "attempt 2")
+    open_gate(broker, "f:2")
+    wait_until(lambda: count(broker, "done", "f") == 1, "attempt 2 to succeed")
+    wait_until(lambda: not flaky.is_locked("f", 1), "the lock to go after the last attempt")
+
+    flaky.delay("d", 99, False)  # fails for good after two retries
+    wait_until(lambda: count(broker, "started", "d") == 3, "all three attempts")
+    wait_until(lambda: not flaky.is_locked("d", 99, False), "the lock to go after the final failure")
+
+
+def test_revoke_releases_the_lock(workers: Workers, broker: redis.Redis) -> None:
+    start_worker(workers)
+    gate.delay("busy")
+    wait_until(lambda: count(broker, "started", "busy") == 1, "the worker to be busy")
+    victim = gate.delay("victim")
+    assert victim is not None and gate.is_locked("victim")
+    app.control.revoke(victim.id)
+    open_gate(broker, "busy")
+    wait_until(lambda: not gate.is_locked("victim"), "the revoked task's lock to go")
+    assert count(broker, "started", "victim") == 0
+    assert gate.delay("victim") is not None
+
+
+def test_reschedule_goes_through_the_broker(workers: Workers, broker: redis.Redis) -> None:
+    start_worker(workers)
+    rescheduled.delay("s")
+    wait_until(lambda: count(broker, "started", "s") == 1, "the first run")
+    assert rescheduled.delay("s") is None  # held: tried again a second later, by a worker
+    open_gate(broker, "s")
+    wait_until(lambda: count(broker, "done", "s") == 2, "the rescheduled call to run")
+    wait_until(lambda: not rescheduled.is_locked("s"), "its lock to go")
+
+
+def test_block_parks_and_a_promotion_publishes_the_task(workers: Workers, broker: redis.Redis) -> None:
+    start_worker(workers)
+    assert one_at_a_time.delay("p1") is not None
+    wait_until(lambda: count(broker, "started", "p1") == 1, "the first task to start")
+    parked = one_at_a_time.delay("p2")
+    assert parked is not None and not isinstance(parked, AsyncResult)  # parked, not published yet
+    assert one_at_a_time.is_locked("p2")
+    open_gate(broker, "p1")
+    wait_until(lambda: count(broker, "started", "p2") == 1, "the parked task to be published and run")
+    assert count(broker, "done", "p1") == 1  # only once the first gave up its slot
+    open_gate(broker, "p2")
+    wait_until(lambda: not one_at_a_time.is_locked("p2"), "its lock to go")
+
+
+# -- without a worker ------------------------------------------------------------------------
+
+
+def test_class_based_task_records_the_task_id_and_raises_on_duplicates(broker: redis.Redis) -> None:
+    result = export.delay(1, note="first")
+    assert result is not None
+    held = state(export, 1)
+    assert held.queue is not None and held.queue.meta.job_id == result.id
+    with pytest.raises(JobNotUnique) as raised:
+        export.delay(1, note="second")  # unique_args: only account_id counts
+    assert raised.value.holder["job_id"] == result.id
+    assert export.delay(2) is not None
+    assert export.unique_job.job_name() == "tests.celery_app.Export"
+
+
+def test_countdown_and_eta_count_into_the_lock(broker: redis.Redis) -> None:
+    expiring.apply_async(("now",))
+    expiring.apply_async(("later",), countdown=100)
+    expiring.apply_async(("eta",), eta=datetime.now(UTC) + timedelta(seconds=200))
+    ttl = {name: state(expiring, name).queue.ttl for name in ("now", "later", "eta")}  # type: ignore[union-attr]
+    assert ttl["now"] is not None and 9 < ttl["now"] <= 10
+    assert ttl["later"] is not None and 109 < ttl["later"] <= 110
+    assert ttl["eta"] is not None and 208 < ttl["eta"] <= 210
+
+
+def test_eager_mode_runs_under_the_lock(broker: redis.Redis) -> None:
+    app.conf.task_always_eager = True
+    try:
+        assert echo.delay(5).get() == 5
+        assert not echo.is_locked(5)
+        assert flaky.delay("e", 1, False).get() == 2  # the retry runs at once, holding the lock
+        assert not flaky.is_locked("e", 1, False)
+    finally:
+        app.conf.task_always_eager = False
+    assert echo(6) == 6  # a direct call is a plain function call: no lock at all
+
+
+def test_a_failed_publish_releases_the_lock(broker: redis.Redis) -> None:
+    down = Celery("down", broker=_dead_broker(), set_as_current=False)
+    down.conf.update(task_publish_retry=False, broker_transport_options={"max_retries": 0})  # fail fast
+
+    def ping(n: int) -> int:
+        return n
+
+    task = down.task(base=UniqueTask, name="tests.down.ping", shared=False)(ping)
+    with pytest.raises(OperationalError):
+        task.delay(1)
+    assert not task.is_locked(1)  # nothing stuck: the next call gets the lock
+    assert uniqjob.default_backend().read(task.unique_job.lock_key(1)).free
+
+
+def _bounce(self: UniqueTask, n: int) -> None:
+    raise self.retry(countdown=30)
+
+
+def _deliver(task: Any, n: int) -> Any:
+    """Run ``task(n)`` here as a worker runs a delivery of a message that ``delay(n)`` published."""
+    lock = task.unique_job.lock(n)
+    lock.meta = replace(lock.meta, job_id=str(uuid.uuid4()))
+    assert lock.acquire()
+    headers = {"uniqjob": {"key": lock.key, "token": lock.token}}
+    task.push_request(id=lock.meta.job_id, headers=headers, called_directly=False, args=(n,), kwargs={})
+    try:
+        return task(n)
+    finally:
+        task.pop_request()
+
+
+def test_a_retry_waits_queued_with_its_lock_and_one_never_sent_releases_it(broker: redis.Redis) -> None:
+    options = {"bind": True, "shared": False, "max_retries": 3, "unique_lock_autoexpire": 10}
+    task = app.task(base=UniqueTask, name="tests.bounce", **options)(_bounce)
+    with pytest.raises(Retry):
+        _deliver(task, 1)
+    waiting = state(task, 1)
+    assert waiting.queue is not None and waiting.queue.state == "queued" and waiting.run is None
+    assert waiting.queue.ttl is not None and 39 < waiting.queue.ttl <= 40  # autoexpire + countdown
+    assert task.delay(1) is None
+
+    down = Celery("down", broker=_dead_broker(), set_as_current=False)
+    down.conf.update(task_publish_retry=False, broker_transport_options={"max_retries": 0})
+    lost = down.task(base=UniqueTask, bind=True, shared=False, name="tests.lost", max_retries=3)(_bounce)
+    with pytest.raises(Reject):  # Celery's answer to a retry it could not publish
+        _deliver(lost, 2)
+    assert not lost.is_locked(2)  # nothing will run it again: nothing keeps the key
+
+
+def test_bad_task_settings_fail_when_the_task_is_made(broker: redis.Redis) -> None:
+    def work(account_id: int) -> None:
+        pass
+
+    def make(**options: Any) -> Any:
+        # shared=False: a shared task would be made again for every app created later
+        task = app.task(base=UniqueTask, name=f"tests.bad.{uuid.uuid4().hex}", shared=False, **options)(work)
+        return task.name  # Celery makes tasks lazily: touch it
+
+    with pytest.raises(ConfigurationError, match="unique_on_conflit is not a uniqjob setting"):
+        make(unique_on_conflit="raise")
+    with pytest.raises(ConfigurationError, match="unique_args names user"):
+        make(unique_args=("user",))
+    with pytest.raises(ConfigurationError, match="a UniqueTask's queue is Celery"):
+        make(unique_queue=None)
+    assert make(bind=False, unique_args=("account_id",))
+
+
+def test_a_bound_task_keys_on_its_arguments_not_on_self() -> None:
+    assert flaky.unique_job.lock_key("a", 1) == flaky.unique_job.lock_key(name="a", failures=1, gated=True)
+    assert Export.unique_job.lock_key(3, "x") == Export.unique_job.lock_key(3, "y")
+    assert flaky.unique_job.lock_key("a", 1).startswith("tests.celery_app.flaky:")
+
+
+def test_a_tasks_unique_job_is_importable_by_its_path() -> None:
+    # Another process (a promoter of parked calls) finds the job class by module:QualName.
+    assert resolve_job(job_ref(gate.unique_job)) is gate.unique_job
+    assert job_ref(Export.unique_job) == "tests.celery_app:Export.unique_job"
+    assert resolve_job("tests.celery_app:Export.unique_job") is Export.unique_job
+
+
+def _dead_broker() -> str:
+    with socket.socket() as sock:  # a port that nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"redis://127.0.0.1:{port}/0"

@@ -1,0 +1,181 @@
+"""Concurrency keys on the command line: ``locks --concurrency``, ``release KEY``, ``discard-parked KEY``.
+
+A key at its limit looks like a stalled pipeline from outside. The view lists
+keys busiest first (most parked, longest wait) with slots held / limit, their
+lease state and the jobs parked behind them, and ends with true totals over
+every key however short the list is cut. The escape hatches act on one key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..backends.base import Backend
+from ..concurrency import discard_parked, release, store_for
+from ..concurrency.ops import stale
+from ..inspect import KeyReport, Totals, concurrency
+from ._common import EX_FAILURE, EX_OK, HelpFormatter, SubParsers, add_url_option, open_backend
+
+__all__ = [
+    "add_concurrency_options",
+    "add_discard_parked_parser",
+    "concurrency_locks_command",
+    "release_concurrency",
+]
+
+_TOP = 50  # keys the table shows by default; the totals always count them all
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
+def add_concurrency_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--concurrency`` and ``--top`` to ``uniqjob locks``."""
+    parser.add_argument(
+        "--concurrency",
+        action="store_true",
+        help="show concurrency keys instead: slots held / limit, lease state, parked jobs, busiest first",
+    )
+    parser.add_argument(
+        "--top",
+        type=_count,
+        default=_TOP,
+        metavar="N",
+        help=f"with --concurrency: the N busiest keys (default {_TOP}; 0: all); totals count every key",
+    )
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{seconds:.1f}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+_HEADER = f"{'HELD':<7}  {'LEASE':<6}  {'RUN':<4}  {'PARKED':<7}  {'WAITED':<8}  KEY"
+
+
+def _line(row: KeyReport) -> str:
+    held = f"{row.held}/{row.limit}"
+    waited = _duration(row.oldest_wait)
+    return f"{held:<7}  {row.lease:<6}  {row.running:<4}  {row.parked:<7}  {waited:<8}  {row.key}"
+
+
+def _totals_line(totals: Totals, shown: int) -> str:
+    listed = f"{totals.keys} key(s)" + (f" ({shown} shown)" if shown < totals.keys else "")
+    stale_note = f" ({totals.stale_slots} stale)" if totals.stale_slots else ""
+    waiting = f", oldest waiting {_duration(totals.oldest_wait)}" if totals.oldest_wait is not None else ""
+    return (
+        f"{listed}: {totals.slots_held} slot(s) held{stale_note}, {totals.keys_at_limit} at their limit, "
+        f"{totals.parked} job(s) parked{waiting}"
+    )
+
+
+def concurrency_locks_command(args: argparse.Namespace) -> int:
+    """Handle ``uniqjob locks --concurrency``."""
+    report = concurrency(open_backend(args.url), top=args.top or None, job_class=args.job_class)
+    out = sys.stdout
+    if args.json:
+        for row in report.keys:
+            out.write(json.dumps(row.to_json()) + "\n")
+        out.write(json.dumps({"totals": report.totals.to_json(), "left_out": report.left_out}) + "\n")
+        return EX_OK
+    if report.keys:
+        out.write(_HEADER + "\n")
+        for row in report.keys:
+            out.write(_line(row) + "\n")
+    else:
+        print("no concurrency slots held, no jobs parked", file=sys.stderr)
+    if report.totals.keys:
+        out.write(_totals_line(report.totals, len(report.keys)) + "\n")
+    return EX_OK
+
+
+def _warn(message: str) -> None:
+    print(f"uniqjob: {message}", file=sys.stderr)
+
+
+def release_concurrency(backend: Backend, key: str, *, force: bool) -> int | None:
+    """Handle ``uniqjob release KEY`` for a concurrency key; None if ``key`` is not one."""
+    before = store_for(backend).read(key, head=0)
+    if before.empty:
+        return None
+    fresh = [s for s in before.slots if not stale(s)]
+    done = release(key, backend, force=force)
+    if done is None:  # emptied meanwhile
+        _warn(f"{key!r} emptied while releasing; nothing to do")
+        return EX_FAILURE
+    holders = ", ".join(
+        f"pid {s.holder.pid} on {s.holder.host}" if s.holder is not None else f"{s.status} in its queue"
+        for s in fresh
+    )
+    if done.kept:
+        _warn(
+            f"kept {done.kept} slot(s) of {key!r} whose lease is fresh ({holders}): their jobs may be "
+            "running; use --force to release them too"
+        )
+    if done.forced:
+        most = done.limit + done.forced
+        _warn(
+            f"WARNING: released {done.forced} slot(s) whose lease was fresh ({holders}): if their jobs are "
+            f"still running, up to {most} may run at once (limit {done.limit}) until they end"
+        )
+    if done.unpushed:
+        _warn(
+            f"{done.unpushed} promoted job(s) could not be pushed to their queue from here (see above); "
+            "a worker's next sweep pushes them"
+        )
+    if not done.released and not done.promoted:
+        return EX_FAILURE
+    print(f"released {done.released} slot(s) of {key} (limit {done.limit}); promoted {done.promoted} parked")
+    return EX_OK
+
+
+_DISCARD_EPILOG = """\
+The jobs parked behind KEY (as `uniqjob locks --concurrency` shows it) are
+dropped and will not run; their uniqueness locks go with them. A process
+waiting inline for its turn returns without running. Slots held are left
+alone. There is deliberately no way to discard every key's jobs at once.
+Exit status 1 if nothing was parked.
+
+examples:
+  uniqjob locks --concurrency                # find the key
+  uniqjob discard-parked 'app.jobs.Export:acct-42'
+"""
+
+
+def add_discard_parked_parser(subparsers: SubParsers) -> None:
+    """Register ``uniqjob discard-parked``."""
+    parser = subparsers.add_parser(
+        "discard-parked",
+        help="drop the jobs parked behind one concurrency key",
+        description="Drop every job parked behind the concurrency key KEY; they will not run.",
+        epilog=_DISCARD_EPILOG,
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("key", metavar="KEY")
+    add_url_option(parser)
+    parser.set_defaults(handler=discard_parked_command)
+
+
+def discard_parked_command(args: argparse.Namespace) -> int:
+    """Handle ``uniqjob discard-parked``."""
+    count = discard_parked(args.key, open_backend(args.url))
+    if not count:
+        _warn(f"nothing parked on {args.key!r}")
+        return EX_FAILURE
+    print(f"discarded {count} parked job(s) of {args.key}; they will not run")
+    return EX_OK

@@ -1,0 +1,55 @@
+"""Concurrency limits: a counting semaphore per key, with a FIFO of parked jobs that never ages out.
+
+Set ``concurrency_limit`` on a job class (see the README's "Concurrency
+limits"); this package keeps the slots. Its parts:
+
+- :mod:`.base`: the store contract, :class:`SemaphoreStore`, and the records it returns;
+- :mod:`.redis`, :mod:`.local`: the stores (Lua scripts; one JSON record per key under a file lock);
+- :mod:`.semaphore`: :class:`Semaphore`, the policy above any store (liveness, heartbeat,
+  delivering promotions, waiting inline);
+- :mod:`.codec`: parked calls stored as typed JSON;
+- :func:`sweep`: reclaim dead holders' slots and push what that promotes, for every key;
+- :func:`release`, :func:`discard_parked`: an operator's escape hatches for one key.
+"""
+
+from __future__ import annotations
+
+from ..backends.base import Backend
+from ._job import Parked
+from ._stores import store_for
+from .base import HANDOFF, Outcome, Park, ParkedInfo, Promotion, SemaphoreState, SemaphoreStore, SlotInfo
+from .ops import Released, discard_parked, release
+from .semaphore import Semaphore, deliver, sweep_key
+
+__all__ = [
+    "HANDOFF",
+    "Outcome",
+    "Park",
+    "Parked",
+    "ParkedInfo",
+    "Promotion",
+    "Released",
+    "Semaphore",
+    "SemaphoreState",
+    "SemaphoreStore",
+    "SlotInfo",
+    "deliver",
+    "discard_parked",
+    "release",
+    "store_for",
+    "sweep",
+]
+
+
+def sweep(backend: Backend | None = None) -> int:
+    """Settle every concurrency key: free lapsed slots and dead holders', push what that promotes.
+
+    Any call on a key settles it; this is for keys nobody touches, say all of
+    whose jobs are parked behind a worker that died on another host. Run it
+    from a worker's periodic task or from cron. Returns how many slots and
+    places of holders proved dead (on this host) were reclaimed.
+    """
+    from .. import config
+
+    store = store_for(backend if backend is not None else config.default_backend())
+    return sum(sweep_key(store, key) for key in store.scan())

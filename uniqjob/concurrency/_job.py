@@ -1,0 +1,295 @@
+"""Concurrency limits on job classes: settings, keys, and the hooks that ``UniqueJob`` calls.
+
+``job.py`` calls four hooks, each a line: :func:`check` when a class is
+defined, :func:`push` where ``enqueue`` hands a job to its queue, and
+:func:`mark_inline` and :func:`execute` where a job is performed. Uniqueness
+comes first (a duplicate is refused at once, it never waits in line), then the
+slot; the slot is released after the uniqueness locks, so a promoted job never
+meets its predecessor's run lock.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import weakref
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import ConcurrencyLimitExceeded, ConfigurationError
+from ..keys import digest
+from ..locks import local_holder, new_token
+from ._stores import store_for
+from .base import Park
+from .codec import encode_call
+from .semaphore import Semaphore
+
+if TYPE_CHECKING:
+    from ..job import Queue, UniqueJob
+    from ..joblock import JobLock
+
+__all__ = ["POLICIES", "SETTINGS", "ConcurrencyPolicy", "Parked", "check", "execute", "key_of", "push"]
+
+log = logging.getLogger(__name__)
+
+ConcurrencyPolicy = Literal["block", "discard", "raise"]
+POLICIES: tuple[ConcurrencyPolicy, ...] = ("block", "discard", "raise")
+
+#: Every concurrency setting a job class may define; any other ``concurrency_*`` attribute is a typo.
+SETTINGS = frozenset(
+    {
+        "concurrency_limit",
+        "concurrency_duration",
+        "concurrency_on_conflict",
+        "concurrency_key",
+        "concurrency_wait_timeout",
+    }
+)
+
+_KEY_TEXT_MAX = 200  # a longer key value is digested, like any non-text one
+
+
+@dataclass(frozen=True, slots=True)
+class Parked:
+    """What ``enqueue`` returns for a job parked behind a concurrency limit.
+
+    It is pushed to its queue when a slot frees up (oldest first); ``position``
+    was its place in line when it parked.
+    """
+
+    key: str
+    token: str
+    position: int
+
+
+def _seconds(value: object, what: str, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, timedelta):
+        result = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        result = float(value)
+    else:
+        raise ConfigurationError(f"{what} must be a number of seconds or a timedelta, got {value!r}")
+    if not 0 < result < float("inf"):
+        raise ConfigurationError(f"{what} must be positive and finite, got {value!r}")
+    return result
+
+
+def check(cls: type[UniqueJob]) -> None:
+    """Raise :class:`ConfigurationError` naming the first bad ``concurrency_*`` setting of ``cls``."""
+    name = cls.__qualname__
+    own = [attr for attr in vars(cls) if attr.startswith("concurrency_")]
+    for attr in own:
+        if attr not in SETTINGS:
+            known = ", ".join(sorted(SETTINGS))
+            raise ConfigurationError(f"{name}.{attr} is not a uniqjob setting (known: {known})")
+    key = inspect.getattr_static(cls, "concurrency_key")
+    if not isinstance(key, (classmethod, staticmethod)):
+        raise ConfigurationError(f"{name}.concurrency_key must be a classmethod taking perform's arguments")
+    limit = cls.concurrency_limit
+    if limit is None:
+        stray = sorted(a for a in own if a != "concurrency_limit")
+        if stray:
+            raise ConfigurationError(f"{name}.{stray[0]} has no effect without concurrency_limit")
+        return
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ConfigurationError(
+            f"{name}.concurrency_limit must be a whole number >= 1 or None, got {limit!r}"
+        )
+    _seconds(cls.concurrency_duration, f"{name}.concurrency_duration")
+    if cls.concurrency_on_conflict not in POLICIES:
+        raise ConfigurationError(
+            f"{name}.concurrency_on_conflict must be one of {', '.join(POLICIES)}; "
+            f"got {cls.concurrency_on_conflict!r}"
+        )
+    _seconds(cls.concurrency_wait_timeout, f"{name}.concurrency_wait_timeout", allow_none=True)
+
+
+def key_of(cls: type[UniqueJob], args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    """Return the concurrency key of a call: ``module.QualName``, then ``:`` and the key value.
+
+    A short printable text is kept as written (``order-42``), so people can
+    read it in ``uniqjob locks``; any other value becomes a digest of its
+    canonical encoding (``#3f0a...``), as lock keys do.
+    """
+    value = cls.concurrency_key(*args, **kwargs)
+    base = cls.job_name()
+    if value is None:
+        return base
+    if (
+        isinstance(value, str)
+        and value
+        and len(value) <= _KEY_TEXT_MAX
+        and value.isprintable()
+        and not value.startswith("#")
+    ):
+        return f"{base}:{value}"
+    return f"{base}:#{digest(value, 'concurrency_key()')}"
+
+
+def lease_of(cls: type[UniqueJob]) -> tuple[float, float]:
+    """Return (lease, heartbeat interval) of ``cls``'s slots: the lease is floored at two beats."""
+    interval = float(cls.unique_run_lease) / 3
+    duration = _seconds(cls.concurrency_duration, f"{cls.__qualname__}.concurrency_duration")
+    assert duration is not None
+    return max(duration, 2 * interval), interval
+
+
+def semaphore_of(cls: type[UniqueJob], args: Sequence[Any], kwargs: dict[str, Any]) -> Semaphore:
+    """Return the semaphore a call of ``cls`` with these arguments counts against."""
+    if cls.concurrency_limit is None:
+        raise ConfigurationError(f"{cls.__qualname__} has no concurrency_limit")
+    lease, interval = lease_of(cls)
+    return Semaphore(
+        store_for(cls.backend()),
+        key_of(cls, args, kwargs),
+        limit=cls.concurrency_limit,
+        lease=lease,
+        interval=interval,
+        job_class=cls.job_name(),
+    )
+
+
+def _refuse(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> None:
+    """The key is full and the call is not parked: drop its uniqueness lock, then raise or discard."""
+    lock.dequeue()
+    if cls.concurrency_on_conflict == "raise":
+        raise ConcurrencyLimitExceeded(semaphore.key, semaphore.limit)
+    log.info(
+        "%s discarded: concurrency key %s is at its limit of %d",
+        cls.job_name(),
+        semaphore.key,
+        semaphore.limit,
+    )
+
+
+def _queue_park(
+    cls: type[UniqueJob], lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Park | None:
+    if cls.concurrency_on_conflict != "block":
+        return None
+    return Park("queue", encode_call(cls, tuple(args), dict(kwargs), lock.key))
+
+
+def job_id(cls: type[UniqueJob], queue: Queue) -> str:
+    """The job id recorded in the uniqueness lock at enqueue.
+
+    A call that may park has none: until promoted it is in no queue, and a
+    queue asked about it would rightly say it is gone, freeing its lock.
+    """
+    if cls.concurrency_limit is not None and cls.concurrency_on_conflict == "block":
+        return ""
+    return queue.new_job_id()
+
+
+def push(
+    cls: type[UniqueJob], queue: Queue, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Any:
+    """Enqueue side: take a slot and push, or park the call, or refuse it; return the handle.
+
+    Runs with the uniqueness lock already held. Returns the queue's handle, a
+    :class:`Parked` or None (discarded).
+    """
+    if cls.concurrency_limit is None:
+        return queue.push(cls, lock, tuple(args), dict(kwargs))
+    semaphore = semaphore_of(cls, args, kwargs)
+    park = _queue_park(cls, lock, args, kwargs)  # unstorable arguments fail here, at every enqueue
+    delay = queue.pending_delay()
+    outcome = semaphore.acquire(lock.token, running=False, park=park, args=lock.meta.args, delay=delay)
+    if outcome.status == "taken":
+        if not lock.meta.job_id:
+            lock.meta = replace(lock.meta, job_id=queue.new_job_id())
+        try:
+            return queue.push(cls, lock, tuple(args), dict(kwargs))
+        except BaseException:
+            semaphore.release(lock.token)
+            raise
+    if outcome.status == "parked":
+        where = (cls.job_name(), semaphore.key, outcome.position)
+        log.info("%s parked: concurrency key %s is at its limit (place %d)", *where)
+        return Parked(semaphore.key, lock.token, outcome.position)
+    return _refuse(cls, semaphore, lock)
+
+
+# Calls performed by this process in place of a queue: their "block" waits here.
+_inline: weakref.WeakSet[JobLock] = weakref.WeakSet()
+# Locks whose slot this context holds: execute() re-entered from inside the slot passes straight through.
+_holding: ContextVar[frozenset[int]] = ContextVar("uniqjob_concurrency_holding", default=frozenset())
+
+
+def _detach(lock: JobLock) -> None:
+    """Make a skipped delivery's lock hold nothing, so that settling it frees nothing.
+
+    Its token is the job's, shared with the copy that runs (or with the parked
+    call): a queue integration that releases or requeues this delivery's lock
+    afterwards must not touch theirs.
+    """
+    lock.token = new_token()
+
+
+def mark_inline(lock: JobLock) -> None:
+    """Say that ``lock``'s call is performed by this process (``run()``, or enqueue without a queue)."""
+    _inline.add(lock)
+
+
+def holding(lock: JobLock) -> bool:
+    """True while this context holds ``lock``'s slot (so the hook has already run)."""
+    return id(lock) in _holding.get()
+
+
+def execute(
+    cls: type[UniqueJob], lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any], body: Callable[[], Any]
+) -> Any:
+    """Perform side: run ``body`` (the uniqueness locks and perform) holding a slot; release it after.
+
+    On a worker the slot was taken at enqueue: the job runs in it, unless a
+    copy of it runs or ran already (a duplicate delivery: skipped). If its
+    lease lapsed before it started, it takes a slot again like a new call.
+    Inline, the call takes a slot now; under "block" it parks and waits here.
+    """
+    semaphore = semaphore_of(cls, args, kwargs)
+    token = lock.token
+    if lock in _inline:
+        park = (
+            Park("inline", holder=local_holder(), lease=semaphore.lease)
+            if cls.concurrency_on_conflict == "block"
+            else None
+        )
+        outcome = semaphore.acquire(token, running=True, park=park, args=lock.meta.args)
+        if outcome.status == "parked":
+            timeout = cls.concurrency_wait_timeout
+            waited = semaphore.wait(token, None if timeout is None else float(timeout))
+            if waited == "timeout":
+                lock.dequeue()
+                raise ConcurrencyLimitExceeded(semaphore.key, semaphore.limit, float(timeout or 0))
+            if waited == "discarded":
+                lock.dequeue()
+                log.warning("%s not run: its parked call on %s was discarded", cls.job_name(), semaphore.key)
+                return None
+        elif outcome.status == "full":
+            return _refuse(cls, semaphore, lock)
+    else:
+        outcome = semaphore.start(token)
+        if outcome.status in ("busy", "done", "parked"):
+            state = {"busy": "running", "done": "done", "parked": "parked"}[outcome.status]
+            log.info("%s skipped: a copy of job %s on %s is %s", cls.job_name(), token, semaphore.key, state)
+            return _detach(lock)
+        if outcome.status == "missing":
+            where = (cls.job_name(), token, semaphore.key)
+            log.info("%s: slot of job %s on %s lapsed before it started; taking one again", *where)
+            park = _queue_park(cls, lock, args, kwargs)
+            outcome = semaphore.acquire(token, running=True, park=park, args=lock.meta.args)
+            if outcome.status == "parked":
+                return _detach(lock)  # pushed again when its turn comes
+            if outcome.status == "full":
+                return _refuse(cls, semaphore, lock)
+    entered = _holding.set(_holding.get() | {id(lock)})
+    try:
+        with semaphore.running(token):
+            return body()
+    finally:
+        _holding.reset(entered)

@@ -1,0 +1,305 @@
+"""The Lua scripts of the Redis semaphore store, one per primitive (see ``base.SemaphoreStore``).
+
+Every script gets the key's six structures as KEYS (slots, parked, entries,
+waiters, meta, done; see ``redis.py``), reads the server's ``TIME`` in
+milliseconds, and settles the key before acting, exactly as ``_machine.py``
+does for the file and memory stores.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ACQUIRE",
+    "DISCARD",
+    "DROP",
+    "HANDED",
+    "PRELUDE",
+    "READ",
+    "REAP",
+    "RELEASE",
+    "RENEW",
+    "START",
+    "WITHDRAW",
+]
+
+# Shared by every script: the keys, the clock, and settling (lapsed slots, lost handoffs, promotion).
+PRELUDE = """
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local SLOTS, PARKED, ENTRIES, WAITERS, META, DONE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function new_slot(st, via, h, dl, ls, since, args)
+  return {st = st, via = via, h = h, dl = dl, ls = ls, since = since, redo = 0, args = args, p = ''}
+end
+-- a queue promotion whose promoter failed: the caller now owns pushing it again
+local function claim_again(token, s, now, caller, handoff, promos)
+  s.h = caller; s.dl = now + handoff; s.redo = s.redo + 1
+  redis.call('HSET', SLOTS, token, cjson.encode(s))
+  promos[#promos + 1] = {token, 'queue', s.p, s.redo}
+end
+local function unpark(token)
+  redis.call('LREM', PARKED, 1, token)
+  redis.call('HDEL', ENTRIES, token)
+  redis.call('ZREM', WAITERS, token)
+end
+local function promote(now, caller, handoff, promos)
+  local limit = tonumber(redis.call('HGET', META, 'limit') or '1')
+  local held = redis.call('HLEN', SLOTS)
+  while held < limit do
+    local token = redis.call('LPOP', PARKED)
+    if not token then break end
+    local raw = redis.call('HGET', ENTRIES, token)
+    if raw then
+      local e = cjson.decode(raw)
+      local s
+      if e.via == 'inline' then
+        local dl = tonumber(redis.call('ZSCORE', WAITERS, token) or now)
+        s = new_slot('promoted', 'inline', e.h, dl, e.ls, now, e.args)
+      else
+        s = new_slot('promoted', 'queue', caller, now + handoff, e.ls, now, e.args)
+        s.p = e.p
+      end
+      redis.call('HDEL', ENTRIES, token)
+      redis.call('ZREM', WAITERS, token)
+      redis.call('HSET', SLOTS, token, cjson.encode(s))
+      held = held + 1
+      promos[#promos + 1] = {token, s.via, s.p, 0}
+    end
+  end
+end
+local function settle(now, caller, handoff)
+  local promos = {}
+  redis.call('ZREMRANGEBYSCORE', DONE, '-inf', now)
+  local all = redis.call('HGETALL', SLOTS)
+  for i = 1, #all, 2 do
+    local s = cjson.decode(all[i + 1])
+    if s.dl <= now then
+      if s.st == 'promoted' and s.via == 'queue' then
+        claim_again(all[i], s, now, caller, handoff, promos)
+      else
+        redis.call('HDEL', SLOTS, all[i])
+      end
+    end
+  end
+  for _, token in ipairs(redis.call('ZRANGEBYSCORE', WAITERS, '-inf', now)) do unpark(token) end
+  promote(now, caller, handoff, promos)
+  return promos
+end
+local function tidy()
+  if redis.call('HLEN', SLOTS) == 0 and redis.call('LLEN', PARKED) == 0 then
+    redis.call('DEL', ENTRIES, WAITERS, META)
+  end
+end
+"""
+
+# ARGV: token, limit, lease_ms, running ('1'/'0'), holder, park via ('', 'queue', 'inline'),
+#       payload, park holder, park lease_ms, cls, args, caller, handoff_ms
+# Returns {status, promotions, position, slots (flat hash), now}.
+ACQUIRE = (
+    PRELUDE
+    + """
+local now = clock()
+local token, limit, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('HSET', META, 'limit', limit, 'cls', ARGV[10])
+local promos = settle(now, ARGV[12], tonumber(ARGV[13]))
+if redis.call('HEXISTS', SLOTS, token) == 1 then return {'taken', promos, 0, {}, now} end
+if redis.call('HEXISTS', ENTRIES, token) == 1 then
+  return {'parked', promos, redis.call('LPOS', PARKED, token) + 1, redis.call('HGETALL', SLOTS), now}
+end
+if redis.call('HLEN', SLOTS) < limit then  -- then nothing is parked: settling promoted it
+  local st, via = 'reserved', 'queue'
+  if ARGV[4] == '1' then st = 'running' end
+  if ARGV[4] == '1' or ARGV[5] ~= '' then via = 'inline' end
+  local s = new_slot(st, via, ARGV[5], now + lease, lease, now, ARGV[11])
+  redis.call('HSET', SLOTS, token, cjson.encode(s))
+  return {'taken', promos, 0, {}, now}
+end
+if ARGV[6] ~= '' then
+  redis.call('RPUSH', PARKED, token)
+  local e = {via = ARGV[6], h = ARGV[8], ls = lease, since = now, args = ARGV[11], p = ARGV[7]}
+  redis.call('HSET', ENTRIES, token, cjson.encode(e))
+  if ARGV[6] == 'inline' then redis.call('ZADD', WAITERS, now + tonumber(ARGV[9]), token) end
+  return {'parked', promos, redis.call('LLEN', PARKED), redis.call('HGETALL', SLOTS), now}
+end
+return {'full', promos, 0, redis.call('HGETALL', SLOTS), now}
+"""
+)
+
+# ARGV: token, holder, lease_ms, takeover holder or '', caller, handoff_ms
+# Returns {status, promotions, position, busy holder}.
+START = (
+    PRELUDE
+    + """
+local now = clock()
+local token, lease = ARGV[1], tonumber(ARGV[3])
+local promos = settle(now, ARGV[5], tonumber(ARGV[6]))
+local raw = redis.call('HGET', SLOTS, token)
+if raw then
+  local s = cjson.decode(raw)
+  if s.st == 'running' and s.h ~= ARGV[4] then return {'busy', promos, 0, s.h} end
+  s.st = 'running'; s.h = ARGV[2]; s.dl = now + lease; s.ls = lease; s.p = ''
+  redis.call('HSET', SLOTS, token, cjson.encode(s))
+  return {'run', promos, 0, ''}
+end
+raw = redis.call('HGET', ENTRIES, token)
+if raw then
+  local e = cjson.decode(raw)
+  if e.via == 'inline' and e.h == ARGV[2] then redis.call('ZADD', WAITERS, now + lease, token) end
+  return {'parked', promos, redis.call('LPOS', PARKED, token) + 1, ''}
+end
+tidy()
+if redis.call('ZSCORE', DONE, token) then return {'done', promos, 0, ''} end
+return {'missing', promos, 0, ''}
+"""
+)
+
+# ARGV: token, lease_ms, caller, handoff_ms. Returns {status, promotions}.
+RENEW = (
+    PRELUDE
+    + """
+local now = clock()
+local token, lease = ARGV[1], tonumber(ARGV[2])
+local promos = settle(now, ARGV[3], tonumber(ARGV[4]))
+local raw = redis.call('HGET', SLOTS, token)
+if raw then
+  local s = cjson.decode(raw)
+  s.dl = now + lease; s.ls = lease
+  redis.call('HSET', SLOTS, token, cjson.encode(s))
+  return {'ok', promos}
+end
+raw = redis.call('HGET', ENTRIES, token)
+if not raw then tidy(); return {'gone', promos} end
+if cjson.decode(raw).via == 'inline' then redis.call('ZADD', WAITERS, now + lease, token) end
+return {'ok', promos}
+"""
+)
+
+# ARGV: token, caller, handoff_ms, tombstone_ms. Returns {status, promotions}.
+RELEASE = (
+    PRELUDE
+    + """
+local now = clock()
+local token = ARGV[1]
+local raw = redis.call('HGET', SLOTS, token)
+local status = 'gone'
+if raw then
+  redis.call('HDEL', SLOTS, token)
+  status = 'released'
+  if cjson.decode(raw).redo > 0 then  -- pushed twice: remember it, so the other copy never runs
+    redis.call('ZADD', DONE, now + tonumber(ARGV[4]), token)
+    redis.call('PEXPIRE', DONE, ARGV[4])
+  end
+end
+local promos = settle(now, ARGV[2], tonumber(ARGV[3]))
+tidy()
+return {status, promos}
+"""
+)
+
+# ARGV: token, promoter. Returns 1 if marked handed.
+HANDED = (
+    PRELUDE
+    + """
+local now = clock()
+local raw = redis.call('HGET', SLOTS, ARGV[1])
+if not raw then return 0 end
+local s = cjson.decode(raw)
+if s.st ~= 'promoted' or s.h ~= ARGV[2] then return 0 end
+s.st = 'reserved'; s.h = ''; s.dl = now + s.ls; s.p = ''
+redis.call('HSET', SLOTS, ARGV[1], cjson.encode(s))
+return 1
+"""
+)
+
+# ARGV: token. Returns 'withdrawn', 'slot' or 'gone'.
+WITHDRAW = (
+    PRELUDE
+    + """
+if redis.call('HEXISTS', ENTRIES, ARGV[1]) == 1 then
+  unpark(ARGV[1])
+  tidy()
+  return 'withdrawn'
+end
+if redis.call('HEXISTS', SLOTS, ARGV[1]) == 1 then return 'slot' end
+return 'gone'
+"""
+)
+
+# ARGV: caller, handoff_ms, then token, holder pairs. Returns {count, promotions}.
+REAP = (
+    PRELUDE
+    + """
+local now = clock()
+local caller, handoff = ARGV[1], tonumber(ARGV[2])
+local count, promos = 0, {}
+for i = 3, #ARGV, 2 do
+  local token, h = ARGV[i], ARGV[i + 1]
+  local raw = redis.call('HGET', SLOTS, token)
+  if raw then
+    local s = cjson.decode(raw)
+    if s.h == h then
+      if s.st == 'promoted' and s.via == 'queue' then
+        claim_again(token, s, now, caller, handoff, promos)
+      else
+        redis.call('HDEL', SLOTS, token)
+        count = count + 1
+      end
+    end
+  else
+    raw = redis.call('HGET', ENTRIES, token)
+    if raw then
+      local e = cjson.decode(raw)
+      if e.via == 'inline' and e.h == h then unpark(token); count = count + 1 end
+    end
+  end
+end
+for _, p in ipairs(settle(now, caller, handoff)) do promos[#promos + 1] = p end
+tidy()
+return {count, promos}
+"""
+)
+
+# Returns the dropped calls: token, payload, token, payload...
+DISCARD = (
+    PRELUDE
+    + """
+local dropped = {}
+for _, token in ipairs(redis.call('LRANGE', PARKED, 0, -1)) do
+  local raw = redis.call('HGET', ENTRIES, token)
+  dropped[#dropped + 1] = token
+  dropped[#dropped + 1] = raw and cjson.decode(raw).p or ''
+end
+redis.call('DEL', PARKED, ENTRIES, WAITERS)
+tidy()
+return dropped
+"""
+)
+
+# ARGV: caller, handoff_ms, tokens... Returns {count, promotions}.
+DROP = (
+    PRELUDE
+    + """
+local now = clock()
+local count = 0
+for i = 3, #ARGV do count = count + redis.call('HDEL', SLOTS, ARGV[i]) end
+local promos = settle(now, ARGV[1], tonumber(ARGV[2]))
+tidy()
+return {count, promos}
+"""
+)
+
+# ARGV: how many parked calls to show. Returns {now, meta, slots, parked count, head tokens, head entries}.
+READ = (
+    PRELUDE
+    + """
+local n = tonumber(ARGV[1])
+local head = {}
+if n > 0 then head = redis.call('LRANGE', PARKED, 0, n - 1) end
+local entries = {}
+for i, token in ipairs(head) do entries[i] = redis.call('HGET', ENTRIES, token) or '' end
+return {clock(), redis.call('HGETALL', META), redis.call('HGETALL', SLOTS), redis.call('LLEN', PARKED),
+        head, entries}
+"""
+)

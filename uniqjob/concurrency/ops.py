@@ -1,0 +1,91 @@
+"""Operators' escape hatches for one concurrency key: release its slots, discard its parked jobs.
+
+Both act on one key at a time; there is deliberately no "discard everything".
+``uniqjob release KEY`` and ``uniqjob discard-parked KEY`` call these.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from .. import config
+from ..backends.base import Backend
+from ..locks import holder_is_dead, local_holder
+from ._stores import store_for
+from .base import SlotInfo
+from .semaphore import deliver
+
+__all__ = ["Released", "discard_parked", "release"]
+
+log = logging.getLogger(__name__)
+
+
+def stale(slot: SlotInfo) -> bool:
+    """True when a slot's lease lapsed or its holder is provably dead: freeing it lets no job run twice."""
+    return slot.lease_left <= 0 or (slot.holder is not None and holder_is_dead(slot.holder))
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """What :func:`release` did to a key."""
+
+    key: str
+    limit: int
+    released: int  # slots freed
+    forced: int  # of those, slots whose lease was fresh: their jobs may still be running
+    kept: int  # fresh slots left alone (no ``force``)
+    promoted: int  # parked jobs given the freed slots (never more than the limit allows)
+    unpushed: int  # of those, queue jobs this process could not push (a worker pushes them later)
+
+
+def release(key: str, backend: Backend | None = None, *, force: bool = False) -> Released | None:
+    """Free ``key``'s stale slots (with ``force``, its fresh ones too) and promote into them.
+
+    Returns None if the key holds no slot and has nothing parked. Promotion
+    goes through the same guarded step as a finishing job's: the oldest parked
+    jobs take the freed slots, never more than the limit. A fresh slot's job
+    may still be running: forcing it out lets one more job run at once until it ends.
+    """
+    store = store_for(backend if backend is not None else config.default_backend())
+    state = store.read(key, head=0)
+    if state.empty:
+        return None
+    drop = [s for s in state.slots if force or stale(s)]
+    forced = sum(1 for s in drop if not stale(s))
+    me = local_holder()
+    outcome = store.drop(key, [s.token for s in drop], caller=me)
+    queued = [p for p in outcome.promotions if p.via == "queue"]
+    pushed = deliver(store, key, outcome.promotions, me)
+    return Released(
+        key=key,
+        limit=state.limit,
+        released=outcome.count,
+        forced=forced,
+        kept=len(state.slots) - len(drop),
+        promoted=len(outcome.promotions),
+        unpushed=len(queued) - pushed,
+    )
+
+
+def discard_parked(key: str, backend: Backend | None = None) -> int:
+    """Drop every job parked on ``key`` and free their uniqueness locks; return how many went.
+
+    Those jobs will not run. A process waiting inline for its turn sees its
+    call dropped and returns None.
+    """
+    backend = backend if backend is not None else config.default_backend()
+    dropped = store_for(backend).discard_parked(key)
+    for token, payload in dropped:
+        if not payload:
+            continue  # an inline waiter frees its own lock when it sees its place gone
+        try:
+            lock_key = json.loads(payload).get("lock", "")
+        except (ValueError, AttributeError):
+            lock_key = ""
+        if lock_key:
+            # the parked job held its uniqueness lock, queued and without a job id, until it ran
+            backend.dequeue(lock_key, token)
+    log.info("discarded %d parked job(s) of %s", len(dropped), key)
+    return len(dropped)

@@ -1,0 +1,311 @@
+"""Semaphore: one concurrency key, above any store.
+
+The policy lives here once for every store: proving holders dead on this host
+(pid gone or reused) before their lease says so, keeping a running slot alive
+with the shared heartbeat, waiting inline for a turn, and **delivering
+promotions**. Every store primitive may hand the caller parked calls that were
+just given a slot; the caller delivers each through the same hook:
+
+- a call parked for a queue goes to its class's ``unique_queue.push(cls, lock,
+  args, kwargs)``, with the lock rebuilt from the stored key and the slot's
+  token, and is then marked handed. If the promoter dies before that, the
+  promotion is claimed again by the next process that settles the key (at
+  once when the promoter is provably dead, else after ``handoff`` seconds) and
+  pushed again: at least once. The copies share the token, and a token's slot
+  runs once: a second copy finds it running (``busy``) or remembered (``done``).
+- a call parked inline is run by the process waiting for it, which polls its
+  place; a promotion in this process wakes it at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Literal
+
+from ..errors import BackendError
+from ..heartbeat import Beat, heartbeat
+from ..locks import Holder, holder_is_dead, local_holder
+from .base import HANDOFF, Outcome, Park, Promotion, SemaphoreState, SemaphoreStore, SlotInfo
+
+__all__ = ["Semaphore", "deliver", "sweep_key"]
+
+log = logging.getLogger(__name__)
+
+_ATTEMPTS = 3  # reaping dead holders and trying again; a key that keeps changing hands is full
+_POLL_MIN, _POLL_MAX = 0.01, 0.2  # seconds between an inline waiter's polls (backing off)
+_SWEEP_EVERY = 1.0  # seconds between an inline waiter's checks of the holders' liveness
+
+# Inline waiters of this process, woken when this process promotes them.
+_waiters: dict[tuple[int, str, str], threading.Event] = {}
+_waiters_mutex = threading.Lock()
+
+
+def _wake(store: SemaphoreStore, key: str, token: str) -> None:
+    with _waiters_mutex:
+        event = _waiters.get((id(store), key, token))
+    if event is not None:
+        event.set()
+
+
+def deliver(
+    store: SemaphoreStore, key: str, promotions: Sequence[Promotion], caller: Holder | None = None
+) -> int:
+    """Hand each promotion to its queue (or wake its inline waiter); return how many were pushed.
+
+    A failure is logged, never raised: the caller's own job is done, and the
+    promotion is pushed again by whoever settles the key after the handoff time.
+    """
+    pushed = 0
+    for promotion in promotions:
+        if promotion.via == "inline":
+            _wake(store, key, promotion.token)
+            continue
+        try:
+            _push(store, key, promotion, caller or local_holder())
+        except Exception:
+            log.error(
+                "could not hand parked job %s of %s to its queue; it is pushed again after %.0fs",
+                promotion.token,
+                key,
+                HANDOFF,
+                exc_info=True,
+            )
+            continue
+        pushed += 1
+    return pushed
+
+
+def _push(store: SemaphoreStore, key: str, promotion: Promotion, caller: Holder) -> None:
+    from .codec import decode_call
+
+    call = decode_call(promotion.payload)
+    cls = call.job_class
+    queue = cls.unique_queue
+    if queue is None:
+        raise BackendError(f"{cls.job_name()} has no unique_queue to push its parked job to", store.name)
+    lock = cls.lock_from(call.lock_key, promotion.token)
+    lock.meta = replace(lock.meta, job_id=queue.new_job_id())
+    if promotion.redo:
+        log.warning("pushing parked job %s of %s again (its promoter stopped)", promotion.token, key)
+    queue.push(cls, lock, call.args, call.kwargs)
+    store.handed(key, promotion.token, caller)
+
+
+_SWEEP_HEAD = 100  # parked places a sweep checks for dead inline waiters
+
+
+def sweep_key(store: SemaphoreStore, key: str, *, handoff: float = HANDOFF) -> int:
+    """Reap ``key``'s slots and leading inline places whose holder is provably dead; deliver what it promotes.
+
+    Every store call settles the key (lapsed leases, a lost handoff); this adds
+    the liveness check that needs no wait. Returns how many slots and places went.
+    """
+    me = local_holder()
+    state = store.read(key, head=_SWEEP_HEAD)
+    held = [(s.token, s.holder) for s in state.slots if s.holder is not None]
+    waiting = [(p.token, p.holder) for p in state.head if p.holder is not None]
+    dead = [(token, holder) for token, holder in held + waiting if holder_is_dead(holder)]
+    outcome = store.reap(key, dead, caller=me, handoff=handoff)
+    deliver(store, key, outcome.promotions, me)
+    return outcome.count
+
+
+class Semaphore:
+    """The counting semaphore of one concurrency ``key``: up to ``limit`` slots.
+
+    ``lease`` is how long a slot outlives its holder's silence; a running
+    slot is renewed every ``interval`` seconds by the shared heartbeat.
+    ``handoff`` bounds how long a promoter may take to push a promoted job.
+    """
+
+    def __init__(
+        self,
+        store: SemaphoreStore,
+        key: str,
+        *,
+        limit: int,
+        lease: float,
+        interval: float,
+        handoff: float = HANDOFF,
+        job_class: str = "",
+    ) -> None:
+        self.store = store
+        self.key = key
+        self.limit = limit
+        self.lease = lease
+        self.interval = interval
+        self.handoff = handoff
+        self.job_class = job_class
+
+    def __repr__(self) -> str:
+        return f"Semaphore({self.key!r}, limit={self.limit}, store={self.store!r})"
+
+    def _deliver(self, promotions: Sequence[Promotion]) -> None:
+        if promotions:
+            deliver(self.store, self.key, promotions)
+
+    def _dead(self, slots: Sequence[SlotInfo]) -> list[tuple[str, Holder]]:
+        """The slots whose holder is provably dead (this host only; elsewhere the lease decides)."""
+        return [(s.token, s.holder) for s in slots if s.holder is not None and holder_is_dead(s.holder)]
+
+    # -- taking a slot -----------------------------------------------------------------
+
+    def acquire(
+        self,
+        token: str,
+        *,
+        running: bool,
+        park: Park | None = None,
+        args: str = "",
+        delay: float = 0.0,
+    ) -> Outcome:
+        """Take a slot for ``token`` (``taken``), park the call (``parked``) or find the key ``full``.
+
+        ``running``: the caller performs now and holds the slot; else the job
+        waits in a queue, and the slot's lease covers ``delay`` too. Slots of
+        holders proved dead are reclaimed first.
+        """
+        me = local_holder()
+        outcome = Outcome("full")
+        for _ in range(_ATTEMPTS):
+            outcome = self.store.acquire(
+                self.key,
+                token,
+                limit=self.limit,
+                lease=self.lease + max(delay, 0.0),
+                running=running,
+                holder=me if running else None,
+                park=park,
+                job_class=self.job_class,
+                args=args,
+                caller=me,
+                handoff=self.handoff,
+            )
+            self._deliver(outcome.promotions)
+            if outcome.status == "taken":
+                return outcome
+            dead = self._dead(outcome.slots)
+            if not dead:
+                return outcome
+            log.warning("reclaiming %d concurrency slot(s) of %s from dead holders", len(dead), self.key)
+            self._deliver(self.store.reap(self.key, dead, caller=me, handoff=self.handoff).promotions)
+            if outcome.status == "parked":
+                return outcome  # the reap promoted the oldest calls, ours among them if its turn came
+        return outcome
+
+    def start(self, token: str) -> Outcome:
+        """Mark ``token``'s slot running in this process (``run``); see :meth:`SemaphoreStore.start`.
+
+        A slot running for a holder proved dead (a crashed worker whose job was
+        delivered again) is taken over.
+        """
+        me = local_holder()
+        takeover: Holder | None = None
+        for _ in range(_ATTEMPTS):
+            outcome = self.store.start(
+                self.key,
+                token,
+                holder=me,
+                lease=self.lease,
+                takeover=takeover,
+                caller=me,
+                handoff=self.handoff,
+            )
+            self._deliver(outcome.promotions)
+            if outcome.status != "busy" or outcome.holder is None or not holder_is_dead(outcome.holder):
+                return outcome
+            log.warning("taking over concurrency slot %s of %s from a dead holder", token, self.key)
+            takeover = outcome.holder
+        return outcome
+
+    # -- holding it ------------------------------------------------------------------
+
+    def renew(self, token: str) -> bool:
+        """Extend ``token``'s slot (or inline place) by a lease; False if it is gone."""
+        outcome = self.store.renew(self.key, token, self.lease, caller=local_holder(), handoff=self.handoff)
+        self._deliver(outcome.promotions)
+        return outcome.status == "ok"
+
+    def release(self, token: str) -> bool:
+        """Free ``token``'s slot and deliver what it promoted; False if it held none.
+
+        A store failure is logged, not raised (the job already ran): the slot
+        then lapses with its lease and the next settle promotes behind it.
+        """
+        try:
+            outcome = self.store.release(self.key, token, caller=local_holder(), handoff=self.handoff)
+        except BackendError:
+            log.error(
+                "could not release concurrency slot of %s; it lapses with its lease", self.key, exc_info=True
+            )
+            return False
+        self._deliver(outcome.promotions)
+        return outcome.status == "released"
+
+    @contextmanager
+    def running(self, token: str) -> Iterator[Beat]:
+        """Keep ``token``'s slot alive with the heartbeat for the body; release it (and promote) after."""
+        beat = heartbeat.start(lambda: self.renew(token), self.interval, f"concurrency {self.key}")
+        try:
+            yield beat
+        finally:
+            beat.cancel()
+            self.release(token)
+
+    # -- waiting inline ----------------------------------------------------------------
+
+    def wait(
+        self, token: str, timeout: float | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> Literal["run", "discarded", "timeout"]:
+        """Wait until the inline call ``token`` (already parked) is promoted, then mark it running.
+
+        Polling the store renews the call's place. Returns ``run`` (it holds a
+        running slot now), ``discarded`` (an operator dropped it) or
+        ``timeout`` (it was withdrawn from the list after ``timeout`` seconds).
+        """
+        event = threading.Event()
+        slot = (id(self.store), self.key, token)
+        with _waiters_mutex:
+            _waiters[slot] = event
+        deadline = None if timeout is None else clock() + timeout
+        pause, swept = _POLL_MIN, clock()
+        try:
+            while True:
+                event.clear()
+                outcome = self.start(token)
+                if outcome.status == "run":
+                    return "run"
+                if outcome.status != "parked":
+                    return "discarded"
+                now = clock()
+                if deadline is not None and now >= deadline:
+                    if self.store.withdraw(self.key, token).status == "withdrawn":
+                        return "timeout"
+                    continue  # promoted at the last moment: run it
+                if now - swept >= _SWEEP_EVERY:
+                    self.sweep()
+                    swept = now
+                wait = pause if deadline is None else min(pause, max(deadline - now, 0.0))
+                pause = _POLL_MIN if event.wait(wait) else min(pause * 2, _POLL_MAX)
+        finally:
+            with _waiters_mutex:
+                _waiters.pop(slot, None)
+
+    # -- upkeep ----------------------------------------------------------------------
+
+    def sweep(self) -> int:
+        """Reclaim slots and places of holders proved dead, and deliver what that promotes.
+
+        Returns how many slots and places went. Lapsed leases are freed by any
+        store call; this adds the same-host liveness check, which needs no wait.
+        """
+        return sweep_key(self.store, self.key, handoff=self.handoff)
+
+    def read(self, head: int = 5) -> SemaphoreState:
+        """Return a snapshot of the key."""
+        return self.store.read(self.key, head=head)

@@ -1,0 +1,160 @@
+"""Queue integrations: one module per framework, and what they share.
+
+``uniqjob.integrations.rq`` (``pip install uniqjob[rq]``) and
+``uniqjob.integrations.celery`` (``pip install uniqjob[celery]``) import their
+framework; this module and the core never do.
+
+What they share is the worker side: a job carries a :class:`Ticket` (its lock
+key and token, and for RQ the job class), the worker rebuilds the lock from it
+and runs the job with :func:`perform`, which keeps the lock while the queue
+still means to run the job again (a retry) and releases it otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Any, Final, Literal
+
+from ..errors import BackendError, ConfigurationError, JobNotUnique
+from ..job import UniqueJob
+from ..joblock import JobLock
+from ..locks import holder_is_dead, local_holder
+
+__all__ = [
+    "HEADER",
+    "KEEP",
+    "Decide",
+    "Decision",
+    "Ticket",
+    "job_ref",
+    "perform",
+    "refuse_duplicate_delivery",
+    "resolve_job",
+    "settle",
+]
+
+log = logging.getLogger(__name__)
+
+#: The name under which lock data travels with a job (RQ job meta, Celery message header).
+HEADER = "uniqjob"
+
+#: A decision that the lock was already settled (kept for a retry) while the job ran.
+KEEP: Final = "keep"
+
+#: What the end of one delivery means for its lock: None, the job is done for
+#: good (release); a number, the queue runs it again in that many seconds
+#: (keep it, queued); KEEP, already taken care of.
+Decision = float | None | Literal["keep"]
+
+#: Given how one delivery ended (its exception, or its result), the decision.
+Decide = Callable[[BaseException | None, Any], Decision]
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """The lock data that travels with a job: its key, its token and (for RQ) its job class."""
+
+    key: str
+    token: str
+    job: str = ""  # "module:QualName" of the job class, where the queue does not know it
+
+    def dump(self) -> dict[str, str]:
+        """Return the ticket as a plain dict that any serializer (JSON, pickle) carries."""
+        data = {"key": self.key, "token": self.token}
+        if self.job:
+            data["job"] = self.job
+        return data
+
+    @classmethod
+    def load(cls, data: object, where: str) -> Ticket:
+        """Read a ticket back; a missing or malformed one is a ConfigurationError naming ``where``."""
+        if not isinstance(data, Mapping):
+            raise ConfigurationError(
+                f"{where} carries no uniqjob lock data: enqueue it through its job class"
+                " (MyJob.enqueue() / task.delay()), not with the queue's own API"
+            )
+        fields = {name: data.get(name) for name in ("key", "token", "job")}
+        if not all(isinstance(fields[name], str) and fields[name] for name in ("key", "token")):
+            raise ConfigurationError(f"{where} carries malformed uniqjob lock data: {dict(data)!r}")
+        job = fields["job"]
+        if job is not None and not isinstance(job, str):
+            raise ConfigurationError(f"{where} carries malformed uniqjob lock data: {dict(data)!r}")
+        return cls(str(fields["key"]), str(fields["token"]), job or "")
+
+
+def job_ref(job_cls: type[UniqueJob]) -> str:
+    """Return ``module:QualName`` of a job class, after checking that a worker can import it."""
+    qualname = job_cls.__qualname__
+    if "<locals>" in qualname or job_cls.__module__ == "__main__":
+        raise ConfigurationError(
+            f"{job_cls.job_name()} cannot be imported by a worker: define job classes at the top"
+            " level of an importable module (not in a function, not in __main__)"
+        )
+    return f"{job_cls.__module__}:{qualname}"
+
+
+def resolve_job(ref: str) -> type[UniqueJob]:
+    """Import the job class named by :func:`job_ref`; ConfigurationError if it cannot be found."""
+    module_name, _, qualname = ref.partition(":")
+    if not module_name or not qualname:
+        raise ConfigurationError(f"bad job class reference {ref!r}: expected 'module:QualName'")
+    try:
+        found: Any = import_module(module_name)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"cannot import job class {ref!r}: {exc}") from exc
+    if not (isinstance(found, type) and issubclass(found, UniqueJob)):
+        raise ConfigurationError(f"{ref!r} is not a UniqueJob class")
+    return found
+
+
+def refuse_duplicate_delivery(lock: JobLock) -> None:
+    """Raise :class:`JobNotUnique` if this very job (same token) is running in another live process.
+
+    A queue may deliver a job again while its first delivery still runs (Celery
+    with Redis after ``visibility_timeout``). The backend lets a job's own
+    token re-take its run lock, as a redelivery after a crash must; so tell
+    the two apart here: a holder that is provably dead, or silent for a whole
+    lease, is a crash; a live one is a duplicate, and this delivery is refused.
+    """
+    run = lock.backend.read(lock.key).run
+    if run is None or run.token != lock.token:
+        return
+    if run.holder == local_holder() or holder_is_dead(run.holder):
+        return
+    raise JobNotUnique(lock.key, {"duplicate_delivery": True, "host": run.holder.host, "pid": run.holder.pid})
+
+
+def perform(
+    job_cls: type[UniqueJob],
+    lock: JobLock,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    decide: Decide,
+) -> Any:
+    """Run one delivery of a job under its lock; return its result.
+
+    The lock is released when the delivery ends, unless ``decide`` says that
+    the queue will run the job again: then it stays held, ``queued``, for the
+    retry.
+    """
+    refuse_duplicate_delivery(lock)
+    return job_cls.execute(lock, args, kwargs, settle=lambda exc, result: settle(lock, decide(exc, result)))
+
+
+def settle(lock: JobLock, decision: Decision) -> None:
+    """Release the lock (None: the job is done for good), or keep it queued for a retry in n seconds."""
+    if decision == KEEP:
+        return
+    if decision is None:
+        lock.release()  # logs its own store failures
+        return
+    try:
+        lock.requeue(delay=float(decision))
+    except BackendError:
+        # Raising here would hide the job's own outcome; the lock lapses as an orphan instead.
+        log.error("could not keep %s for its retry", lock.key, exc_info=True)

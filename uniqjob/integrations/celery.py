@@ -1,0 +1,326 @@
+"""Celery integration: unique tasks with ``@app.task(base=UniqueTask)``.
+
+::
+
+    @app.task(base=UniqueTask, unique_lock_autoexpire=3600)
+    def export(account_id: int) -> None: ...
+
+    export.delay(42)   # takes the queue lock, then publishes; None for a duplicate
+
+``delay`` / ``apply_async`` go through ``UniqueJob.enqueue``: the queue lock is
+taken before the message is published and released if publishing fails. The
+lock's key and token travel in a message header; the worker rebuilds the lock
+from it and runs the task under it. ``self.retry()`` keeps the lock (it is put
+back to ``queued`` before the retry is published); success, final failure and
+``revoke`` (or ``expires``) release it. An ``acks_late`` task redelivered after
+a worker crash carries the same token and re-takes its own lock.
+
+The ``unique_*`` and ``concurrency_*`` settings are given as task options
+(``@app.task(base=UniqueTask, unique_on_conflict="raise")``) or class
+attributes; they live on a :class:`UniqueJob` made for each task class,
+``task.unique_job``, which is also where keys and locks come from
+(``task.unique_job.lock_key(42)``).
+
+Celery cannot prove that a queued task is gone (a purged queue, a lost
+message): such a lock is kept until ``unique_lock_autoexpire``, which Celery
+tasks should therefore set. ``countdown`` / ``eta`` add to it, so a delayed
+task's lock never expires before the task is due.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import numbers
+import uuid
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any, ClassVar, Final
+
+from celery import Task, shared_task
+from celery.exceptions import Reject, Retry
+from celery.signals import task_revoked
+
+from ..errors import ConfigurationError
+from ..job import Queue, UniqueJob
+from ..joblock import JobLock
+from . import HEADER, KEEP, Decision, Ticket, perform, settle
+
+__all__ = ["CeleryQueue", "UniqueTask"]
+
+log = logging.getLogger(__name__)
+
+#: The task that runs a rescheduled call's second try (policy "reschedule").
+ENQUEUE_LATER: Final = "uniqjob.enqueue_later"
+
+
+@dataclass(frozen=True)
+class _Call:
+    """An ``apply_async`` on its way through ``UniqueJob.enqueue`` to :meth:`CeleryQueue.push`."""
+
+    job: type[UniqueJob]
+    task_id: str
+    options: dict[str, Any] = field(default_factory=dict)
+    delay: float = 0.0
+
+
+_pending: ContextVar[_Call | None] = ContextVar("uniqjob_celery_call", default=None)
+_running: ContextVar[Task | None] = ContextVar("uniqjob_celery_task", default=None)
+
+
+class TaskJob(UniqueJob):
+    """Base of the :class:`UniqueJob` made for each UniqueTask class: its settings, keys and locks."""
+
+    #: The UniqueTask class this job stands for.
+    task_cls: ClassVar[type[UniqueTask]]
+
+    @classmethod
+    def job_name(cls) -> str:
+        """The task class's ``module.QualName``, which starts its keys."""
+        return f"{cls.__module__}.{cls.task_cls.__qualname__}"
+
+    @classmethod
+    def autoexpire(cls) -> float | None:
+        """``unique_lock_autoexpire``, plus the countdown of the call being enqueued."""
+        seconds = super().autoexpire()
+        call = _pending.get()
+        if seconds is None or call is None or call.job is not cls:
+            return seconds
+        return seconds + call.delay
+
+    @classmethod
+    def invoke(cls, args: Any, kwargs: dict[str, Any]) -> Any:
+        """Run the task's body: the ``run`` of the task instance that Celery is executing."""
+        task = _running.get()
+        if task is None or not isinstance(task, cls.task_cls):
+            raise ConfigurationError(
+                f"{cls.job_name()} is a Celery task: call delay()/apply_async(), or call it as a function"
+            )
+        return task.run(*args, **kwargs)
+
+
+class CeleryQueue(Queue):
+    """Celery as the queue of one UniqueTask class (every UniqueTask has one; no need to make it)."""
+
+    def __init__(self, task_cls: type[UniqueTask]) -> None:
+        self.task_cls = task_cls
+
+    def __repr__(self) -> str:
+        return f"CeleryQueue({self.task_cls.__qualname__})"
+
+    @property
+    def task(self) -> UniqueTask:
+        """The registered instance of the task class."""
+        app = self.task_cls.app
+        name = self.task_cls.name
+        try:
+            task: UniqueTask = app.tasks[name]
+        except KeyError:
+            raise ConfigurationError(f"task {name!r} is not registered with {app!r}") from None
+        return task
+
+    def new_job_id(self) -> str:
+        """The Celery task id the message will have (the caller's ``task_id``, if it gave one)."""
+        call = _pending.get()
+        if call is not None and call.job is self.task_cls.unique_job:
+            return call.task_id
+        return str(uuid.uuid4())
+
+    def push(
+        self, job_cls: type[UniqueJob], lock: JobLock, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Publish the task with the lock's key and token in a message header; return its AsyncResult."""
+        call = _pending.get()
+        options = dict(call.options) if call is not None and call.job is job_cls else {}
+        headers = dict(options.pop("headers", None) or {})
+        headers[HEADER] = Ticket(lock.key, lock.token).dump()
+        return Task.apply_async(
+            self.task, args, kwargs, task_id=lock.meta.job_id or None, headers=headers, **options
+        )
+
+    def push_later(
+        self, job_cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any], delay: float
+    ) -> Any:
+        """Publish a small task that calls ``apply_async`` again in ``delay`` seconds, on the task's queue."""
+        task = self.task
+        call = _pending.get()
+        options = dict(call.options) if call is not None and call.job is job_cls else {}
+        route = task.app.amqp.router.route(
+            {"queue": options["queue"]} if "queue" in options else {}, task.name
+        )
+        queue = route.get("queue")
+        return task.app.send_task(
+            ENQUEUE_LATER,
+            (task.name, list(args), dict(kwargs)),
+            countdown=delay if delay > 0 else None,
+            queue=getattr(queue, "name", queue),
+        )
+
+
+class UniqueTask(Task):  # type: ignore[misc]  # celery ships no type information
+    """Base class of unique Celery tasks: ``@app.task(base=UniqueTask)`` or ``class T(UniqueTask)``.
+
+    ``delay`` / ``apply_async`` return the AsyncResult, or None when the call
+    is a duplicate that the conflict policy drops.
+    """
+
+    #: The UniqueJob that holds this task's settings and makes its keys and locks.
+    unique_job: ClassVar[type[TaskJob]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.unique_job = _job_for(cls)
+
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: dict[str, Any] | None = None,
+        task_id: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """Take the queue lock, then publish the task; None for a duplicate the policy drops."""
+        args = tuple(args or ())
+        kwargs = dict(kwargs or {})
+        headers = options.get("headers") or {}
+        if HEADER in headers:  # a message that already holds its lock: self.retry()
+            return self._resend(args, kwargs, task_id, options)
+        call = _Call(self.unique_job, task_id or str(uuid.uuid4()), options, _delay(options))
+        reset = _pending.set(call)
+        try:
+            return self.unique_job.enqueue(*args, **kwargs)
+        finally:
+            _pending.reset(reset)
+
+    def _resend(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str | None, options: Any
+    ) -> Any:
+        request = self.request
+        lock: JobLock | None = getattr(request, "_uniqjob_lock", None)
+        ticket = Ticket.load(options["headers"][HEADER], f"task {self.name}[{task_id}]")
+        retrying = False
+        if lock is not None and lock.token == ticket.token and task_id == request.id:
+            # self.retry() of the delivery running here: hold the key for the
+            # retry, queued, before it is published, so that the retry never
+            # races this process for the lock. From here on the lock is the retry's.
+            settle(lock, _delay(options))
+            request._uniqjob_requeued = retrying = True
+        try:
+            return super().apply_async(args, kwargs, task_id=task_id, **options)
+        except BaseException:
+            if retrying:
+                request._uniqjob_requeued = False  # no retry was sent: this delivery settles it
+            raise
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly:  # a plain function call in this process: no locks
+            return super().__call__(*args, **kwargs)
+        reset = _running.set(self)
+        try:
+            data = (request.headers or {}).get(HEADER)
+            if data is None:
+                # Published around uniqjob (send_task by name, another client): lock by its arguments.
+                with self.unique_job.around_perform(*args, **kwargs):
+                    return self.run(*args, **kwargs)
+            ticket = Ticket.load(data, f"task {self.name}[{request.id}]")
+            lock = self.unique_job.lock_from(ticket.key, ticket.token)
+            lock.meta = replace(lock.meta, job_id=request.id or "")
+            request._uniqjob_lock = lock
+            return perform(self.unique_job, lock, args, kwargs, partial(_decide, request))
+        finally:
+            _running.reset(reset)
+
+    def is_locked(self, *args: Any, **kwargs: Any) -> bool:
+        """True when ``delay(*args, **kwargs)`` would conflict now."""
+        return self.unique_job.is_locked(*args, **kwargs)
+
+
+_TASK_RUN = inspect.getattr_static(Task, "run")
+_BASE_NAMES = frozenset(vars(UniqueTask)) | {"unique_job"}
+_SETTING_PREFIXES = ("unique_", "concurrency_")
+
+
+def _job_for(task_cls: type[UniqueTask]) -> type[TaskJob]:
+    """Make the UniqueJob of a task class from its ``unique_*`` settings and its ``run``."""
+    namespace: dict[str, Any] = {}
+    for klass in reversed(task_cls.__mro__):
+        if klass in UniqueTask.__mro__:
+            continue
+        namespace.update(
+            (name, value)
+            for name, value in vars(klass).items()
+            if name.startswith(_SETTING_PREFIXES) and name not in _BASE_NAMES
+        )
+    if "unique_queue" in namespace:
+        raise ConfigurationError(
+            f"{task_cls.__qualname__}.unique_queue: a UniqueTask's queue is Celery; route it with queue=..."
+        )
+    run = inspect.getattr_static(task_cls, "run")
+    if run is not _TASK_RUN:
+        namespace["perform"] = run  # gives the key its signature; `self` of a bound run is dropped
+    namespace.update(
+        __module__=task_cls.__module__,
+        # importable by that path (a parked call names its job class, see uniqjob.concurrency)
+        __qualname__=f"{task_cls.__qualname__}.unique_job",
+        __doc__=f"The uniqjob settings, keys and locks of Celery task {task_cls.__qualname__}.",
+        task_cls=task_cls,
+        unique_queue=CeleryQueue(task_cls),
+    )
+    return type(task_cls.__name__, (TaskJob,), namespace)
+
+
+def _decide(request: Any, exc: BaseException | None, result: Any) -> Decision:
+    """What a delivery's outcome means for its lock: done (None), kept (KEEP) or a retry in n seconds."""
+    if getattr(request, "_uniqjob_requeued", False):
+        return KEEP  # queued again before a retry was published: the retry's now, however this ends
+    if exc is None or (isinstance(exc, Reject) and not exc.requeue):
+        return None
+    if isinstance(exc, Retry):
+        return _seconds_until(exc.when)  # eager mode: the retry runs next, in this process
+    if isinstance(exc, Reject):
+        return 0.0  # requeued by the broker: it comes back
+    return None
+
+
+def _delay(options: dict[str, Any]) -> float:
+    """Seconds until a task published with these options is due (countdown or eta); 0 if now."""
+    countdown = options.get("countdown")
+    return _seconds_until(countdown if countdown is not None else options.get("eta"))
+
+
+def _seconds_until(when: Any) -> float:
+    if when is None:
+        return 0.0
+    if isinstance(when, numbers.Real):
+        return max(float(when), 0.0)
+    if isinstance(when, str):
+        when = datetime.fromisoformat(when)
+    if not isinstance(when, datetime):
+        raise ConfigurationError(f"countdown/eta must be seconds or a datetime, got {when!r}")
+    if when.tzinfo is not None:
+        return max((when - datetime.now(UTC)).total_seconds(), 0.0)
+    # Celery reads a naive eta in its own timezone: count the later of UTC and local time.
+    utc = datetime.now(UTC).replace(tzinfo=None)
+    return max((when - utc).total_seconds(), (when - datetime.now()).total_seconds(), 0.0)
+
+
+@task_revoked.connect  # type: ignore[untyped-decorator]
+def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A revoked (or expired) task never runs: release its lock (a terminated one's run lock too)."""
+    if not isinstance(sender, UniqueTask) or request is None:
+        return
+    data = (getattr(request, "headers", None) or {}).get(HEADER)
+    if data is None:
+        return
+    ticket = Ticket.load(data, f"revoked task {sender.name}[{getattr(request, 'id', '?')}]")
+    sender.unique_job.lock_from(ticket.key, ticket.token).release()
+
+
+@shared_task(name=ENQUEUE_LATER, ignore_result=True)  # type: ignore[untyped-decorator]
+def enqueue_later(task_name: str, args: list[Any], kwargs: dict[str, Any]) -> bool:
+    """A rescheduled call's second try: ``apply_async`` it again (policy "reschedule"); True if sent."""
+    from celery import current_app
+
+    return current_app.tasks[task_name].apply_async(args, kwargs) is not None
