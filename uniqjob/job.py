@@ -21,6 +21,7 @@ from .errors import ConfigurationError, JobNotUnique, UniqueKeyError
 from .joblock import JobLock, Strategy
 from .keys import digest, make_key
 from .locks import QueueMeta
+from .queue import Queue
 from .settings import ConflictPolicy
 
 __all__ = ["ConflictPolicy", "Queue", "UniqueJob"]
@@ -33,54 +34,6 @@ _sleep = time.sleep  # replaced by tests
 _preview = reprlib.Repr()
 _preview.maxstring = 40
 _preview.maxother = 40
-
-
-class Queue:
-    """Base of queue integrations: ``enqueue`` hands jobs to a ``Queue``.
-
-    ``push`` is called with the queue lock already held; it must send
-    ``lock.key`` and ``lock.token`` with the job, so the worker can rebuild the
-    lock (``job_cls.lock_from(key, token)``) and run the job inside
-    ``lock.running()``. If ``push`` raises, the queue lock is released and the
-    error propagates: nothing stuck, nothing lost.
-    """
-
-    def new_job_id(self) -> str:
-        """Return the id the next pushed job will have, recorded in its queue lock; "" if unknown."""
-        return ""
-
-    def push(
-        self, job_cls: type[UniqueJob], lock: JobLock, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        """Hand the job to the queue with ``lock.meta.job_id`` as its id; return the queue's job handle."""
-        raise NotImplementedError
-
-    def push_later(
-        self, job_cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any], delay: float
-    ) -> Any:
-        """Call ``job_cls.enqueue(*args, **kwargs)`` again in ``delay`` seconds (policy "reschedule").
-
-        The rescheduled call holds no lock until it is enqueued again. A queue
-        that cannot delay jobs leaves this out; a class using "reschedule" on
-        it is then a ConfigurationError when it is defined.
-        """
-        raise NotImplementedError
-
-    def job_gone(self, job_id: str) -> bool:
-        """True only if the queue can prove that job ``job_id`` will never run (deleted, expired).
-
-        A queued lock whose job is gone is reclaimed at the next enqueue. When
-        in doubt, return False: the lock is then kept.
-        """
-        return False
-
-    def pending_delay(self) -> float:
-        """Seconds until the job about to be pushed may start (a countdown, an ETA); 0 if at once.
-
-        A concurrency slot taken at enqueue keeps its job's place for its lease
-        plus this delay, so a delayed job does not lose its slot while it waits.
-        """
-        return 0.0
 
 
 class UniqueJob:
