@@ -246,3 +246,53 @@ def test_keys_with_braces_and_unicode(store: Store) -> None:
     assert claim(b, "t", key=key) is None
     assert claim(b, "u", key=key) is not None
     assert list(b.scan()) == [key]
+
+
+def test_attach_records_job_id_only_on_own_lock(store: Store) -> None:
+    b = store.backend
+    assert claim(b, "t1") is None
+    assert b.attach("k", "t1", "rq-42")
+    assert not b.attach("k", "other", "rq-43")
+    state = b.read("k")
+    assert state.queue is not None and state.queue.meta.job_id == "rq-42"
+    assert not b.attach("missing", "t1", "x")
+
+
+def test_same_token_other_attempt_is_a_second_delivery(store: Store) -> None:
+    b = store.backend
+    first = RunClaim(ME, LEASE, "delivery-1")
+    assert b.start("k", "t1", run=first, meta=META) is None
+    assert b.start("k", "t1", run=first, meta=META) is None  # the same attempt renews
+    conflict = b.start("k", "t1", run=RunClaim(ME, LEASE, "delivery-2"), meta=META)
+    assert conflict is not None and conflict.run is not None and conflict.run.token == "t1"
+    store.advance(LEASE * 1.5)  # its lease lapsed: the job may run again
+    assert b.start("k", "t1", run=RunClaim(ME, LEASE, "delivery-2"), meta=META) is None
+
+
+def test_requeue_turns_a_run_into_a_queued_wait(store: Store) -> None:
+    b = store.backend
+    assert claim(b, "t1", ttl=LEASE) is None
+    assert b.attach("k", "t1", "job-7")
+    assert start(b, "t1") is None
+    assert b.requeue("k", "t1", meta=META, ttl=100)
+    state = b.read("k")
+    assert state.run is None and state.queue is not None
+    assert (state.queue.state, state.queue.token, state.queue.meta.job_id) == ("queued", "t1", "job-7")
+    assert state.queue.ttl is not None and state.queue.ttl > 50  # counted afresh
+    assert claim(b, "t2") is not None  # duplicates still conflict while the retry waits
+    assert b.requeue("k", "t1", meta=META, ttl=None)
+    assert b.read("k").queue.ttl is None  # type: ignore[union-attr]
+
+
+def test_requeue_recreates_a_missing_queue_lock_but_never_takes_anothers(store: Store) -> None:
+    b = store.backend
+    assert start(b, "t1", queue="release") is None  # until_and_while: no queue lock while running
+    assert b.requeue("k", "t1", meta=META, ttl=None)
+    state = b.read("k")
+    assert state.queue is not None and state.queue.token == "t1" and state.queue.state == "queued"
+    b.finish("k", "t1")
+    assert claim(b, "t2") is None
+    assert start(b, "t1", queue="keep") is None
+    assert not b.requeue("k", "t1", meta=META, ttl=None)  # t2's queued lock is left alone
+    state = b.read("k")
+    assert state.run is None and state.queue is not None and state.queue.token == "t2"

@@ -51,6 +51,7 @@ def enqueued(n: int, fail: bool = False, job_id: str = "job-1") -> JobLock:
     lock = Plain.lock(n, fail)
     lock.meta = QueueMeta(lock.meta.cls, lock.meta.args, job_id)
     assert lock.acquire()
+    assert lock.attach()  # pushed: the queue now holds job_id
     return lock
 
 
@@ -139,7 +140,7 @@ def test_a_delivery_already_settled_is_left_alone(use: Backend) -> None:
 
 def test_requeue_puts_the_lock_back_to_queued_with_its_autoexpire_plus_the_delay(backend: Backend) -> None:
     lock = JobLock(backend, "k", ttl=10.0, meta=QueueMeta("Job", "1", "job-7"))
-    assert lock.acquire()
+    assert lock.acquire() and lock.attach()
     lock.start()
     with lock.running(started=True, release=False):
         pass

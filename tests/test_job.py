@@ -405,3 +405,35 @@ def test_long_perform_keeps_its_lock(redis_backend: Backend) -> None:
         release.set()
         t.join(5)
     assert not Long.is_locked()
+
+
+def test_a_job_not_yet_pushed_is_never_taken_for_gone(use: Backend) -> None:
+    """The job id enters the lock only once the queue holds the job (no reclaim mid-push)."""
+
+    class Strict(RecordingQueue):
+        def push(
+            self, job_cls: type[UniqueJob], lock: JobLock, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> Any:
+            # a second enqueue lands while this one is being pushed
+            self.inner = job_cls.enqueue(*args, **kwargs)
+            return super().push(job_cls, lock, args, kwargs)
+
+        def job_gone(self, job_id: str) -> bool:
+            return job_id not in {lock_id for lock_id in self.pushed}
+
+        @property
+        def pushed(self) -> list[str]:
+            return [f"job-{n}" for n in range(1, len(self.jobs) + 1)]
+
+    q = Strict()
+
+    class Racy(UniqueJob):
+        unique_queue = q
+
+        def perform(self, n: int) -> None:
+            pass
+
+    assert Racy.enqueue(1) == "job-1"
+    assert q.inner is None  # refused: no job id yet, so no proof its job is gone
+    assert len(q.jobs) == 1
+    assert use.read(Racy.lock_key(1)).queue.meta.job_id == "job-1"  # type: ignore[union-attr]

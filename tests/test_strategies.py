@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import pytest
@@ -13,6 +14,7 @@ from uniqjob import ConfigurationError, JobNotUnique, Queue, UniqueJob
 from uniqjob import job as job_module
 from uniqjob.backends.base import Backend
 from uniqjob.backends.memory import MemoryBackend
+from uniqjob.locks import QueueMeta, RunClaim, local_holder
 
 
 @pytest.fixture
@@ -108,12 +110,33 @@ def test_while_executing_crashed_attempt_is_readopted_by_the_same_job(use: Backe
     Job = make("while_executing")
     assert Job.enqueue(1)
     key, token, _ = Job.unique_queue.jobs[0]  # type: ignore[union-attr]
-    Job.lock_from(key, token).start()  # an attempt that crashed without releasing
-    other = Job.lock_from(key, "another-delivery")
-    with pytest.raises(JobNotUnique):
-        other.start()
-    assert deliver(Job) == "done 1"  # same token: re-acquired, not a duplicate
+    # an attempt by a process that has died since, without releasing
+    me = local_holder()
+    dead = RunClaim(replace(me, pstart=me.pstart + 1), 30.0, "crashed-attempt")
+    assert use.start(key, token, run=dead, meta=QueueMeta(), queue="keep") is None
+    assert deliver(Job) == "done 1"  # same token, holder dead: re-acquired, not a duplicate
     assert use.read(key).free
+
+
+def test_same_job_on_a_live_holder_elsewhere_waits_for_its_lease(use: Backend) -> None:
+    Job = make("while_executing")
+    assert Job.enqueue(1)
+    key, token, _ = Job.unique_queue.jobs[0]  # type: ignore[union-attr]
+    far = RunClaim(replace(local_holder(), host="other-host", node="other"), 30.0, "first-delivery")
+    assert use.start(key, token, run=far, meta=QueueMeta(), queue="keep") is None
+    assert deliver(Job) is None  # it may still be running there: never robbed
+    assert Job.ran == []
+
+
+@pytest.mark.parametrize("strategy", ["until_executed", "while_executing", "until_and_while_executing"])
+def test_second_live_delivery_of_one_job_is_refused(use: Backend, strategy: str) -> None:
+    Job = make(strategy)
+    assert Job.enqueue(1)
+    inner: list[Any] = []
+    # the same message delivered again while the first delivery runs (same token, same host)
+    Job.probe = lambda: inner.append(deliver(Job)) if not inner else None
+    assert deliver(Job) == "done 1"
+    assert inner == [None] and Job.ran == [1]
 
 
 def test_until_and_while_executing_swaps_locks_atomically(use: Backend) -> None:

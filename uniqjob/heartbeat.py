@@ -125,12 +125,15 @@ class Heartbeat:
     def _beat(self, beat: Beat) -> None:
         try:
             mine = beat.renew()
-        except Exception:  # a store outage must not kill the thread that serves every job
-            log.warning("heartbeat of %s failed; retrying", beat.name, exc_info=True)
+        except Exception as exc:  # a store outage must not kill the thread that serves every job
+            # One line per failure: during an outage every job's beat fails each second.
+            log.warning("heartbeat of %s failed (%s); retrying", beat.name, exc)
             mine = True
             retry = min(beat.interval, 1.0)
         else:
             retry = beat.interval
+        if not mine and beat.cancelled:
+            return  # the job released its lock while this renewal was on its way: nothing lost
         if not mine:
             log.warning("lost the run lock of %s: another holder took it over", beat.name)
             beat.lost.set()

@@ -19,7 +19,7 @@ from .concurrency._job import ConcurrencyPolicy
 from .concurrency.semaphore import Semaphore
 from .errors import ConfigurationError, JobNotUnique, UniqueKeyError
 from .joblock import JobLock, Strategy
-from .keys import digest, make_key
+from .keys import KEY_VERSION, digest, make_key
 from .locks import QueueMeta
 from .queue import Queue
 from .settings import ConflictPolicy
@@ -128,7 +128,7 @@ class UniqueJob:
         """Return the lock key of a call with these arguments."""
         value = cls.unique_key(*args, **kwargs)
         if cls._custom_key:
-            return f"{cls.job_name()}:1:{digest(value, 'unique_key()')}"
+            return f"{cls.job_name()}:{KEY_VERSION}:{digest(value, 'unique_key()')}"
         return make_key(cls.job_name(), value)
 
     # -- settings resolved per call ---------------------------------------------------
@@ -197,10 +197,12 @@ class UniqueJob:
         if cls.unique_strategy != "while_executing" and not lock.acquire(gone=queue.job_gone):
             return cls._conflict(lock, args, kwargs)
         try:
-            return _concurrency.push(cls, queue, lock, args, kwargs)
+            handle = _concurrency.push(cls, queue, lock, args, kwargs)
         except BaseException:
             lock.dequeue()
             raise
+        lock.attach()  # the job exists now: its queue may prove it gone from here on
+        return handle
 
     @classmethod
     def run(cls, *args: Any, **kwargs: Any) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Literal
 
 from .backends.base import Backend, QueueMode
@@ -101,6 +102,8 @@ class JobLock:
         # A key travelling with a job names its slot; a fresh lock picks one.
         self._slot_fixed = token is not None and strategy != "while_executing"
         self._beat: Beat | None = None
+        # Tells this delivery of the job from any other with the same token.
+        self._attempt = new_token()
 
     def __repr__(self) -> str:
         return f"JobLock({self.key!r}, strategy={self.strategy!r}, backend={self.backend!r})"
@@ -125,10 +128,13 @@ class JobLock:
         is reclaimed only if ``gone(job_id)`` (the queue) proves its job will
         never run; autoexpire is the other way out. When in doubt, never delete.
         """
-        claim = RunClaim(local_holder(), self.lease) if run else None
+        claim = RunClaim(local_holder(), self.lease, self._attempt) if run else None
+        # The job id is recorded by attach() once the queue holds the job: a
+        # lock naming a job its queue has not yet seen would look "gone".
+        meta = replace(self.meta, job_id="") if self.meta.job_id else self.meta
         for slot in self.slots():
             for _ in range(_ATTEMPTS):
-                state = self.backend.claim(slot, self.token, meta=self.meta, ttl=self.ttl, run=claim)
+                state = self.backend.claim(slot, self.token, meta=meta, ttl=self.ttl, run=claim)
                 if state is None:
                     self.key, self.conflict, self._slot_fixed = slot, None, True
                     return True
@@ -175,7 +181,7 @@ class JobLock:
         if mode is None:
             self.backend.dequeue(self.key, None if self.adopt else self.token)
             return
-        claim = RunClaim(local_holder(), self.lease)
+        claim = RunClaim(local_holder(), self.lease, self._attempt)
         for slot in self.slots():
             for _ in range(_ATTEMPTS):
                 state = self.backend.start(
@@ -229,29 +235,28 @@ class JobLock:
     def requeue(self, *, delay: float = 0.0) -> bool:
         """Keep the key for a job that will run again (a retry); False if it is no longer ours.
 
-        The run lock goes. The strategy's queue lock is ``queued`` again, with
-        this token and its job id, so duplicates still conflict while the retry
-        waits; its autoexpire counts afresh from now plus ``delay`` (the wait
-        before the retry).
+        In one step the run lock goes and the strategy's queue lock is
+        ``queued`` again, with this token and its job id, so duplicates still
+        conflict while the retry waits; its autoexpire counts afresh from now
+        plus ``delay`` (the wait before the retry).
         """
         if self._beat is not None:
             self._beat.cancel()
-        self.backend.reclaim(self.key, None, self.token)
         if self.strategy in ("while_executing", "until_expired"):
-            return True  # nothing to hold while waiting / a queue lock perform never touches
-        queue = self.backend.read(self.key).queue
-        mine = queue is not None and queue.token == self.token
-        if queue is not None and mine and queue.state == QUEUED:
+            # nothing to hold while waiting / a queue lock that perform never touches
+            self.backend.reclaim(self.key, None, self.token)
             return True
-        meta = queue.meta if queue is not None and mine else self.meta
         ttl = None if self.ttl is None else self.ttl + delay
-        # A running queue lock without its run lock reads as an orphan, so claim
-        # turns ours back into a queued one. Between the two steps a concurrent
-        # enqueue may take the key first: its job and the retry then both run.
-        if self.backend.claim(self.key, self.token, meta=meta, ttl=ttl) is None:
+        if self.backend.requeue(self.key, self.token, meta=self.meta, ttl=ttl):
             return True
         log.warning("%s was taken by another enqueue while its job waited for a retry", self.key)
         return False
+
+    def attach(self) -> bool:
+        """Record ``meta.job_id`` in the queue lock, once the queue holds the job; False if not ours."""
+        if not self.meta.job_id:
+            return False
+        return self.backend.attach(self.key, self.token, self.meta.job_id)
 
     def dequeue(self) -> bool:
         """Drop the queue lock while it is still queued and ours (its job left the queue)."""

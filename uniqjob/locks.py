@@ -64,10 +64,15 @@ class QueueMeta:
 
 @dataclass(frozen=True, slots=True)
 class RunClaim:
-    """A request to hold a run lock: who, and for how long between beats."""
+    """A request to hold a run lock: who, for how long between beats, and which attempt.
+
+    ``attempt`` tells two deliveries of one job (one token) apart: a live run
+    lock of the same token but another attempt is a duplicate delivery.
+    """
 
     holder: Holder
     lease: float
+    attempt: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,6 @@ SETTINGS = frozenset(
         "unique_key",
         "unique_backend",
         "unique_queue",
-        "unique_lock",
         "unique_strategy",
         "unique_lock_limit",
         "unique_reschedule_delay",

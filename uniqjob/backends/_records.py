@@ -100,6 +100,7 @@ class Slot:
             "started": started,
             "lease": claim.lease,
             "until": self.now + claim.lease,
+            "attempt": claim.attempt,
         }
         self.changed = True
 
@@ -128,7 +129,9 @@ class Slot:
         adopt: bool,
         queue: QueueMode,
     ) -> LockState | None:
-        if self.r is not None and self.r["token"] != token:
+        if self.r is not None and (
+            self.r["token"] != token or self.r.get("attempt", "") not in ("", run.attempt)
+        ):
             return self.state()
         self._set_run(token, run)
         mine = self.q is not None and (self.q["token"] == token or adopt)
@@ -140,6 +143,28 @@ class Slot:
         elif queue == "release" and mine:
             self.q = None
         return None
+
+    def attach(self, token: str, job_id: str) -> bool:
+        if self.q is None or self.q["token"] != token:
+            return False
+        self.q = {**self.q, "job_id": job_id}
+        self.changed = True
+        return True
+
+    def requeue(self, token: str, meta: QueueMeta, ttl: float | None) -> bool:
+        if self.r is not None and self.r["token"] == token:
+            self.r, self.changed = None, True
+        if self.q is not None and self.q["token"] != token:
+            if self.q["state"] != RUNNING or self.r is not None:
+                return False
+            self.q = None  # an orphan: its holder is gone
+        expires = None if ttl is None else self.now + ttl
+        if self.q is None:
+            self._set_queue(token, QUEUED, meta, ttl)
+        else:
+            self.q = {**self.q, "state": QUEUED, "expires": expires}
+        self.changed = True
+        return True
 
     def renew(self, token: str, lease: float) -> bool:
         if self.r is None or self.r["token"] != token:
@@ -207,6 +232,14 @@ class SlotBackend(Backend):
     ) -> LockState | None:
         with self._slot(key) as slot:
             return slot.start(token, run, meta, ttl, adopt=adopt, queue=queue)
+
+    def attach(self, key: str, token: str, job_id: str) -> bool:
+        with self._slot(key) as slot:
+            return slot.attach(token, job_id)
+
+    def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None) -> bool:
+        with self._slot(key) as slot:
+            return slot.requeue(token, meta, ttl)
 
     def renew(self, key: str, token: str, lease: float) -> bool:
         with self._slot(key) as slot:

@@ -61,9 +61,10 @@ class Backend(ABC):
     ) -> LockState | None:
         """Take the run lock of ``key`` for ``token``; None when taken, else the state in the way.
 
-        A live run lock of another token conflicts; the caller's own (a
-        redelivered job) is renewed. What happens to the queue lock, in the
-        same step, depends on ``queue``:
+        A live run lock of another token conflicts, and so does one of the same
+        token taken by another attempt (``run.attempt``: a second delivery of
+        one job); the caller can re-take it once it proves that holder dead.
+        What happens to the queue lock, in the same step, depends on ``queue``:
 
         - ``"run"``: it moves to state ``running`` if it is ``token``'s, and is
           created (with ``ttl``) if missing;
@@ -74,6 +75,23 @@ class Backend(ABC):
         With ``adopt``, a queue lock of any token counts as ``token``'s (a
         queue that cannot carry tokens); without it, another token's queue lock
         is a successor's and is left alone.
+        """
+
+    @abstractmethod
+    def attach(self, key: str, token: str, job_id: str) -> bool:
+        """Record ``job_id`` in ``token``'s queue lock, now that its queue holds the job; False if not ours.
+
+        Only a lock that names its job can be reclaimed when the queue proves
+        that job gone, so the id is recorded after the push, never before it.
+        """
+
+    @abstractmethod
+    def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None) -> bool:
+        """Turn ``token``'s run into a wait for a retry, in one step; False if the key is another's.
+
+        ``token``'s run lock goes. Its queue lock becomes ``queued`` again (ttl
+        counted afresh), or is created if missing; a queue lock of another token
+        is kept, unless it is an orphan (``running`` with no run lock).
         """
 
     @abstractmethod

@@ -312,6 +312,18 @@ class FileBackend(SlotBackend):
     @contextmanager
     def _slot(self, key: str) -> Iterator[Slot]:
         path, stripe = self._path(key)
+        with self._locked(stripe):
+            record = self._load(path, key)
+            slot = Slot(key, record, self.clock())
+            yield slot
+            if slot.changed:
+                try:
+                    self._store(path, stripe, slot.record(), record is not None)
+                except OSError as exc:
+                    raise BackendError(f"cannot write {path}: {exc}", self.name) from exc
+
+    @contextmanager
+    def _locked(self, stripe: int) -> Iterator[None]:
         lock = self._stripe(stripe)
         try:
             lock.acquire()
@@ -322,14 +334,7 @@ class FileBackend(SlotBackend):
         except OSError as exc:
             raise BackendError(f"cannot lock {lock.lock_file}: {exc}", self.name) from exc
         try:
-            record = self._load(path, key)
-            slot = Slot(key, record, self.clock())
-            yield slot
-            if slot.changed:
-                try:
-                    self._store(path, stripe, slot.record(), record is not None)
-                except OSError as exc:
-                    raise BackendError(f"cannot write {path}: {exc}", self.name) from exc
+            yield
         finally:
             lock.release()
 
@@ -348,11 +353,17 @@ class FileBackend(SlotBackend):
             raise BackendError(f"cannot list {self.directory}: {exc}", self.name) from exc
         with entries:
             for entry in entries:
-                if not entry.name.endswith(".json") or entry.name.startswith("."):
+                name = entry.name
+                if not name.endswith(".json") or name.startswith("."):
                     continue
                 try:
-                    record = self._load(entry.path, None)
-                except CorruptRecordError as exc:
+                    # Under its stripe's lock: a spare being rewritten in place may
+                    # still be open to a reader that found it under a record's name.
+                    with self._locked(int(name[:2], 16) % _STRIPES):
+                        record = self._load(entry.path, None)
+                    if record is not None and self._path(record["key"])[0] != entry.path:
+                        raise CorruptRecordError(entry.path, f"holds key {record['key']!r} of another file")
+                except (CorruptRecordError, ValueError) as exc:
                     log.warning("skipping %s", exc)
                     continue
                 if record is not None:

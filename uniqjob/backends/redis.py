@@ -31,9 +31,12 @@ T = TypeVar("T")
 # starts with is kept as its length (the queue hash then fits a small listpack).
 #   queue lock: t token, s state ('q' queued / 'r' running), a since (µs),
 #               c class or n its length in the key, p arguments preview, j job id
-#   run lock:   t token, h host, o node, i pid, b process start, a started (µs), l lease (ms)
+#   run lock:   t token, h host, o node, i pid, b process start, a started (µs), l lease (ms),
+#               x attempt (tells two deliveries of one token apart)
 # Times are the server's TIME as whole microseconds, so no float ever rounds them.
 _PRELUDE = """
+-- Redis < 5 replicates scripts verbatim and refuses a write after TIME; this opts in.
+if redis.replicate_commands then pcall(redis.replicate_commands) end
 local function clock()
   local t = redis.call('TIME')
   return t[1] .. string.format('%06d', tonumber(t[2]))
@@ -50,12 +53,13 @@ local function snapshot(now)
   local r = record(KEYS[2], 't', 'h', 'o', 'i', 'b', 'a', 'l')
   return {0, cjson.encode({now, q, redis.call('PTTL', KEYS[1]), r, redis.call('PTTL', KEYS[2])})}
 end
--- ARGV[i..i+4]: host, node, pid, pstart, lease_ms
+-- ARGV[i..i+5]: host, node, pid, pstart, lease_ms, attempt
 local function set_run(token, now, i)
   local started = now
   if redis.call('HGET', KEYS[2], 't') == token then started = redis.call('HGET', KEYS[2], 'a') end
   redis.call('HSET', KEYS[2], 't', token, 'h', ARGV[i], 'o', ARGV[i + 1],
              'i', ARGV[i + 2], 'b', ARGV[i + 3], 'a', started, 'l', ARGV[i + 4])
+  if ARGV[i + 5] ~= '' then redis.call('HSET', KEYS[2], 'x', ARGV[i + 5]) end
   redis.call('PEXPIRE', KEYS[2], ARGV[i + 4])
 end
 -- ARGV[2..6]: ttl_ms (0: none), cls, cls length in the key ('' : none), args, job_id.
@@ -74,7 +78,8 @@ local function set_queue(token, state, now)
 end
 """
 
-# ARGV: token, ttl_ms, cls, cls_len, args, job_id, mode ('q' or 'r'), host, node, pid, pstart, lease_ms
+# ARGV: token, ttl_ms, cls, cls_len, args, job_id, mode ('q' or 'r'), host, node, pid, pstart, lease_ms,
+#       attempt
 # Returns {1} when taken, else a snapshot of what is in the way.
 _CLAIM = (
     _PRELUDE
@@ -99,15 +104,16 @@ return {1}
 """
 )
 
-# ARGV: token, ttl_ms, cls, cls_len, args, job_id, flags, host, node, pid, pstart, lease_ms
+# ARGV: token, ttl_ms, cls, cls_len, args, job_id, flags, host, node, pid, pstart, lease_ms, attempt
 # flags: 'a' (adopt) or '-', then the queue mode: 'r' (run), 'x' (release) or 'k' (keep).
+# A run lock of the same token but another attempt is a second delivery: in the way.
 # Returns {1} when the run lock is taken, else a snapshot of what is in the way.
 _START = (
     _PRELUDE
     + """
 local now = clock()
-local rtok = redis.call('HGET', KEYS[2], 't')
-if rtok and rtok ~= ARGV[1] then return snapshot(now) end
+local run = redis.call('HMGET', KEYS[2], 't', 'x')
+if run[1] and (run[1] ~= ARGV[1] or (run[2] and run[2] ~= ARGV[13])) then return snapshot(now) end
 set_run(ARGV[1], now, 8)
 local mode = string.sub(ARGV[7], 2, 2)
 if mode == 'k' then return {1} end
@@ -121,6 +127,37 @@ elseif mine then
   redis.call('HSET', KEYS[1], 't', ARGV[1], 's', 'r')
 end
 return {1}
+"""
+)
+
+# KEYS[1]: queue lock. ARGV: token, job_id. Returns 1 if recorded, 0 if the lock is not ours.
+_ATTACH = """
+if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'j', ARGV[2])
+return 1
+"""
+
+# ARGV: token, ttl_ms (0: none), cls, cls_len, args, job_id.
+# Drops the token's run lock and makes its queue lock queued again (created if
+# missing); returns 0, changing no queue lock, if the key is another's.
+_REQUEUE = (
+    _PRELUDE
+    + """
+local now = clock()
+if redis.call('HGET', KEYS[2], 't') == ARGV[1] then redis.call('DEL', KEYS[2]) end
+local q = redis.call('HMGET', KEYS[1], 't', 's')
+if q[1] and q[1] ~= ARGV[1] then
+  if q[2] ~= 'r' or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+  redis.call('DEL', KEYS[1])  -- an orphan: its holder is gone
+  q[1] = false
+end
+if not q[1] then
+  set_queue(ARGV[1], 'q', now)
+  return 1
+end
+redis.call('HSET', KEYS[1], 's', 'q')
+if ARGV[2] ~= '0' then redis.call('PEXPIRE', KEYS[1], ARGV[2]) else redis.call('PERSIST', KEYS[1]) end
+return 1
 """
 )
 
@@ -203,6 +240,8 @@ class RedisBackend(Backend):
         self._claim = self._script(_CLAIM)
         self._start = self._script(_START)
         self._renew = self._script(_RENEW)
+        self._attach = self._script(_ATTACH)
+        self._requeue = self._script(_REQUEUE)
         self._finish = self._script(_FINISH)
         self._dequeue = self._script(_DEQUEUE)
         self._reclaim = self._script(_RECLAIM)
@@ -274,7 +313,7 @@ class RedisBackend(Backend):
         args: list[Any] = [token, _ms(ttl) if ttl else 0, cls, cls_len, meta.args, meta.job_id, flag]
         if run is not None:
             h = run.holder
-            args += [h.host, h.node, h.pid, h.pstart, _ms(run.lease)]
+            args += [h.host, h.node, h.pid, h.pstart, _ms(run.lease), run.attempt]
         return args
 
     def claim(
@@ -305,6 +344,13 @@ class RedisBackend(Backend):
         args = self._args(key, token, meta, ttl, flag=flags, run=run)
         reply = self._eval(self._start, self._keys(key), args)
         return None if reply[0] == 1 else self._state(key, reply)
+
+    def attach(self, key: str, token: str, job_id: str) -> bool:
+        return bool(self._eval(self._attach, self._keys(key)[:1], [token, job_id]))
+
+    def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None) -> bool:
+        args = self._args(key, token, meta, ttl, flag="", run=None)[:6]
+        return bool(self._eval(self._requeue, self._keys(key), args))
 
     def renew(self, key: str, token: str, lease: float) -> bool:
         return bool(self._eval(self._renew, self._keys(key)[1:], [token, _ms(lease)]))
