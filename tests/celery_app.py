@@ -95,6 +95,12 @@ def one_at_a_time(name: str) -> str:
     return _gated(name)
 
 
+@unique_task(concurrency_limit=2, unique_run_lease=1.0)
+def pair(name: str) -> str:
+    """Two concurrency slots for the task (15 minutes' lease each): the others park."""
+    return _gated(name)
+
+
 @unique_task(unique_lock_autoexpire=10)
 def expiring(name: str) -> str:
     """A queue lock that expires 10 s after enqueue (plus any countdown)."""

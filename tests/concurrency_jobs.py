@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from uniqjob import Queue, UniqueJob
 from uniqjob.joblock import JobLock
@@ -144,6 +144,50 @@ class Delayed(UniqueJob):
     unique_queue = LaterQueue()
     concurrency_limit = 1
     concurrency_duration = 60
+
+    def perform(self, n: int) -> int:
+        return n
+
+
+class Flaky(UniqueJob):
+    """One at a time; the first attempt of each call fails (its queue retries it)."""
+
+    unique_queue = QUEUE
+    concurrency_limit = 1
+    concurrency_duration = 60
+    attempts: ClassVar[dict[int, int]] = {}
+
+    def perform(self, n: int) -> int:
+        tries = Flaky.attempts[n] = Flaky.attempts.get(n, 0) + 1
+        ran("Flaky", (n, tries))
+        if tries == 1:
+            raise RuntimeError(f"attempt 1 of {n} fails")
+        return n
+
+
+class StuckQueue(RecordingQueue):
+    """A broker whose publish hangs until ``unstick`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unstick = threading.Event()
+        self.entered = threading.Event()
+
+    def push(
+        self, job_cls: type[UniqueJob], lock: JobLock, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        self.entered.set()
+        self.unstick.wait(30)
+        return super().push(job_cls, lock, args, kwargs)
+
+
+class Stuck(UniqueJob):
+    """Two at a time; parked calls are pushed to a queue that hangs."""
+
+    unique_queue = StuckQueue()
+    concurrency_limit = 2
+    concurrency_duration = 60
+    unique_run_lease = 0.15  # a heartbeat every 50 ms
 
     def perform(self, n: int) -> int:
         return n

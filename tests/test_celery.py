@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 import sys
 import time
 import uuid
@@ -33,14 +35,17 @@ from tests.celery_app import (
     gate,
     late_gate,
     one_at_a_time,
+    pair,
     rescheduled,
 )
 from tests.integration_workers import NODE_VAR, REPO, URL_VAR, Workers, count, open_gate, wait_until
 from tests.redis_server import RedisServer
-from uniqjob import ConfigurationError, JobNotUnique
+from uniqjob import ConfigurationError, JobNotUnique, Parked
+from uniqjob.concurrency import Park
+from uniqjob.concurrency.codec import encode_call
 from uniqjob.integrations import job_ref, resolve_job
 from uniqjob.integrations.celery import UniqueTask
-from uniqjob.locks import LockState
+from uniqjob.locks import Holder, LockState, local_holder
 
 
 @pytest.fixture
@@ -175,17 +180,26 @@ def test_retries_keep_the_lock_until_the_last_attempt(workers: Workers, broker: 
     wait_until(lambda: not flaky.is_locked("d", 99, False), "the lock to go after the final failure")
 
 
-def test_revoke_releases_the_lock(workers: Workers, broker: redis.Redis) -> None:
+def test_revoke_releases_the_lock_and_the_concurrency_slot(workers: Workers, broker: redis.Redis) -> None:
     start_worker(workers)
-    gate.delay("busy")
+    pair.delay("busy")
     wait_until(lambda: count(broker, "started", "busy") == 1, "the worker to be busy")
-    victim = gate.delay("victim")
-    assert victim is not None and gate.is_locked("victim")
+    victim = pair.delay("victim")
+    assert victim is not None and pair.is_locked("victim")
+    token = state(pair, "victim").queue.token  # type: ignore[union-attr]
+    assert isinstance(pair.delay("parked"), Parked)  # both slots are taken
     app.control.revoke(victim.id)
     open_gate(broker, "busy")
-    wait_until(lambda: not gate.is_locked("victim"), "the revoked task's lock to go")
+    wait_until(lambda: not pair.is_locked("victim"), "the revoked task's lock to go")
+    semaphore = pair.unique_job.semaphore("victim")
+    # its slot goes at once, not when its 15-minute lease lapses
+    wait_until(
+        lambda: token not in {s.token for s in semaphore.read().slots}, "the revoked task's slot to go"
+    )
+    wait_until(lambda: count(broker, "started", "parked") == 1, "the parked task to run")
     assert count(broker, "started", "victim") == 0
-    assert gate.delay("victim") is not None
+    open_gate(broker, "parked")
+    wait_until(lambda: not pair.is_locked("parked"), "its lock to go")
 
 
 def test_reschedule_goes_through_the_broker(workers: Workers, broker: redis.Redis) -> None:
@@ -237,6 +251,41 @@ def test_countdown_and_eta_count_into_the_lock(broker: redis.Redis) -> None:
     assert ttl["eta"] is not None and 208 < ttl["eta"] <= 210
 
 
+def test_a_countdown_counts_into_the_concurrency_slots_lease(broker: redis.Redis) -> None:
+    assert pair.apply_async(("later",), countdown=3600) is not None
+    (slot,) = pair.unique_job.semaphore("later").read().slots
+    assert 3600 + 890 < slot.lease_left <= 3600 + 900  # concurrency_duration (15 min) after it is due
+
+
+def test_a_call_promoted_during_another_apply_async_is_published_as_itself(broker: redis.Redis) -> None:
+    job = pair.unique_job
+    semaphore = job.semaphore("x")
+    dead = _dead_holder()
+    crashed = semaphore.store.acquire(
+        semaphore.key, "crashed", limit=2, lease=600, running=True, holder=dead, park=None,
+        job_class="", args="", caller=dead,
+    )  # fmt: skip
+    assert crashed.status == "taken"
+    assert pair.delay("busy") is not None  # the key is full now
+    first = job.lock("first")  # parked straight in the store: nobody has looked at the holders yet
+    assert first.acquire()
+    park = Park("queue", encode_call(job, ("first",), {}, first.key))
+    parked = semaphore.store.acquire(
+        semaphore.key, first.token, limit=2, lease=900, running=False, holder=None, park=park,
+        job_class=job.job_name(), args="", caller=local_holder(),
+    )  # fmt: skip
+    assert parked.status == "parked"
+    # The next call parks behind "first", finds the crashed holder dead, and promotes "first"
+    # into its slot: pushed during this apply_async, yet not with its task id or its countdown.
+    assert isinstance(pair.apply_async(("second",), task_id="second-id", countdown=600), Parked)
+    published = [json.loads(raw) for raw in broker.lrange(QUEUE, 0, -1)]
+    promoted = [m["headers"] for m in published if m["headers"]["uniqjob"]["token"] == first.token]
+    assert len(promoted) == 1
+    assert promoted[0]["id"] != "second-id" and promoted[0]["eta"] is None
+    held = state(pair, "first").queue
+    assert held is not None and held.meta.job_id == promoted[0]["id"]  # recorded once published
+
+
 def test_eager_mode_runs_under_the_lock(broker: redis.Redis) -> None:
     app.conf.task_always_eager = True
     try:
@@ -264,6 +313,10 @@ def test_a_failed_publish_releases_the_lock(broker: redis.Redis) -> None:
 
 
 def _bounce(self: UniqueTask, n: int) -> None:
+    raise self.retry(countdown=30)
+
+
+def _bounce_too(self: UniqueTask, n: int) -> None:  # its own class: a concurrency key of its own
     raise self.retry(countdown=30)
 
 
@@ -298,6 +351,24 @@ def test_a_retry_waits_queued_with_its_lock_and_one_never_sent_releases_it(broke
     assert not lost.is_locked(2)  # nothing will run it again: nothing keeps the key
 
 
+def test_a_retry_keeps_its_concurrency_slot_and_one_never_sent_frees_it(broker: redis.Redis) -> None:
+    # "discard": a class that never parks need not be importable by name, as this one is not
+    limit = {"concurrency_limit": 1, "concurrency_on_conflict": "discard"}
+    options = {"bind": True, "shared": False, "max_retries": 3, **limit}
+    task = app.task(base=UniqueTask, name="tests.bounce_limited", **options)(_bounce)
+    with pytest.raises(Retry):
+        _deliver(task, 1)
+    (slot,) = task.unique_job.semaphore(1).read().slots
+    assert slot.status == "reserved" and slot.lease_left > 900 + 25  # kept for the retry, due in 30 s
+
+    down = Celery("down", broker=_dead_broker(), set_as_current=False)
+    down.conf.update(task_publish_retry=False, broker_transport_options={"max_retries": 0})
+    lost = down.task(base=UniqueTask, name="tests.lost_limited", **options)(_bounce_too)
+    with pytest.raises(Reject):
+        _deliver(lost, 2)
+    assert lost.unique_job.semaphore(2).read().empty  # no retry was sent: nothing keeps the slot
+
+
 def test_bad_task_settings_fail_when_the_task_is_made(broker: redis.Redis) -> None:
     def work(account_id: int) -> None:
         pass
@@ -327,6 +398,14 @@ def test_a_tasks_unique_job_is_importable_by_its_path() -> None:
     assert resolve_job(job_ref(gate.unique_job)) is gate.unique_job
     assert job_ref(Export.unique_job) == "tests.celery_app:Export.unique_job"
     assert resolve_job("tests.celery_app:Export.unique_job") is Export.unique_job
+
+
+def _dead_holder() -> Holder:
+    """A holder on this host whose process has exited."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    me = local_holder()
+    return Holder(me.host, me.node, proc.pid, 1)
 
 
 def _dead_broker() -> str:

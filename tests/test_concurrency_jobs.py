@@ -12,6 +12,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
+from functools import partialmethod
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +25,26 @@ from tests.concurrency_jobs import (
     AnyKey,
     Delayed,
     Discarding,
+    Flaky,
     Inline,
     InlineTimeout,
     Limited,
     Raising,
+    RecordingQueue,
+    Stuck,
+    StuckQueue,
 )
 from tests.conftest import FakeClock
 from uniqjob import UniqueJob
 from uniqjob.backends.base import Backend
 from uniqjob.backends.file import FileBackend
 from uniqjob.backends.memory import MemoryBackend
-from uniqjob.concurrency import Park, Parked, Semaphore, discard_parked, store_for, sweep
+from uniqjob.concurrency import Park, Parked, Promotion, Semaphore, discard_parked, store_for, sweep
+from uniqjob.concurrency._courier import Courier
 from uniqjob.concurrency._job import key_of
+from uniqjob.concurrency.semaphore import courier
 from uniqjob.errors import ConcurrencyLimitExceeded, ConfigurationError, UniqueKeyError, UnstorableCallError
+from uniqjob.integrations import perform
 from uniqjob.locks import Holder, local_holder
 
 
@@ -235,8 +243,8 @@ def test_a_delayed_jobs_slot_lease_covers_its_delay(fake_time: MemoryBackend, cl
 def test_the_lease_of_a_running_job_is_renewed_while_it_runs(fake_time: MemoryBackend) -> None:
     semaphore = Limited.semaphore(1)
     assert semaphore.acquire("t", running=True).status == "taken"
-    with semaphore.running("t") as beat:
-        assert beat.interval == Limited.unique_run_lease / 3
+    with semaphore.running("t") as hold:
+        assert hold.beat.interval == Limited.unique_run_lease / 3
         assert semaphore.renew("t")
     assert semaphore.read().empty
 
@@ -281,6 +289,30 @@ def test_inline_block_gives_up_after_its_timeout(store: Backend) -> None:
     holder.join(10)
 
 
+def test_an_inline_waiter_whose_place_lapsed_says_so(
+    fake_time: MemoryBackend,
+    clock: FakeClock,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(Semaphore, "wait", partialmethod(Semaphore.wait, clock=clock))
+    semaphore = Inline.semaphore(0)
+    assert semaphore.acquire("holder", running=True).status == "taken"
+    result: list[Any] = []
+    waiter = threading.Thread(target=lambda: result.append(Inline.run(1)))
+    with caplog.at_level(logging.WARNING, logger="uniqjob"):
+        waiter.start()
+        while semaphore.read().parked < 1:
+            time.sleep(0.005)
+        clock.advance(semaphore.lease + 1)  # as if this process had been suspended for a lease
+        waiter.join(10)
+    assert result == [None]
+    assert "did not poll for a whole lease" in caplog.text
+    assert "discarded" not in caplog.text
+    assert not Inline.is_locked(1)
+    assert runs("Inline+") == []
+
+
 def test_an_inline_waiter_whose_place_is_discarded_returns_none(
     store: Backend, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -295,7 +327,7 @@ def test_an_inline_waiter_whose_place_is_discarded_returns_none(
         assert len(semaphore.store.discard_parked(semaphore.key)) == 1
         waiter.join(10)
     assert result == [None]
-    assert "was discarded" in caplog.text
+    assert "is gone: an operator discarded it" in caplog.text
     assert runs("Inline+") == []
 
 
@@ -458,6 +490,143 @@ def test_a_parked_call_of_a_class_that_lost_its_queue_is_logged(
     with caplog.at_level(logging.ERROR, logger="uniqjob"):
         Limited.enqueue(1, 0)  # limit 2 again: the settle promotes x, whose class has no queue
     assert "has no unique_queue" in caplog.text
+
+
+# -- retries, job ids, jobs gone from their queue -------------------------------------------------
+
+
+def _deliver(queue: RecordingQueue, retry_in: float | None = None) -> Any:
+    """Run the oldest pushed job as a queue integration does; ``retry_in``: the queue retries a failure."""
+    job_cls, key, token, args, kwargs = queue.pushed.pop(0)
+    return perform(
+        job_cls, job_cls.lock_from(key, token), args, kwargs, lambda exc, _: retry_in if exc else None
+    )
+
+
+def test_a_retried_job_keeps_its_slot_and_its_retry_runs_in_it(store: Backend) -> None:
+    Flaky.attempts.clear()
+    Flaky.enqueue(1)
+    assert isinstance(Flaky.enqueue(2), Parked)
+    semaphore = Flaky.semaphore(1)
+    _, _, token, _, _ = QUEUE.pushed[0]
+    retry = QUEUE.pushed[0]
+    with pytest.raises(RuntimeError, match="attempt 1 of 1 fails"):
+        _deliver(QUEUE, retry_in=30.0)
+    # the queue will run job 1 again: it keeps its slot while it waits (job 2 stays parked)
+    state = semaphore.read()
+    assert [(s.token, s.status) for s in state.slots] == [(token, "reserved")]
+    assert 60 < state.slots[0].lease_left <= 90  # concurrency_duration plus the retry's delay
+    assert state.parked == 1 and QUEUE.pushed == []
+    QUEUE.pushed.append(retry)  # the queue delivers the retry
+    assert _deliver(QUEUE) == 1
+    assert runs("Flaky") == [(1, 1), (1, 2)]
+    assert [p[3] for p in QUEUE.pushed] == [(2,)]  # only now is job 2 promoted
+    assert not Flaky.is_locked(1)
+
+
+def test_a_retry_of_a_job_pushed_twice_runs_and_its_late_copy_does_not(
+    fake_time: MemoryBackend, clock: FakeClock
+) -> None:
+    Flaky.attempts.clear()
+    Flaky.enqueue(1)
+    assert isinstance(Flaky.enqueue(2), Parked)
+    QUEUE.fail = True  # the promoter cannot push job 2 when job 1 ends
+    Flaky.attempts[1] = 1  # job 1 succeeds at once
+    _deliver(QUEUE)
+    QUEUE.fail = False
+    clock.advance(31)  # the handoff passed: the next settle pushes job 2 again
+    sweep()
+    copy = QUEUE.pushed[0]  # the first push may have reached the broker after all: a late copy
+    with pytest.raises(RuntimeError, match="attempt 1 of 2 fails"):
+        _deliver(QUEUE, retry_in=10.0)
+    QUEUE.pushed.append(copy)  # the retry
+    assert _deliver(QUEUE) == 2  # runs: the job is not done yet
+    QUEUE.pushed.append(copy)  # the late copy
+    assert _deliver(QUEUE) is None  # skipped: job 2 is done
+    assert runs("Flaky") == [(1, 2), (2, 1), (2, 2)]
+    assert not Flaky.is_locked(2)
+    assert Flaky.semaphore(2).read().empty
+
+
+def test_a_promoted_job_records_its_queue_job_id_so_its_queue_can_call_it_gone(
+    store: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for n in range(3):
+        Limited.enqueue(1, n)
+    QUEUE.work(limit=1)  # job 0 ends: job 2 is promoted and pushed
+    assert [p[3] for p in QUEUE.pushed] == [(1, 1), (1, 2)]
+    queue_lock = store.read(Limited.lock_key(1, 2)).queue
+    assert queue_lock is not None and queue_lock.meta.job_id == "job-3"  # ids 1, 2 went to jobs 0, 1
+    # the queue loses job 2: the next enqueue of it reclaims its lock, and its slot with it
+    QUEUE.pushed.pop()
+    monkeypatch.setattr(QUEUE, "job_gone", lambda job_id: job_id == "job-3")
+    assert Limited.enqueue(1, 2) == "job-4"  # a slot at once, not parked behind its own lost copy
+    assert len(Limited.semaphore(1).read().slots) == 2
+
+
+# -- the courier: promotions found by the heartbeat ----------------------------------------------
+
+
+def test_a_hung_promotion_push_never_stalls_the_heartbeat(
+    fake_time: MemoryBackend, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue = Stuck.unique_queue
+    assert isinstance(queue, StuckQueue)
+    queue.pushed.clear()
+    queue.entered.clear()
+    queue.unstick.clear()
+    semaphore = Stuck.semaphore(0)
+    store = semaphore.store
+    renewals: list[float] = []
+    renew = store.renew
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        renewals.append(time.monotonic())
+        return renew(*args, **kwargs)
+
+    monkeypatch.setattr(store, "renew", counted)
+    me = local_holder()
+    assert semaphore.acquire("running", running=True).status == "taken"
+    lapsing = store.acquire(
+        semaphore.key, "lapsing", limit=2, lease=1.0, running=False, holder=None, park=None,
+        job_class="", args="", caller=me,
+    )  # fmt: skip
+    assert lapsing.status == "taken"
+    parked = Stuck.enqueue(7)
+    assert isinstance(parked, Parked)
+    try:
+        with semaphore.running("running"):
+            clock.advance(2)  # the next renewal settles the key: frees "lapsing", promotes job 7
+            assert queue.entered.wait(10), "the promotion was never pushed"
+            seen = len(renewals)
+            time.sleep(0.3)  # six heartbeats
+            assert len(renewals) >= seen + 2, "the heartbeat waited on the broker"
+            queue.unstick.set()
+            assert courier.drain(10)
+        assert [p[3] for p in queue.pushed] == [(7,)]
+        (slot,) = semaphore.read().slots
+        assert (slot.token, slot.status) == (parked.token, "reserved")  # pushed and handed
+    finally:
+        queue.unstick.set()
+
+
+def test_the_courier_queues_a_promotion_once_while_its_push_hangs() -> None:
+    delivered: list[str] = []
+    release = threading.Event()
+
+    def deliver(store: Any, key: str, promotions: Any, caller: Holder) -> None:
+        release.wait(10)
+        delivered.extend(p.token for p in promotions)
+
+    mine = Courier(deliver)
+    store = store_for(MemoryBackend())
+    first, second = Promotion("a", "queue", "{}", 0), Promotion("b", "queue", "{}", 0)
+    mine.send(store, "k", [first, second], local_holder())
+    mine.send(store, "k", [Promotion("b", "queue", "{}", 1)], local_holder())  # claimed again meanwhile
+    assert not mine.drain(0.05)
+    release.set()
+    assert mine.drain(10)
+    assert delivered == ["a", "b"]  # in order, each once
 
 
 # -- inspection --------------------------------------------------------------------------------

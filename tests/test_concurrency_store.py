@@ -6,6 +6,7 @@ so the tests that age a lease use leases of a few tens of milliseconds there.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FakeClock
-from uniqjob.backends.file import FileBackend
+from uniqjob.backends.file import FileBackend, _StripeLock
 from uniqjob.backends.memory import MemoryBackend
 from uniqjob.backends.redis import RedisBackend
 from uniqjob.concurrency import Outcome, Park, SemaphoreStore, store_for
@@ -245,6 +246,25 @@ def test_a_slot_pushed_twice_is_remembered_after_release(s: Store) -> None:
     assert s.store.read(K).empty
 
 
+def test_requeue_keeps_a_running_slot_reserved_for_the_retry(s: Store) -> None:
+    take(s, "a", limit=1)
+    take(s, "p1", limit=1, park=queued())
+    assert s.store.requeue(K, "a", LONG, holder=ME, caller=ME).status == "gone"  # not running yet
+    s.store.start(K, "a", holder=ME, lease=LONG, takeover=None, caller=ME)
+    assert s.store.requeue(K, "a", LONG, holder=OTHER, caller=OTHER).status == "gone"  # not OTHER's
+    out = s.store.requeue(K, "a", LONG * 2, holder=ME, caller=ME)
+    assert (out.status, out.promotions) == ("ok", ())  # kept, so nothing is promoted into it
+    state = s.store.read(K)
+    (slot,) = state.slots
+    assert (slot.token, slot.status, slot.holder) == ("a", "reserved", None)
+    assert slot.lease_left > LONG * 2 - 5  # the lease covers the wait for the retry
+    assert state.parked == 1
+    # the retry runs in it, wherever it is delivered
+    assert s.store.start(K, "a", holder=OTHER, lease=LONG, takeover=None, caller=OTHER).status == "run"
+    assert s.store.release(K, "a", caller=OTHER).status == "released"
+    assert tokens(s) == ["p1"]
+
+
 def test_inline_waiters_keep_their_place_by_polling_and_lose_it_when_they_stop(s: Store) -> None:
     take(s, "a", limit=1)
     waiting = Park("inline", holder=WAITER, lease=SHORT * 2)
@@ -416,6 +436,38 @@ def test_file_store_lives_apart_and_refuses_an_unreadable_record(tmp_path: Path)
     with pytest.raises(CorruptRecordError, match=r"\.json: not valid JSON"):
         store.read(K)
     assert list(store.scan()) == []  # skipped, with a warning
+
+
+def test_file_store_writes_under_one_reused_temporary_name_per_stripe(tmp_path: Path) -> None:
+    store = FileSemaphores(tmp_path)
+    assert isinstance(store._stripe(0), _StripeLock)  # the file backend's flock, kept open
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child dies mid-write, as a crash would
+        os.replace = lambda *args: os._exit(0)
+        store.acquire(
+            K,
+            "a",
+            limit=1,
+            lease=LONG,
+            running=False,
+            holder=None,
+            park=None,
+            job_class="",
+            args="",
+            caller=ME,
+        )
+        os._exit(1)
+    assert os.waitpid(pid, 0)[1] == 0
+    (left,) = tmp_path.glob(".*.tmp")  # what the crash left behind
+    for token in ("a", "b", "c"):
+        take_file = store.acquire(
+            K, token, limit=3, lease=LONG, running=False, holder=None, park=None, job_class="", args="",
+            caller=ME,
+        )  # fmt: skip
+        assert take_file.status == "taken"
+    assert list(tmp_path.glob("*.tmp")) == list(tmp_path.glob(".*.tmp")) == []  # written over, renamed away
+    assert sorted(slot.token for slot in store.read(K).slots) == ["a", "b", "c"]
+    assert left.name.endswith(".tmp")
 
 
 def test_one_store_per_backend_object(tmp_path: Path) -> None:

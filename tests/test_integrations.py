@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import pytest
 
 import uniqjob
-from uniqjob import ConfigurationError, JobLock, JobNotUnique, UniqueJob
+from uniqjob import ConfigurationError, JobLock, UniqueJob
 from uniqjob.backends.base import Backend
 from uniqjob.integrations import (
     KEEP,
@@ -19,7 +19,6 @@ from uniqjob.integrations import (
     Ticket,
     job_ref,
     perform,
-    refuse_duplicate_delivery,
     resolve_job,
 )
 from uniqjob.locks import Holder, QueueMeta, RunClaim, local_holder
@@ -182,20 +181,24 @@ def test_requeue_of_a_while_executing_lock_only_drops_its_run_lock(backend: Back
 # -- a second delivery while the first still runs ------------------------------------------
 
 
-def test_a_second_live_delivery_of_a_running_job_is_refused(backend: Backend) -> None:
-    lock = JobLock(backend, "dup", token="t0ken")
+def test_a_second_live_delivery_is_refused_and_a_crashed_ones_redelivery_runs(use: Backend) -> None:
+    lock = enqueued(4)
     me = local_holder()
     parent = Holder(me.host, me.node, os.getppid(), _pstart(os.getppid()))  # alive, and not us
-    backend.start("dup", "t0ken", run=RunClaim(parent, 30.0), meta=QueueMeta())
-    with pytest.raises(JobNotUnique, match="duplicate_delivery"):
-        refuse_duplicate_delivery(lock)
+    assert use.start(lock.key, lock.token, run=RunClaim(parent, 30.0, "first"), meta=lock.meta) is None
+    # the broker delivers the same job (same token) again while that first delivery runs
+    assert perform(Plain, delivered(lock), (4,), {}, lambda exc, result: None) is None
+    assert Plain.seen == []  # refused: not run
+    held = use.read(lock.key)
+    assert held.run is not None and held.run.holder == parent  # the first delivery keeps its locks
+    assert held.queue is not None and (held.queue.token, held.queue.state) == (lock.token, "running")
+
+    crashed = enqueued(5, job_id="job-2")
     dead = Holder(me.host, me.node, 2**22 + 1, 1)  # no such pid: a crash, so a redelivery re-takes it
-    backend.start("dup", "t0ken", run=RunClaim(dead, 30.0), meta=QueueMeta())
-    refuse_duplicate_delivery(lock)
-    backend.start("dup", "t0ken", run=RunClaim(me, 30.0), meta=QueueMeta())
-    refuse_duplicate_delivery(lock)  # this very process (an eager retry)
-    other = JobLock(backend, "dup", token="another")
-    refuse_duplicate_delivery(other)  # another token's run lock is start()'s business, not ours
+    assert use.start(crashed.key, crashed.token, run=RunClaim(dead, 30.0, "first"), meta=crashed.meta) is None
+    assert perform(Plain, delivered(crashed), (5,), {}, lambda exc, result: None) == 5
+    assert Plain.seen == [True]
+    assert use.read(crashed.key).free
 
 
 def _pstart(pid: int) -> int:

@@ -26,7 +26,7 @@ from tests.integration_workers import (
 )
 from tests.redis_server import RedisServer
 from tests.rq_jobs import QUEUE, Flaky, Gate, Inline, OneAtATime, Rescheduled, queue
-from uniqjob import ConfigurationError, UniqueJob
+from uniqjob import ConfigurationError, Parked, UniqueJob
 from uniqjob.integrations.rq import RQQueue, retry_delay, run_job
 from uniqjob.locks import LockState
 
@@ -225,6 +225,18 @@ def test_a_job_gone_from_rq_frees_its_lock_at_the_next_enqueue(rq_redis: redis.R
     again = Gate.enqueue("g")
     assert isinstance(again, Job) and again.id != job.id
     assert state(Gate, "g").queue.meta.job_id == again.id  # type: ignore[union-attr]
+
+
+def test_a_job_gone_from_rq_frees_its_concurrency_slot_at_the_next_enqueue(rq_redis: redis.Redis) -> None:
+    job = OneAtATime.enqueue("g")
+    assert isinstance(job, Job)
+    assert isinstance(OneAtATime.enqueue("w"), Parked)
+    job.cancel()
+    # reclaims the cancelled job's lock and slot; "w", parked first, takes the slot and goes to RQ
+    assert isinstance(OneAtATime.enqueue("g"), Parked)
+    promoted = state(OneAtATime, "w").queue
+    assert promoted is not None and promoted.meta.job_id  # the promoted job's id, for job_gone
+    assert queue.queue.job_ids == [promoted.meta.job_id]
 
 
 def test_sync_queue_runs_the_job_under_its_lock_inline(rq_redis: redis.Redis) -> None:

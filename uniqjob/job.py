@@ -224,7 +224,8 @@ class UniqueJob:
         """Worker side: perform under the strategy's locks, releasing them after; returns its result.
 
         A conflict at execution time (another live job holds the run lock)
-        drops this call's own queued lock and applies the conflict policy.
+        drops this call's own queued lock and applies the conflict policy; a
+        second live delivery of this very job (same token) is skipped.
         ``settle``, given by a queue that may run the job again (a retry), is
         called with perform's exception or result instead of releasing the
         locks, and settles them itself (``lock.release()`` or ``lock.requeue()``)
@@ -237,6 +238,12 @@ class UniqueJob:
         try:
             lock.start()
         except JobNotUnique:
+            run = lock.conflict.run if lock.conflict is not None else None
+            if run is not None and run.token == lock.token:
+                # This very job is running elsewhere (a broker delivered it twice): not
+                # a duplicate call to reschedule or report, just a copy to skip.
+                log.warning("%s: skipped a second delivery of %s, still running", cls.job_name(), lock.key)
+                return None
             lock.dequeue()
             return cls._conflict(lock, args, kwargs)
         if settle is None:

@@ -104,6 +104,8 @@ class JobLock:
         self._beat: Beat | None = None
         # Tells this delivery of the job from any other with the same token.
         self._attempt = new_token()
+        #: Tokens of the queued locks that acquire() reclaimed because the queue proved their job gone.
+        self.gone_tokens: list[str] = []
 
     def __repr__(self) -> str:
         return f"JobLock({self.key!r}, strategy={self.strategy!r}, backend={self.backend!r})"
@@ -150,7 +152,10 @@ class JobLock:
         if not gone(queue.meta.job_id):
             return False
         log.warning("reclaiming lock %s: its job %s is gone from the queue", state.key, queue.meta.job_id)
-        return self.backend.dequeue(state.key, queue.token)
+        if not self.backend.dequeue(state.key, queue.token):
+            return False
+        self.gone_tokens.append(queue.token)
+        return True
 
     def _reclaim_dead(self, state: LockState) -> bool:
         """Reclaim the locks of a holder that is provably dead; True if worth retrying."""

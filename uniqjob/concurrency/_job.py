@@ -5,7 +5,8 @@ defined, :func:`push` where ``enqueue`` hands a job to its queue, and
 :func:`mark_inline` and :func:`execute` where a job is performed. Uniqueness
 comes first (a duplicate is refused at once, it never waits in line), then the
 slot; the slot is released after the uniqueness locks, so a promoted job never
-meets its predecessor's run lock.
+meets its predecessor's run lock. Queue integrations call :func:`settle_slot`
+with their verdict on a delivery: a job the queue retries keeps its slot.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from __future__ import annotations
 import inspect
 import logging
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConcurrencyLimitExceeded, ConfigurationError
@@ -25,13 +27,24 @@ from ..locks import local_holder, new_token
 from ._stores import store_for
 from .base import Park
 from .codec import encode_call
-from .semaphore import Semaphore
+from .semaphore import Hold, Semaphore
 
 if TYPE_CHECKING:
     from ..job import Queue, UniqueJob
     from ..joblock import JobLock
 
-__all__ = ["POLICIES", "SETTINGS", "ConcurrencyPolicy", "Parked", "check", "execute", "key_of", "push"]
+__all__ = [
+    "POLICIES",
+    "SETTINGS",
+    "ConcurrencyPolicy",
+    "Parked",
+    "check",
+    "execute",
+    "free",
+    "key_of",
+    "push",
+    "settle_slot",
+]
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +211,10 @@ def push(
         return queue.push(cls, lock, tuple(args), dict(kwargs))
     semaphore = semaphore_of(cls, args, kwargs)
     park = _queue_park(cls, lock, args, kwargs)  # unstorable arguments fail here, at every enqueue
+    for gone in lock.gone_tokens:
+        # the queue proved that job gone for good (the lock was reclaimed from it): so is
+        # its slot, if it held one on this key. Freed first, so its place is promoted in order.
+        semaphore.release(gone)
     delay = queue.pending_delay()
     outcome = semaphore.acquire(lock.token, running=False, park=park, args=lock.meta.args, delay=delay)
     if outcome.status == "taken":
@@ -217,8 +234,10 @@ def push(
 
 # Calls performed by this process in place of a queue: their "block" waits here.
 _inline: weakref.WeakSet[JobLock] = weakref.WeakSet()
-# Locks whose slot this context holds: execute() re-entered from inside the slot passes straight through.
-_holding: ContextVar[frozenset[int]] = ContextVar("uniqjob_concurrency_holding", default=frozenset())
+# The slots this context holds, by id of their lock: execute() re-entered from inside the slot
+# passes straight through, and settle_slot() finds the slot of the delivery it settles.
+_NONE_HELD: Mapping[int, Hold] = MappingProxyType({})
+_holding: ContextVar[Mapping[int, Hold]] = ContextVar("uniqjob_concurrency_holding", default=_NONE_HELD)
 
 
 def _detach(lock: JobLock) -> None:
@@ -239,6 +258,36 @@ def mark_inline(lock: JobLock) -> None:
 def holding(lock: JobLock) -> bool:
     """True while this context holds ``lock``'s slot (so the hook has already run)."""
     return id(lock) in _holding.get()
+
+
+def settle_slot(lock: JobLock, retry_in: float | None) -> None:
+    """A queue's verdict on the delivery running under ``lock``: its slot goes, or stays for a retry.
+
+    ``retry_in`` seconds: the queue runs the job again (same token), so the
+    slot is kept for it, reserved, from now on; call this before the retry is
+    sent. None: the job is done for good, and the slot is released when the
+    delivery ends (as it is by default; this undoes an earlier keep whose
+    retry was never sent). Nothing happens outside a delivery holding a slot.
+    """
+    hold = _holding.get().get(id(lock))
+    if hold is None:
+        return
+    if retry_in is None:
+        hold.unkeep()
+    elif not hold.kept:
+        hold.keep(retry_in)
+
+
+def free(cls: type[UniqueJob], token: str, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Release the slot of job ``token`` (a call of ``cls`` with these arguments) that will never run.
+
+    For a queue that learns a job is gone for good (revoked, expired): its
+    slot is freed at once, and the oldest parked call promoted into it,
+    instead of lapsing with its lease. False if it held none.
+    """
+    if cls.concurrency_limit is None:
+        return False
+    return semaphore_of(cls, args, kwargs).release(token)
 
 
 def execute(
@@ -266,9 +315,17 @@ def execute(
             if waited == "timeout":
                 lock.dequeue()
                 raise ConcurrencyLimitExceeded(semaphore.key, semaphore.limit, float(timeout or 0))
-            if waited == "discarded":
+            if waited != "run":
                 lock.dequeue()
-                log.warning("%s not run: its parked call on %s was discarded", cls.job_name(), semaphore.key)
+                why = (
+                    "an operator discarded it"
+                    if waited == "discarded"
+                    else f"this process did not poll for a whole lease ({semaphore.lease:.0f}s), so it was"
+                    " taken for a dead waiter's"
+                )
+                log.warning(
+                    "%s not run: its place in line on %s is gone: %s", cls.job_name(), semaphore.key, why
+                )
                 return None
         elif outcome.status == "full":
             return _refuse(cls, semaphore, lock)
@@ -287,9 +344,9 @@ def execute(
                 return _detach(lock)  # pushed again when its turn comes
             if outcome.status == "full":
                 return _refuse(cls, semaphore, lock)
-    entered = _holding.set(_holding.get() | {id(lock)})
-    try:
-        with semaphore.running(token):
+    with semaphore.running(token) as hold:
+        entered = _holding.set({**_holding.get(), id(lock): hold})
+        try:
             return body()
-    finally:
-        _holding.reset(entered)
+        finally:
+            _holding.reset(entered)

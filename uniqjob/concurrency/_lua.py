@@ -18,6 +18,7 @@ __all__ = [
     "REAP",
     "RELEASE",
     "RENEW",
+    "REQUEUE",
     "START",
     "WITHDRAW",
 ]
@@ -195,6 +196,23 @@ end
 local promos = settle(now, ARGV[2], tonumber(ARGV[3]))
 tidy()
 return {status, promos}
+"""
+)
+
+# ARGV: token, lease_ms, holder, caller, handoff_ms. Returns {status, promotions}.
+REQUEUE = (
+    PRELUDE
+    + """
+local now = clock()
+local token, lease = ARGV[1], tonumber(ARGV[2])
+local promos = settle(now, ARGV[4], tonumber(ARGV[5]))
+local raw = redis.call('HGET', SLOTS, token)
+if not raw then tidy(); return {'gone', promos} end
+local s = cjson.decode(raw)
+if s.st ~= 'running' or s.h ~= ARGV[3] then return {'gone', promos} end
+s.st = 'reserved'; s.via = 'queue'; s.h = ''; s.dl = now + lease; s.ls = lease; s.p = ''
+redis.call('HSET', SLOTS, token, cjson.encode(s))
+return {'ok', promos}
 """
 )
 

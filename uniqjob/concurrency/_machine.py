@@ -204,6 +204,15 @@ class Machine:
         promos = tuple(self.settle(caller, handoff))
         return Outcome("released" if slot is not None else "gone", promos)
 
+    def requeue(self, token: str, lease: float, holder: str, caller: str, handoff: float) -> Outcome:
+        promos = tuple(self.settle(caller, handoff))
+        slot = self.slots.get(token)
+        if slot is None or slot["st"] != "running" or slot["h"] != holder:
+            return Outcome("gone", promos)
+        slot.update(st="reserved", via="queue", h="", dl=self.now + lease, ls=lease, p="")
+        self.changed = True
+        return Outcome("ok", promos)
+
     def handed(self, token: str, promoter: str) -> bool:
         slot = self.slots.get(token)
         if slot is None or slot["st"] != "promoted" or slot["h"] != promoter:

@@ -235,6 +235,25 @@ class SemaphoreStore(ABC):
         """
 
     @abstractmethod
+    def requeue(
+        self,
+        key: str,
+        token: str,
+        lease: float,
+        *,
+        holder: Holder,
+        caller: Holder,
+        handoff: float = HANDOFF,
+    ) -> Outcome:
+        """Keep ``token``'s running slot for the job's next attempt (a retry): ``ok``, else ``gone``.
+
+        The slot becomes ``reserved`` again, its lease ``lease`` seconds from
+        now, neither freed nor promoted into: the retry carries the same token
+        and starts it like any reserved slot. Only a slot running for
+        ``holder`` is kept; any other (taken over, lapsed) is ``gone``.
+        """
+
+    @abstractmethod
     def handed(self, key: str, token: str, promoter: Holder) -> bool:
         """Mark a queue promotion delivered: ``reserved``, lease restarted. False if not ``promoter``'s."""
 

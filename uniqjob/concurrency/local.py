@@ -15,6 +15,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from ..backends import file as _file
 from ..errors import BackendError, CorruptRecordError
 from ..locks import Holder
 from ._machine import Machine, Record
@@ -90,6 +91,19 @@ class MachineStore(SemaphoreStore):
         with self._machine(key) as m:
             return m.release(token, encode_holder(caller), handoff)
 
+    def requeue(
+        self,
+        key: str,
+        token: str,
+        lease: float,
+        *,
+        holder: Holder,
+        caller: Holder,
+        handoff: float = HANDOFF,
+    ) -> Outcome:
+        with self._machine(key) as m:
+            return m.requeue(token, lease, encode_holder(holder), encode_holder(caller), handoff)
+
     def handed(self, key: str, token: str, promoter: Holder) -> bool:
         with self._machine(key) as m:
             return m.handed(token, encode_holder(promoter))
@@ -158,8 +172,11 @@ class FileSemaphores(MachineStore):
     """Semaphores as JSON files under ``directory``, safe across processes on one host.
 
     One record per key, written atomically (temporary file, then
-    ``os.replace``) under a ``filelock`` guarding a stripe of keys; an
-    unreadable record raises :class:`CorruptRecordError` naming the file.
+    ``os.replace``) under a ``flock`` guarding a stripe of keys (the file
+    backend's stripe lock, kept open); an unreadable record raises
+    :class:`CorruptRecordError` naming the file. The temporary file is one per
+    stripe (``.NN.tmp``), written only under its stripe's lock, so one that a
+    crash left behind is simply written over by the next write.
     """
 
     name = "file"
@@ -174,7 +191,7 @@ class FileSemaphores(MachineStore):
         self.directory = Path(directory)
         self.timeout = timeout
         self.clock = clock
-        self._locks: dict[int, FileLock] = {}
+        self._locks: dict[int, _file._Lock] = {}
         self._locks_mutex = threading.Lock()
         try:
             (self.directory / ".locks").mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -188,13 +205,27 @@ class FileSemaphores(MachineStore):
         digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
         return self.directory / f"{digest.hex()}.json", digest[0] % _STRIPES
 
-    def _stripe(self, n: int) -> FileLock:
+    def _stripe(self, n: int) -> _file._Lock:
         with self._locks_mutex:
-            lock = self._locks.get(n)
-            if lock is None:
-                path = self.directory / ".locks" / f"{n:02d}.lock"
-                lock = self._locks[n] = FileLock(path, timeout=self.timeout, preserve_lock_file=True)
+            found = self._locks.get(n)
+            if found is not None:
+                return found
+            path = str(self.directory / ".locks" / f"{n:02d}.lock")
+            lock: _file._Lock
+            if getattr(_file, "fcntl", None) is None:  # pragma: no cover - not POSIX
+                lock = FileLock(path, timeout=self.timeout, preserve_lock_file=True)  # type: ignore[assignment]
+            else:
+                lock = _file._StripeLock(path, self.timeout)
+            self._locks[n] = lock
             return lock
+
+    def close(self) -> None:
+        """Close the stripes' lock files (they are opened again on next use)."""
+        with self._locks_mutex:
+            locks = list(self._locks.values())
+        for lock in locks:
+            if isinstance(lock, _file._StripeLock):
+                lock.close()
 
     def _load(self, path: Path, key: str | None) -> Record | None:
         try:
@@ -213,11 +244,11 @@ class FileSemaphores(MachineStore):
             raise CorruptRecordError(str(path), f"holds key {record['key']!r}, expected {key!r}")
         return record
 
-    def _store(self, path: Path, record: Record | None) -> None:
+    def _store(self, path: Path, stripe: int, record: Record | None) -> None:
         if record is None:
             path.unlink(missing_ok=True)
             return
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp = path.with_name(f".{stripe:02d}.tmp")  # ours alone while we hold the stripe
         try:
             tmp.write_text(json.dumps(record, separators=(",", ":")), encoding="utf-8")
             os.replace(tmp, path)
@@ -242,7 +273,7 @@ class FileSemaphores(MachineStore):
             yield m
             if write and m.changed:
                 try:
-                    self._store(path, m.record())
+                    self._store(path, stripe, m.record())
                 except OSError as exc:
                     raise BackendError(f"cannot write {path}: {exc}", self.name) from exc
         finally:

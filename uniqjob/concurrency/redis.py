@@ -97,6 +97,7 @@ class RedisSemaphores(SemaphoreStore):
         self._start = register(lua.START)
         self._renew = register(lua.RENEW)
         self._release = register(lua.RELEASE)
+        self._requeue = register(lua.REQUEUE)
         self._handed = register(lua.HANDED)
         self._withdraw = register(lua.WITHDRAW)
         self._reap = register(lua.REAP)
@@ -189,6 +190,20 @@ class RedisSemaphores(SemaphoreStore):
     def release(self, key: str, token: str, *, caller: Holder, handoff: float = HANDOFF) -> Outcome:
         argv = [token, encode_holder(caller), _ms(handoff), _ms(TOMBSTONE)]
         status, promos = self._eval(self._release, key, argv)
+        return Outcome(_text(status), _promotions(promos))  # type: ignore[arg-type]
+
+    def requeue(
+        self,
+        key: str,
+        token: str,
+        lease: float,
+        *,
+        holder: Holder,
+        caller: Holder,
+        handoff: float = HANDOFF,
+    ) -> Outcome:
+        argv = [token, _ms(lease), encode_holder(holder), encode_holder(caller), _ms(handoff)]
+        status, promos = self._eval(self._requeue, key, argv)
         return Outcome(_text(status), _promotions(promos))  # type: ignore[arg-type]
 
     def handed(self, key: str, token: str, promoter: Holder) -> bool:

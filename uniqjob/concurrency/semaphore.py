@@ -8,17 +8,21 @@ just given a slot; the caller delivers each through the same hook:
 
 - a call parked for a queue goes to its class's ``unique_queue.push(cls, lock,
   args, kwargs)``, with the lock rebuilt from the stored key and the slot's
-  token, and is then marked handed. If the promoter dies before that, the
+  token, and is then marked handed; its uniqueness lock then records the
+  queue's job id, as an enqueue's does. If the promoter dies before that, the
   promotion is claimed again by the next process that settles the key (at
   once when the promoter is provably dead, else after ``handoff`` seconds) and
   pushed again: at least once. The copies share the token, and a token's slot
   runs once: a second copy finds it running (``busy``) or remembered (``done``).
+  Promotions found by the heartbeat are pushed by the courier thread
+  (``_courier.py``), never by the heartbeat itself.
 - a call parked inline is run by the process waiting for it, which polls its
   place; a promotion in this process wakes it at once.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -30,9 +34,10 @@ from typing import Literal
 from ..errors import BackendError
 from ..heartbeat import Beat, heartbeat
 from ..locks import Holder, holder_is_dead, local_holder
+from ._courier import Courier
 from .base import HANDOFF, Outcome, Park, Promotion, SemaphoreState, SemaphoreStore, SlotInfo
 
-__all__ = ["Semaphore", "deliver", "sweep_key"]
+__all__ = ["Hold", "Semaphore", "courier", "deliver", "deliver_later", "sweep_key"]
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +71,9 @@ def deliver(
             _wake(store, key, promotion.token)
             continue
         try:
-            _push(store, key, promotion, caller or local_holder())
+            # In a context of its own: the promoted call is not the caller's call, and must
+            # not see its context (Celery reads the task id and options of an apply_async from it).
+            contextvars.Context().run(_push, store, key, promotion, caller or local_holder())
         except Exception:
             log.error(
                 "could not hand parked job %s of %s to its queue; it is pushed again after %.0fs",
@@ -94,6 +101,27 @@ def _push(store: SemaphoreStore, key: str, promotion: Promotion, caller: Holder)
         log.warning("pushing parked job %s of %s again (its promoter stopped)", promotion.token, key)
     queue.push(cls, lock, call.args, call.kwargs)
     store.handed(key, promotion.token, caller)
+    try:
+        lock.attach()  # the queue holds the job now: from here on it may prove it gone
+    except BackendError:
+        log.warning("could not record job id %s in the lock of %s", lock.meta.job_id, lock.key, exc_info=True)
+
+
+#: Pushes the promotions that the heartbeat's renewals find (see ``_courier.py``).
+courier = Courier(deliver)
+courier.register_exit(HANDOFF / 6)
+
+
+def deliver_later(store: SemaphoreStore, key: str, promotions: Sequence[Promotion], caller: Holder) -> None:
+    """Wake inline waiters at once; hand queue promotions to the courier thread, and return."""
+    queued = []
+    for promotion in promotions:
+        if promotion.via == "inline":
+            _wake(store, key, promotion.token)
+        else:
+            queued.append(promotion)
+    if queued:
+        courier.send(store, key, queued, caller)
 
 
 _SWEEP_HEAD = 100  # parked places a sweep checks for dead inline waiters
@@ -113,6 +141,35 @@ def sweep_key(store: SemaphoreStore, key: str, *, handoff: float = HANDOFF) -> i
     outcome = store.reap(key, dead, caller=me, handoff=handoff)
     deliver(store, key, outcome.promotions, me)
     return outcome.count
+
+
+class Hold:
+    """A slot running in this process (see :meth:`Semaphore.running`), released when its body ends.
+
+    A job that its queue will run again (a retry) keeps the slot instead: the
+    retry has the same token, and holds the key's place while it waits.
+    """
+
+    def __init__(self, semaphore: Semaphore, token: str, beat: Beat) -> None:
+        self.semaphore = semaphore
+        self.token = token
+        self.beat = beat
+        #: True once the slot went to the job's retry: it is not released when the body ends.
+        self.kept = False
+
+    def keep(self, delay: float) -> bool:
+        """Hand the slot to the job's retry, due in ``delay`` seconds: reserved again, kept after the body.
+
+        Called before the retry is sent, so the retry can never find the slot
+        still running here. False (and released as usual) if it is not ours.
+        """
+        self.beat.cancel()
+        self.kept = self.semaphore.requeue(self.token, delay)
+        return self.kept
+
+    def unkeep(self) -> None:
+        """No retry is coming after all (it was never sent): release the slot when the body ends."""
+        self.kept = False
 
 
 class Semaphore:
@@ -226,8 +283,30 @@ class Semaphore:
     # -- holding it ------------------------------------------------------------------
 
     def renew(self, token: str) -> bool:
-        """Extend ``token``'s slot (or inline place) by a lease; False if it is gone."""
-        outcome = self.store.renew(self.key, token, self.lease, caller=local_holder(), handoff=self.handoff)
+        """Extend ``token``'s slot (or inline place) by a lease; False if it is gone.
+
+        The heartbeat calls this for every running slot in the process: what
+        its settling promotes is pushed by the courier thread, not here.
+        """
+        me = local_holder()
+        outcome = self.store.renew(self.key, token, self.lease, caller=me, handoff=self.handoff)
+        if outcome.promotions:
+            deliver_later(self.store, self.key, outcome.promotions, me)
+        return outcome.status == "ok"
+
+    def requeue(self, token: str, delay: float = 0.0) -> bool:
+        """Keep ``token``'s running slot, reserved, for a retry due in ``delay`` seconds; False if not ours.
+
+        Its lease covers the delay. A store failure is logged and False
+        returned: the caller then releases the slot as usual.
+        """
+        me = local_holder()
+        lease = self.lease + max(delay, 0.0)
+        try:
+            outcome = self.store.requeue(self.key, token, lease, holder=me, caller=me, handoff=self.handoff)
+        except BackendError:
+            log.error("could not keep concurrency slot of %s for a retry", self.key, exc_info=True)
+            return False
         self._deliver(outcome.promotions)
         return outcome.status == "ok"
 
@@ -248,25 +327,32 @@ class Semaphore:
         return outcome.status == "released"
 
     @contextmanager
-    def running(self, token: str) -> Iterator[Beat]:
-        """Keep ``token``'s slot alive with the heartbeat for the body; release it (and promote) after."""
+    def running(self, token: str) -> Iterator[Hold]:
+        """Keep ``token``'s slot alive with the heartbeat for the body; release it (and promote) after.
+
+        Unless the body hands the slot to the job's retry with :meth:`Hold.keep`.
+        """
         beat = heartbeat.start(lambda: self.renew(token), self.interval, f"concurrency {self.key}")
+        hold = Hold(self, token, beat)
         try:
-            yield beat
+            yield hold
         finally:
             beat.cancel()
-            self.release(token)
+            if not hold.kept:
+                self.release(token)
 
     # -- waiting inline ----------------------------------------------------------------
 
     def wait(
         self, token: str, timeout: float | None = None, clock: Callable[[], float] = time.monotonic
-    ) -> Literal["run", "discarded", "timeout"]:
+    ) -> Literal["run", "discarded", "lapsed", "timeout"]:
         """Wait until the inline call ``token`` (already parked) is promoted, then mark it running.
 
         Polling the store renews the call's place. Returns ``run`` (it holds a
-        running slot now), ``discarded`` (an operator dropped it) or
-        ``timeout`` (it was withdrawn from the list after ``timeout`` seconds).
+        running slot now), ``discarded`` (an operator dropped it), ``lapsed``
+        (this process went a whole lease without polling, so its place was
+        dropped as a dead waiter's) or ``timeout`` (it was withdrawn from the
+        list after ``timeout`` seconds).
         """
         event = threading.Event()
         slot = (id(self.store), self.key, token)
@@ -274,15 +360,19 @@ class Semaphore:
             _waiters[slot] = event
         deadline = None if timeout is None else clock() + timeout
         pause, swept = _POLL_MIN, clock()
+        polled = swept  # the place was taken (or last renewed) by then
         try:
             while True:
                 event.clear()
+                now = clock()
                 outcome = self.start(token)
                 if outcome.status == "run":
                     return "run"
                 if outcome.status != "parked":
-                    return "discarded"
-                now = clock()
+                    # Gone from the line: dropped by an operator, or as a dead waiter's if this
+                    # process was silent for a lease (suspended, swapped out) and the place lapsed.
+                    return "lapsed" if now - polled >= self.lease else "discarded"
+                polled = now
                 if deadline is not None and now >= deadline:
                     if self.store.withdraw(self.key, token).status == "withdrawn":
                         return "timeout"

@@ -6,8 +6,12 @@ framework; this module and the core never do.
 
 What they share is the worker side: a job carries a :class:`Ticket` (its lock
 key and token, and for RQ the job class), the worker rebuilds the lock from it
-and runs the job with :func:`perform`, which keeps the lock while the queue
-still means to run the job again (a retry) and releases it otherwise.
+and runs the job with :func:`perform`, which keeps the lock (and a concurrency
+slot) while the queue still means to run the job again (a retry) and releases
+it otherwise. A second delivery of a job while the first still runs (an
+at-least-once broker) is refused by the backend in the same step that would
+let it start (:meth:`Backend.start <uniqjob.backends.base.Backend.start>`
+tells deliveries of one token apart).
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Any, Final, Literal
 
-from ..errors import BackendError, ConfigurationError, JobNotUnique
+from ..concurrency import _job as _concurrency
+from ..errors import BackendError, ConfigurationError
 from ..job import UniqueJob
 from ..joblock import JobLock
-from ..locks import holder_is_dead, local_holder
 
 __all__ = [
     "HEADER",
@@ -31,7 +35,6 @@ __all__ = [
     "Ticket",
     "job_ref",
     "perform",
-    "refuse_duplicate_delivery",
     "resolve_job",
     "settle",
 ]
@@ -112,23 +115,6 @@ def resolve_job(ref: str) -> type[UniqueJob]:
     return found
 
 
-def refuse_duplicate_delivery(lock: JobLock) -> None:
-    """Raise :class:`JobNotUnique` if this very job (same token) is running in another live process.
-
-    A queue may deliver a job again while its first delivery still runs (Celery
-    with Redis after ``visibility_timeout``). The backend lets a job's own
-    token re-take its run lock, as a redelivery after a crash must; so tell
-    the two apart here: a holder that is provably dead, or silent for a whole
-    lease, is a crash; a live one is a duplicate, and this delivery is refused.
-    """
-    run = lock.backend.read(lock.key).run
-    if run is None or run.token != lock.token:
-        return
-    if run.holder == local_holder() or holder_is_dead(run.holder):
-        return
-    raise JobNotUnique(lock.key, {"duplicate_delivery": True, "host": run.holder.host, "pid": run.holder.pid})
-
-
 def perform(
     job_cls: type[UniqueJob],
     lock: JobLock,
@@ -140,21 +126,29 @@ def perform(
 
     The lock is released when the delivery ends, unless ``decide`` says that
     the queue will run the job again: then it stays held, ``queued``, for the
-    retry.
+    retry, and so does the job's concurrency slot, if it holds one.
     """
-    refuse_duplicate_delivery(lock)
     return job_cls.execute(lock, args, kwargs, settle=lambda exc, result: settle(lock, decide(exc, result)))
 
 
 def settle(lock: JobLock, decision: Decision) -> None:
-    """Release the lock (None: the job is done for good), or keep it queued for a retry in n seconds."""
+    """Release the lock (None: the job is done for good), or keep it queued for a retry in n seconds.
+
+    A concurrency slot goes the same way: released as the delivery ends, or
+    kept, reserved, for the retry (whose token is the same). Call this before
+    the retry is sent, so that the retry never finds either still running.
+    """
     if decision == KEEP:
         return
     if decision is None:
         lock.release()  # logs its own store failures
+        _concurrency.settle_slot(lock, None)
         return
+    delay = float(decision)
     try:
-        lock.requeue(delay=float(decision))
+        lock.requeue(delay=delay)
     except BackendError:
         # Raising here would hide the job's own outcome; the lock lapses as an orphan instead.
         log.error("could not keep %s for its retry", lock.key, exc_info=True)
+    # The retry comes whatever became of the lock: it runs in this slot.
+    _concurrency.settle_slot(lock, delay)

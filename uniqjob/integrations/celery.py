@@ -10,10 +10,11 @@
 ``delay`` / ``apply_async`` go through ``UniqueJob.enqueue``: the queue lock is
 taken before the message is published and released if publishing fails. The
 lock's key and token travel in a message header; the worker rebuilds the lock
-from it and runs the task under it. ``self.retry()`` keeps the lock (it is put
-back to ``queued`` before the retry is published); success, final failure and
-``revoke`` (or ``expires``) release it. An ``acks_late`` task redelivered after
-a worker crash carries the same token and re-takes its own lock.
+from it and runs the task under it. ``self.retry()`` keeps the lock, and a
+concurrency slot (both are put back to waiting before the retry is
+published); success, final failure and ``revoke`` (or ``expires``) release
+them. An ``acks_late`` task redelivered after a worker crash carries the same
+token and re-takes its own lock.
 
 The ``unique_*`` and ``concurrency_*`` settings are given as task options
 (``@app.task(base=UniqueTask, unique_on_conflict="raise")``) or class
@@ -23,8 +24,9 @@ attributes; they live on a :class:`UniqueJob` made for each task class,
 
 Celery cannot prove that a queued task is gone (a purged queue, a lost
 message): such a lock is kept until ``unique_lock_autoexpire``, which Celery
-tasks should therefore set. ``countdown`` / ``eta`` add to it, so a delayed
-task's lock never expires before the task is due.
+tasks should therefore set. ``countdown`` / ``eta`` add to it (and to a
+concurrency slot's lease), so a delayed task's lock never expires before the
+task is due.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from celery import Task, shared_task
 from celery.exceptions import Reject, Retry
 from celery.signals import task_revoked
 
+from ..concurrency import _job as _concurrency
 from ..errors import ConfigurationError
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
@@ -121,12 +124,24 @@ class CeleryQueue(Queue):
             raise ConfigurationError(f"task {name!r} is not registered with {app!r}") from None
         return task
 
+    def _call(self) -> _Call | None:
+        """The ``apply_async`` of this task being enqueued in this context, if any."""
+        call = _pending.get()
+        return call if call is not None and call.job is self.task_cls.unique_job else None
+
     def new_job_id(self) -> str:
         """The Celery task id the message will have (the caller's ``task_id``, if it gave one)."""
-        call = _pending.get()
-        if call is not None and call.job is self.task_cls.unique_job:
-            return call.task_id
-        return str(uuid.uuid4())
+        call = self._call()
+        return call.task_id if call is not None else str(uuid.uuid4())
+
+    def pending_delay(self) -> float:
+        """Seconds until the task being published is due: its ``countdown`` or ``eta`` (0 if none).
+
+        A concurrency slot taken for it keeps its place that much longer, so a
+        delayed task does not lose its slot while it waits for its time.
+        """
+        call = self._call()
+        return call.delay if call is not None else 0.0
 
     def push(
         self, job_cls: type[UniqueJob], lock: JobLock, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -308,14 +323,23 @@ def _seconds_until(when: Any) -> float:
 
 @task_revoked.connect  # type: ignore[untyped-decorator]
 def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
-    """A revoked (or expired) task never runs: release its lock (a terminated one's run lock too)."""
+    """A revoked (or expired) task never runs: release its lock and its concurrency slot.
+
+    A terminated one's run lock goes too; the slot is freed at once, and the
+    oldest parked call promoted into it, rather than lapsing with its lease.
+    """
     if not isinstance(sender, UniqueTask) or request is None:
         return
     data = (getattr(request, "headers", None) or {}).get(HEADER)
     if data is None:
         return
     ticket = Ticket.load(data, f"revoked task {sender.name}[{getattr(request, 'id', '?')}]")
-    sender.unique_job.lock_from(ticket.key, ticket.token).release()
+    job = sender.unique_job
+    job.lock_from(ticket.key, ticket.token).release()
+    if job.concurrency_limit is not None:
+        # the concurrency key comes from the arguments, as on a worker that runs the task
+        args, kwargs = getattr(request, "args", None) or (), getattr(request, "kwargs", None) or {}
+        _concurrency.free(job, ticket.token, tuple(args), dict(kwargs))
 
 
 @shared_task(name=ENQUEUE_LATER, ignore_result=True)  # type: ignore[untyped-decorator]

@@ -190,7 +190,8 @@ def retry_delay(job: Job, exc: BaseException | None, result: Any) -> float | Non
         return float(job.get_retry_interval())
     get_interval = getattr(Retry, "get_interval", None)
     if isinstance(result, Retry) and get_interval is not None:
-        # Returning a Retry (RQ 2.5+) asks for another run until ``max`` of them.
+        # Returning a Retry (RQ 2.1+, which added Retry.get_interval with it) asks for
+        # another run, until ``max`` of them.
         done = job.number_of_retries or 0
         if done >= result.max:
             return None
