@@ -6,7 +6,10 @@ test sleeps for a guessed time: each waits (bounded) for what it needs to see.
 
 from __future__ import annotations
 
+import itertools
 import os
+import select
+import shlex
 import shutil
 import signal
 import socket
@@ -109,6 +112,31 @@ def process_gone(pid: int) -> bool:
     except FileNotFoundError:
         return True
     return stat[stat.rindex(b")") + 2 :].split()[0] in (b"Z", b"X")
+
+
+_markers = itertools.count()
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    """Seconds to sleep that no other process has in its argv; whatever holds them dies after the test."""
+    mark = f"30.{os.getpid()}{next(_markers):03d}"
+    yield mark
+    for pid in holding(mark):  # a failed test must not leave its grandchildren behind
+        os.kill(pid, signal.SIGKILL)
+
+
+def holding(mark: str) -> list[int]:
+    """Pids of the live processes with ``mark`` as one of their arguments (a /proc scan)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:  # gone meanwhile
+            continue
+        if mark.encode() in args:
+            found.append(int(entry.name))
+    return found
 
 
 @dataclass
@@ -413,6 +441,163 @@ def test_a_lost_lock_stops_the_command(store: Store, tmp_path: Path) -> None:
     status, _, err = finish(wrapper)
     assert status == 143
     assert "lost the lock to another holder" in err
+
+
+# -- the command's whole process tree: pipelines, scripts that fork ------------------------
+
+# Ignores SIGTERM; creates the file argv[1], then sleeps argv[2] seconds.
+STUBBORN = """\
+import signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(sys.argv[1], "w").close()
+time.sleep(float(sys.argv[2]))
+"""
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_kill_after_stops_the_whole_pipeline_and_the_next_run_does_not_overlap(marker: str) -> None:
+    argv = ("run", "--kill-after", "0.5", "--", "sh", "-c", f"sleep {marker} | sleep {marker}")
+    for _ in range(2):  # the second run gets the lock, and finds nothing of the first still running
+        assert holding(marker) == []
+        proc = start(*argv)
+        wait_for(lambda: len(holding(marker)) == 2, what="both sides of the pipeline to start")
+        status, _, err = finish(proc)
+        assert status == 143 and "ran longer than 0.5s" in err, err
+        assert holding(marker) == []  # gone when uniqjob returns, not some time later
+
+
+@pytest.mark.skipif(not LINUX, reason="PR_SET_PDEATHSIG is Linux-only")
+def test_sigkill_of_the_wrapper_kills_the_commands_children_too(marker: str) -> None:
+    wrapper = start("run", "--key", "tree", "--", "sh", "-c", f"sleep {marker} | sleep {marker}")
+    wait_for(lambda: len(holding(marker)) == 2, what="both sides of the pipeline to start")
+    wrapper.kill()
+    wrapper.wait(timeout=10)
+    wait_for(lambda: not holding(marker), timeout=5, what="the pipeline to die with its wrapper")
+    result = uniqjob("run", "--key", "tree", "--", "echo", "next")
+    assert (result.returncode, result.stdout) == (0, "next\n"), result.stderr
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_children_that_outlive_sigterm_are_killed_after_the_grace(marker: str, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    script = '"$0" -c "$1" "$2" "$3"; exit $?'  # the shell dies of SIGTERM; its child ignores it
+    proc = start(
+        "run", "--kill-after", "0.3", "--grace", "0.3", "--",
+        "sh", "-c", script, PY, STUBBORN, str(ready), marker,
+    )  # fmt: skip
+    wait_for(ready.exists, what="the shell's child to start")
+    status, _, err = finish(proc)
+    assert status == 143 and "sending SIGKILL" in err, err
+    assert holding(marker) == []
+
+
+def test_a_forwarded_signal_reaches_the_commands_children_once(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    # The shell ignores SIGTERM, so only its child can act on it; the shell exits with the child's status.
+    script = 'trap "" TERM; "$0" -c "$1" "$2" - "$3"; exit $?'
+    proc = start("run", "--", "sh", "-c", script, PY, COUNT, str(ready), str(int(signal.SIGTERM)))
+    wait_for(ready.exists, what="the shell's child to install its handler")
+    proc.send_signal(signal.SIGTERM)
+    status, _, err = finish(proc)
+    assert status == 11, err
+
+
+@pytest.mark.skipif(not LINUX, reason="waiting for the process group needs sigtimedwait")
+def test_the_lock_is_held_until_the_commands_background_processes_end(tmp_path: Path) -> None:
+    late = tmp_path / "late"
+    script = f"(sleep 0.3; echo late > {shlex.quote(str(late))}) >/dev/null 2>&1 & echo early"
+    result = uniqjob("run", "--", "sh", "-c", script)
+    assert (result.returncode, result.stdout) == (0, "early\n"), result.stderr
+    assert late.read_text() == "late\n"  # uniqjob returned only after the background job had ended
+    assert uniqjob("release", command_key(["sh", "-c", script])).returncode == 1  # and released the lock
+
+
+# -- at a terminal -----------------------------------------------------------------------
+
+# Makes the pseudo-terminal on stdin the controlling terminal of this new session, then runs argv.
+_SESSION = """\
+import fcntl, os, sys, termios
+fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+os.execvp(sys.argv[1], sys.argv[1:])
+"""
+
+
+class Terminal:
+    """A pseudo-terminal whose session leader runs ARGV; what it prints is read with ``expect``."""
+
+    def __init__(self, *argv: str, env: dict[str, str] | None = None) -> None:
+        self.master, slave = os.openpty()
+        try:
+            self.proc = subprocess.Popen(
+                [PY, "-c", _SESSION, *argv],
+                stdin=slave, stdout=slave, stderr=slave, start_new_session=True, env=env,
+            )  # fmt: skip
+        finally:
+            os.close(slave)
+        self.output = ""
+        self.seen = 0
+
+    def __enter__(self) -> Terminal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()  # the hangup that follows ends what runs at the terminal
+        self.proc.wait(timeout=10)
+        os.close(self.master)
+
+    def type(self, text: str) -> None:
+        os.write(self.master, text.encode())
+
+    def expect(self, text: str, timeout: float = 10.0) -> None:
+        """Read until ``text`` is printed (after what the last expect matched); fail after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while (found := self.output.find(text, self.seen)) < 0:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.master], [], [], left)[0]:
+                pytest.fail(f"timed out waiting for {text!r}; the terminal shows:\n{self.output}")
+            try:
+                data = os.read(self.master, 4096)
+            except OSError:  # EIO: nothing has the terminal open any more
+                data = b""
+            if not data:
+                pytest.fail(f"the terminal closed before {text!r}; it shows:\n{self.output}")
+            self.output += data.decode(errors="replace").replace("\r", "")
+        self.seen = found + len(text)
+
+
+# Reads a line from the terminal once it has printed "42-up" (not in its own source).
+_READER = 'echo "$((6 * 7))-up"; read x; echo "got $x"'
+
+
+@pytest.mark.skipif(not LINUX, reason="Linux pseudo-terminals")
+def test_a_command_reads_the_terminal_and_ctrl_z_without_a_shell_does_not_stop_it() -> None:
+    # The command's own process group gets the terminal, or a read would stop it (SIGTTIN).
+    with Terminal(*UNIQJOB, "run", "--", "sh", "-c", _READER) as term:
+        term.expect("42-up")
+        term.type("\x1a")  # no shell here could resume a stopped job, so ^Z is ignored
+        term.type("hello\n")
+        term.expect("got hello")
+        assert term.proc.wait(timeout=10) == 0
+
+
+@pytest.mark.skipif(not LINUX or shutil.which("bash") is None, reason="needs bash and Linux pseudo-terminals")
+def test_ctrl_z_and_fg_at_an_interactive_shell(tmp_path: Path) -> None:
+    env = {
+        **os.environ, "HOME": str(tmp_path), "HISTFILE": str(tmp_path / "history"),
+        "INPUTRC": os.devnull, "PS1": "$ ", "TERM": "dumb",
+    }  # fmt: skip
+    with Terminal("bash", "--norc", "--noprofile", "-i", env=env) as term:
+        term.type(shlex.join([*UNIQJOB, "run", "--", "sh", "-c", _READER]) + "\n")
+        term.expect("42-up")
+        term.type("\x1a")
+        term.expect("Stopped")  # the shell saw its job stop, and has the terminal back
+        term.type("fg\n")
+        term.expect("fg\n")
+        term.type("hello\n")
+        term.expect("got hello")  # the command has the terminal again
+        term.type("echo status=$?\n")
+        term.expect("status=0")
 
 
 @pytest.mark.skipif(not LINUX, reason="reads /proc")

@@ -204,9 +204,18 @@ def test_lock_files_removed_under_a_running_process_are_made_again(file_backend:
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
 def test_lock_files_are_closed_with_the_store(tmp_path: Path) -> None:
     def open_descriptors() -> int:
-        return len(os.listdir("/proc/self/fd"))
+        # only this store's files: other tests' objects may be collected meanwhile
+        where = str(tmp_path / "locks")
+        count = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                count += os.readlink(f"/proc/self/fd/{fd}").startswith(where)
+            except OSError:
+                continue  # closed while listing
+        return count
 
     before = open_descriptors()
+    assert before == 0
     backend = FileBackend(tmp_path / "locks")
     for n in range(20):
         assert backend.claim(f"k{n}", "t", meta=QueueMeta()) is None

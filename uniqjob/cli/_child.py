@@ -1,11 +1,13 @@
-"""Run a command as a child that cannot outlive us, and watch it: signals, deadline, lost lock.
+"""Run a command under a supervisor that governs its whole process tree, and watch it.
 
-The child is started through a tiny Python launcher that asks the kernel to
-SIGKILL it when we die (Linux ``prctl(PR_SET_PDEATHSIG)``, kept across
-``execve``) and then execs the command. A ``preexec_fn`` could do the same but
-is unsafe once threads exist, and the heartbeat is a thread. So a ``uniqjob
-run`` killed with SIGKILL takes its command with it: the next cron tick never
-overlaps a command that runs on without its lock.
+The command is started through ``_supervisor.py``, a small Python process that
+stays in our process group and runs the command as the leader of a process
+group of its own: signals we pass on, ``--kill-after``, a lost lock and our own
+death (Linux ``PR_SET_PDEATHSIG``) reach every process the command started that
+stays in that group, not just the first. A ``preexec_fn`` could not set this up
+safely once threads exist, and the heartbeat is a thread. So a ``uniqjob run``
+killed with SIGKILL takes the command's pipelines and children with it: the next
+cron tick never overlaps a command that runs on without its lock.
 """
 
 from __future__ import annotations
@@ -21,50 +23,20 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
+from . import _supervisor
 from ._common import say
+from ._supervisor import FORWARDED, KILL_ALL
 
 __all__ = ["FORWARDED", "Child", "SignalWaiter", "exit_status", "signal_waiter", "spawn"]
-
-# Python ignores SIGPIPE and SIGXFSZ at startup, and ignored signals stay
-# ignored across execve: the launcher restores them, or the command would not
-# die quietly when its reader goes away (`cmd | head`). It unblocks every
-# signal too, since our mask is inherited. SIGINT goes back to the default
-# unless it was ignored when the launcher started (a background job's ^C).
-_LAUNCHER = """\
-import os, signal, sys
-for name in ("SIGPIPE", "SIGXFSZ"):
-    if hasattr(signal, name):
-        signal.signal(getattr(signal, name), signal.SIG_DFL)
-if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-if sys.platform.startswith("linux"):
-    import ctypes
-    try:
-        ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != int(sys.argv[1]):
-        os._exit(137)  # the wrapper died before the death signal was armed
-signal.pthread_sigmask(signal.SIG_SETMASK, ())
-try:
-    os.execvp(sys.argv[2], sys.argv[2:])
-except OSError as exc:
-    sys.stderr.write("uniqjob: cannot run %r: %s\\n" % (sys.argv[2], exc.strerror or exc))
-    os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
-"""
-
-#: Signals passed on to the command; the wrapper itself waits for the command to exit.
-FORWARDED = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
-)
 
 _SI_KERNEL = 0x80  # Linux si_code of a signal the kernel sent, e.g. ^C from the terminal
 _TICK = 0.25  # how often a running command's lock is checked for loss
 
 
 def spawn(argv: Sequence[str]) -> subprocess.Popen[bytes]:
-    """Start ``argv`` (PATH lookup, no shell) with our stdio and inheritable fds; on Linux it dies with us."""
-    launcher = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid())]
+    """Start ``argv`` (PATH lookup, no shell) with our stdio and inheritable fds, under the supervisor."""
+    # -I -S: no site-packages and no PYTHON* variables: a fast start that runs our file only.
+    launcher = [sys.executable, "-I", "-S", _supervisor.__file__, str(os.getpid())]
     # close_fds=False: only fds the caller made inheritable pass (ours are not, PEP 446),
     # so a wrapped command sees exactly what it would see without the wrapper.
     return subprocess.Popen([*launcher, *argv], close_fds=False)
@@ -90,8 +62,9 @@ class _MaskWaiter(SignalWaiter):
     """Block the signals and take them with ``sigtimedwait``: nothing runs in a handler.
 
     ``siginfo`` tells a terminal's ^C (sent by the kernel to the whole
-    foreground process group, so the command already has it) from a ``kill``
-    aimed at us, which only we got; only the latter is passed on.
+    foreground process group, so the supervisor, which shares our group, got it
+    too and passes it on) from a ``kill`` aimed at us, which only we got; only
+    the latter is passed on.
     """
 
     def __init__(self) -> None:
@@ -153,10 +126,11 @@ def signal_waiter() -> Iterator[SignalWaiter]:
 
 @dataclass
 class Child:
-    """A running command and the limits it runs under.
+    """A running command (its supervisor, in ``proc``) and the limits it runs under.
 
     ``lost`` reports that our lock was taken over: the command must not run on
-    unlocked, so it is stopped like one that ran past ``kill_after``.
+    unlocked, so it is stopped like one that ran past ``kill_after``. Every
+    signal goes to the command's whole process group, through the supervisor.
     """
 
     proc: subprocess.Popen[bytes]
@@ -186,7 +160,7 @@ class Child:
                 stopping, hard_kill_at = True, now + self.grace
             elif now >= hard_kill_at:
                 say(f"{self.name} still running {self.grace:g}s after SIGTERM: sending SIGKILL")
-                proc.kill()
+                proc.send_signal(KILL_ALL)  # SIGKILL would end the supervisor, not the group
                 hard_kill_at = float("inf")
             wake = min(now + _TICK, deadline if not stopping else hard_kill_at)
             signum = waiter.wait(wake - now)

@@ -87,7 +87,7 @@ def add_run_parser(subparsers: SubParsers) -> None:
         "--kill-after",
         type=positive_seconds,
         metavar="SECONDS",
-        help="send CMD SIGTERM if it runs longer, then SIGKILL after --grace",
+        help="send CMD (its whole process group) SIGTERM if it runs longer, then SIGKILL after --grace",
     )
     parser.add_argument(
         "--grace",
