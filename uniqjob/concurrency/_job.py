@@ -17,13 +17,13 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
-from datetime import timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConcurrencyLimitExceeded, ConfigurationError
 from ..keys import digest
 from ..locks import local_holder, new_token
+from ..settings import seconds
 from ._stores import store_for
 from .base import Park
 from .codec import encode_call
@@ -79,17 +79,9 @@ class Parked:
 
 
 def _seconds(value: object, what: str, *, allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, timedelta):
-        result = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        result = float(value)
-    else:
-        raise ConfigurationError(f"{what} must be a number of seconds or a timedelta, got {value!r}")
-    if not 0 < result < float("inf"):
-        raise ConfigurationError(f"{what} must be positive and finite, got {value!r}")
-    return result
+    if value is None and not allow_none:
+        raise ConfigurationError(f"{what} must be set")
+    return seconds(value, what)
 
 
 def check(cls: type[UniqueJob]) -> None:
