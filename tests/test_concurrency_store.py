@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FakeClock
-from uniqjob.backends.file import FileBackend, _StripeLock
+from uniqjob.backends._stripes import _StripeLock
+from uniqjob.backends.file import FileBackend
 from uniqjob.backends.memory import MemoryBackend
 from uniqjob.backends.redis import RedisBackend
 from uniqjob.concurrency import Outcome, Park, SemaphoreStore, store_for
@@ -440,7 +441,7 @@ def test_file_store_lives_apart_and_refuses_an_unreadable_record(tmp_path: Path)
 
 def test_file_store_writes_under_one_reused_temporary_name_per_stripe(tmp_path: Path) -> None:
     store = FileSemaphores(tmp_path)
-    assert isinstance(store._stripe(0), _StripeLock)  # the file backend's flock, kept open
+    assert isinstance(store._stripes._lock(0), _StripeLock)  # the file backend's flock, kept open
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child dies mid-write, as a crash would
         os.replace = lambda *args: os._exit(0)

@@ -126,14 +126,14 @@ def _hold_all(directory: str, ready: Any, done: Any) -> None:
 
 
 def _same_stripe(backend: FileBackend, key: str) -> str:
-    stripe = backend._path(key)[1]
-    return next(k for k in (f"other-{n}" for n in range(10_000)) if backend._path(k)[1] == stripe)
+    stripe = backend._stripes.of(key)[1]
+    return next(k for k in (f"other-{n}" for n in range(10_000)) if backend._stripes.of(k)[1] == stripe)
 
 
 def test_spare_still_linked_to_a_record_is_never_written_through(file_backend: FileBackend) -> None:
     path = record_path(file_backend, "k")
     before = path.read_bytes()
-    stripe = file_backend._path("k")[1]
+    stripe = file_backend._stripes.of("k")[1]
     for spare in file_backend.directory.glob(f".{stripe:02d}?.spare"):
         spare.unlink()
     # a crash between "keep the old record under a spare's name" and the rename
@@ -166,7 +166,7 @@ def test_forked_child_does_not_share_the_parents_stripe_lock(tmp_path: Path) -> 
     held, result = ctx.Event(), ctx.Queue()
     child = ctx.Process(target=_claim_in_child, args=(backend, held, result))
     child.start()  # forked while nobody holds the lock
-    lock = backend._stripe(backend._path("k")[1])
+    lock = backend._stripes._lock(backend._stripes.of("k")[1])
     lock.acquire()
     try:
         held.set()
@@ -194,7 +194,7 @@ def test_lock_files_removed_under_a_running_process_are_made_again(file_backend:
     shutil.rmtree(file_backend.directory / ".locks")  # a cleanup that went too far
     other = _same_stripe(file_backend, "k")
     assert file_backend.claim(other, "t", meta=QueueMeta()) is None
-    stripe = file_backend._path("k")[1]
+    stripe = file_backend._stripes.of("k")[1]
     assert (file_backend.directory / ".locks" / f"{stripe:02d}.lock").exists()
     # and the new file is the one locked: another process's FileLock on it must wait
     with file_backend._slot(other), pytest.raises(TimeoutError):

@@ -2,145 +2,21 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Protocol
-
-from filelock import FileLock, Timeout
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX: FileLock picks the platform's own lock
-    fcntl = None  # type: ignore[assignment]
 
 from ..errors import BackendError, CorruptRecordError
 from ._records import Record, Slot, SlotBackend
+from ._stripes import Stripes
 
 __all__ = ["FileBackend"]
 
 log = logging.getLogger(__name__)
-
-_STRIPES = 64  # lock files guarding the records; bounded, never deleted
-
-
-class _Lock(Protocol):
-    lock_file: str
-
-    def acquire(self) -> object: ...
-
-    def release(self) -> object: ...
-
-
-class _StripeLock:
-    """One stripe's lock: ``flock`` on a lock file kept open, plus a mutex for this process's threads.
-
-    A FileLock opens, checks and closes its file on every acquire: that costs
-    as much as all the rest of a transition together. This keeps the file open
-    instead; it is the same ``flock`` on the same files, so processes that use
-    FileLock on them still exclude each other with this one.
-    """
-
-    _poll = (0.0005, 0.05)  # first and longest sleep between tries while another process holds it
-
-    def __init__(self, path: str, timeout: float) -> None:
-        self.lock_file = path
-        self.timeout = timeout
-        self._mutex = threading.Lock()
-        self._fd = -1
-        _stripe_locks.add(self)
-
-    def _after_fork(self) -> None:
-        # The child shares its parent's open file description, and flock() is held
-        # per description: a child locking it would "succeed" while the parent holds it.
-        self._drop()
-        self._mutex = threading.Lock()  # another thread may have held it at fork
-
-    def _drop(self, close: Callable[[int], None] = os.close) -> None:
-        # ``close`` is bound here, and no contextlib.suppress: at interpreter exit
-        # __del__ may run after this module's globals are gone.
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            try:  # noqa: SIM105
-                close(fd)
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        """Close the lock file (it is opened again on the next acquire)."""
-        with self._mutex:
-            self._drop()
-
-    def __del__(self) -> None:
-        self._drop()  # a raw descriptor is not closed by the collector
-
-    def _open(self) -> int:
-        try:
-            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-        except FileNotFoundError:  # the lock directory was removed under us: make it again, as FileLock does
-            os.makedirs(os.path.dirname(self.lock_file), mode=0o700, exist_ok=True)
-            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-        self._fd = fd
-        return fd
-
-    def acquire(self) -> None:
-        """Hold the stripe, waiting up to ``timeout`` seconds; :class:`filelock.Timeout` after that."""
-        forever = self.timeout < 0  # as with FileLock: a negative timeout waits for as long as it takes
-        deadline = float("inf") if forever else time.monotonic() + self.timeout
-        if not self._mutex.acquire(timeout=-1 if forever else self.timeout):
-            raise Timeout(self.lock_file)
-        try:
-            self._lock(deadline)
-        except BaseException:
-            self._mutex.release()
-            raise
-
-    def _lock(self, deadline: float) -> None:
-        assert fcntl is not None
-        pause, longest = self._poll
-        while True:
-            fd = self._fd if self._fd >= 0 else self._open()
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise Timeout(self.lock_file) from None
-                time.sleep(pause)
-                pause = min(pause * 2, longest)
-                continue
-            # Someone removed or replaced the lock file: a lock on the old inode guards nothing.
-            if os.fstat(fd).st_nlink:
-                return
-            os.close(fd)
-            self._fd = -1
-
-    def release(self) -> None:
-        """Let the stripe go."""
-        try:
-            assert fcntl is not None
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-        finally:
-            self._mutex.release()
-
-
-_stripe_locks: weakref.WeakSet[_StripeLock] = weakref.WeakSet()
-
-
-def _reset_stripe_locks() -> None:
-    for lock in list(_stripe_locks):
-        lock._after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_stripe_locks)
-
 
 class FileBackend(SlotBackend):
     """Locks kept as files under ``directory``, safe across processes on one host.
@@ -174,36 +50,12 @@ class FileBackend(SlotBackend):
         self.directory = Path(directory)
         self.timeout = timeout
         self.clock = clock
-        self._locks: dict[int, _Lock] = {}
-        self._locks_mutex = threading.Lock()
         self._dir = str(self.directory)
         self._spare_paths: dict[int, list[str]] = {}
-        try:
-            (self.directory / ".locks").mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise BackendError(f"cannot create lock directory {self.directory}: {exc}", self.name) from exc
+        self._stripes = Stripes(self.directory, timeout, self.name)
 
     def __repr__(self) -> str:
         return f"FileBackend({str(self.directory)!r})"
-
-    def _path(self, key: str) -> tuple[str, int]:
-        digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-        return os.path.join(self._dir, digest.hex() + ".json"), digest[0] % _STRIPES
-
-    def _stripe(self, n: int) -> _Lock:
-        lock = self._locks.get(n)
-        if lock is not None:
-            return lock
-        with self._locks_mutex:
-            lock = self._locks.get(n)
-            if lock is None:
-                path = os.path.join(self._dir, ".locks", f"{n:02d}.lock")
-                if fcntl is None:  # pragma: no cover - not POSIX
-                    lock = FileLock(path, timeout=self.timeout, preserve_lock_file=True)
-                else:
-                    lock = _StripeLock(path, self.timeout)
-                self._locks[n] = lock
-            return lock
 
     def _load(self, path: str, key: str | None) -> Record | None:
         try:
@@ -311,8 +163,8 @@ class FileBackend(SlotBackend):
 
     @contextmanager
     def _slot(self, key: str) -> Iterator[Slot]:
-        path, stripe = self._path(key)
-        with self._locked(stripe):
+        path, stripe = self._stripes.of(key)
+        with self._stripes.locked(stripe):
             record = self._load(path, key)
             slot = Slot(key, record, self.clock())
             yield slot
@@ -322,29 +174,9 @@ class FileBackend(SlotBackend):
                 except OSError as exc:
                     raise BackendError(f"cannot write {path}: {exc}", self.name) from exc
 
-    @contextmanager
-    def _locked(self, stripe: int) -> Iterator[None]:
-        lock = self._stripe(stripe)
-        try:
-            lock.acquire()
-        except Timeout as exc:
-            raise BackendError(
-                f"timed out after {self.timeout}s waiting for {lock.lock_file}", self.name
-            ) from exc
-        except OSError as exc:
-            raise BackendError(f"cannot lock {lock.lock_file}: {exc}", self.name) from exc
-        try:
-            yield
-        finally:
-            lock.release()
-
     def close(self) -> None:
-        """Close the stripes' lock files."""
-        with self._locks_mutex:
-            locks = list(self._locks.values())
-        for lock in locks:
-            if isinstance(lock, _StripeLock):
-                lock.close()
+        """Close the stripes' lock files (they are opened again on next use)."""
+        self._stripes.close()
 
     def scan(self) -> Iterator[str]:
         try:
@@ -359,9 +191,9 @@ class FileBackend(SlotBackend):
                 try:
                     # Under its stripe's lock: a spare being rewritten in place may
                     # still be open to a reader that found it under a record's name.
-                    with self._locked(int(name[:2], 16) % _STRIPES):
+                    with self._stripes.locked(Stripes.of_name(name)):
                         record = self._load(entry.path, None)
-                    if record is not None and self._path(record["key"])[0] != entry.path:
+                    if record is not None and self._stripes.of(record["key"])[0] != entry.path:
                         raise CorruptRecordError(entry.path, f"holds key {record['key']!r} of another file")
                 except (CorruptRecordError, ValueError) as exc:
                     log.warning("skipping %s", exc)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -13,9 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
-from ..backends import file as _file
+from ..backends._stripes import Stripes
 from ..errors import BackendError, CorruptRecordError
 from ..locks import Holder
 from ._machine import Machine, Record
@@ -191,41 +188,14 @@ class FileSemaphores(MachineStore):
         self.directory = Path(directory)
         self.timeout = timeout
         self.clock = clock
-        self._locks: dict[int, _file._Lock] = {}
-        self._locks_mutex = threading.Lock()
-        try:
-            (self.directory / ".locks").mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise BackendError(f"cannot create directory {self.directory}: {exc}", self.name) from exc
+        self._stripes = Stripes(self.directory, timeout, self.name)
 
     def __repr__(self) -> str:
         return f"FileSemaphores({str(self.directory)!r})"
 
-    def _path(self, key: str) -> tuple[Path, int]:
-        digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-        return self.directory / f"{digest.hex()}.json", digest[0] % _STRIPES
-
-    def _stripe(self, n: int) -> _file._Lock:
-        with self._locks_mutex:
-            found = self._locks.get(n)
-            if found is not None:
-                return found
-            path = str(self.directory / ".locks" / f"{n:02d}.lock")
-            lock: _file._Lock
-            if getattr(_file, "fcntl", None) is None:  # pragma: no cover - not POSIX
-                lock = FileLock(path, timeout=self.timeout, preserve_lock_file=True)  # type: ignore[assignment]
-            else:
-                lock = _file._StripeLock(path, self.timeout)
-            self._locks[n] = lock
-            return lock
-
     def close(self) -> None:
         """Close the stripes' lock files (they are opened again on next use)."""
-        with self._locks_mutex:
-            locks = list(self._locks.values())
-        for lock in locks:
-            if isinstance(lock, _file._StripeLock):
-                lock.close()
+        self._stripes.close()
 
     def _load(self, path: Path, key: str | None) -> Record | None:
         try:
@@ -258,17 +228,9 @@ class FileSemaphores(MachineStore):
 
     @contextmanager
     def _machine(self, key: str, *, write: bool = True) -> Iterator[Machine]:
-        path, stripe = self._path(key)
-        lock = self._stripe(stripe)
-        try:
-            lock.acquire()
-        except Timeout as exc:
-            raise BackendError(
-                f"timed out after {self.timeout}s waiting for {lock.lock_file}", self.name
-            ) from exc
-        except OSError as exc:
-            raise BackendError(f"cannot lock {lock.lock_file}: {exc}", self.name) from exc
-        try:
+        where, stripe = self._stripes.of(key)
+        path = Path(where)
+        with self._stripes.locked(stripe):
             m = Machine(key, self._load(path, key), self.clock())
             yield m
             if write and m.changed:
@@ -276,8 +238,6 @@ class FileSemaphores(MachineStore):
                     self._store(path, stripe, m.record())
                 except OSError as exc:
                     raise BackendError(f"cannot write {path}: {exc}", self.name) from exc
-        finally:
-            lock.release()
 
     def scan(self) -> Iterator[str]:
         try:
@@ -289,7 +249,9 @@ class FileSemaphores(MachineStore):
                 if not entry.name.endswith(".json") or entry.name.startswith("."):
                     continue
                 try:
-                    record = self._load(Path(entry.path), None)
+                    # under its stripe's lock: never a record half written over
+                    with self._stripes.locked(Stripes.of_name(entry.name)):
+                        record = self._load(Path(entry.path), None)
                 except CorruptRecordError as exc:
                     log.warning("skipping %s", exc)
                     continue
