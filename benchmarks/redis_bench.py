@@ -5,12 +5,14 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
 from benchmarks.report import Report, Row, Target
 from benchmarks.sampling import Op, Paired, interleaved
 from benchmarks.workload import Workload, job_class
+from uniqjob.backends._wire import pack
 from uniqjob.backends.redis import RedisBackend
 from uniqjob.locks import RunClaim, local_holder
 
@@ -103,11 +105,11 @@ def _peer_ops(client: redis.Redis, peer: str) -> dict[str, Op]:
     return {"acquire": acquire, "acquire_held": acquire_held, "cycle": cycle, "cycle3": cycle3}
 
 
-def _empty_script(client: redis.Redis) -> Op:
+def _empty_script(client: redis.Redis) -> tuple[Any, ...]:
     """The floor of any one-script transition: the same request, a script that does nothing."""
     sha = client.script_load("return 1")
     name = "uniqjob:{benchmarks.workload.SendReport:1:0123456789abcdef0123456789abcdef}"
-    request = (
+    return (
         "EVALSHA",
         sha,
         2,
@@ -122,24 +124,38 @@ def _empty_script(client: redis.Redis) -> Op:
         "q",
     )
 
+
+def _floors(client: redis.Redis, backend: RedisBackend) -> list[tuple[str, str, Op]]:
+    """PING and the empty script through redis-py, and through the connection the backend keeps."""
+    request = _empty_script(client)
+
     def evalsha() -> None:
         client.execute_command(*request)  # type: ignore[no-untyped-call]
 
-    return evalsha
+    rows: list[tuple[str, str, Op]] = [
+        ("redis.ping", "Redis · PING (the floor, timed against itself)", client.ping),
+        ("redis.evalsha", "Redis · EVALSHA of an empty script, a claim's keys and arguments", evalsha),
+    ]
+    lanes = backend._lanes  # the short path the backend's calls take (see uniqjob/backends/_wire.py)
+    if lanes is not None:
+        ping, empty = pack(["PING"]), pack(request)
+        rows += [
+            ("redis.kept.ping", "Redis · PING on the backend's kept connection", lambda: lanes.call(ping)),
+            (
+                "redis.kept.evalsha",
+                "Redis · EVALSHA of an empty script on the backend's kept connection",
+                lambda: lanes.call(empty),
+            ),
+        ]
+    return rows
 
 
 def run_redis(report: Report, client: redis.Redis, iterations: int, warmup: int) -> None:
     """Time uniqjob's operations and its peers', all round-robin, each alternately with PING."""
     ping = client.ping
-    series: list[tuple[str, str, Op]] = [
-        ("redis.ping", "Redis · PING (the floor, timed against itself)", ping),
-        (
-            "redis.evalsha",
-            "Redis · EVALSHA of an empty script, a claim's keys and arguments",
-            _empty_script(client),
-        ),
-    ]
-    for name, op in Workload(RedisBackend(client, namespace="bench")).ops().items():
+    backend = RedisBackend(client, namespace="bench")
+    series = _floors(client, backend)
+    for name, op in Workload(backend).ops().items():
         series.append((f"redis.{name}", f"Redis · {LABELS[name]}", op))
     skipped: list[Row] = []
     for peer, peer_name in PEER_NAMES.items():
@@ -195,7 +211,7 @@ def load_locks(backend: RedisBackend, count: int, *, first_id: int, running: boo
         lock = job.lock(first_id + i)
         args = backend._args(lock.key, lock.token, lock.meta, None, flag="q" if run is None else "r", run=run)
         backend._claim(keys=backend._keys(lock.key), args=args, client=pipe)
-        if (len(pipe) >= 1000 or i == count - 1) and any(reply != [1] for reply in pipe.execute()):
+        if (len(pipe) >= 1000 or i == count - 1) and any(reply != 1 for reply in pipe.execute()):
             raise RuntimeError("a lock loaded for the scale section was already held")
 
 

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Every row the report promises, by id.
 EXPECTED = (
-    ["redis.ping", "redis.evalsha", *(f"redis.{name}" for name in LABELS)]
+    ["redis.ping", "redis.evalsha", "redis.kept.ping", "redis.kept.evalsha"]
+    + [f"redis.{name}" for name in LABELS]
     + [f"peers.{peer}.{name}" for peer in PEER_NAMES for name in PEER_LABELS]
     + ["parallel.ping", "parallel.joblock.cycle", "parallel.job.cycle"]
     + [f"scale.{n}{e}" for n in LABELS if not n.endswith("cycle") for e in ("", ".empty")]

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import inspect
 import logging
-import reprlib
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from datetime import timedelta
 from typing import Any, ClassVar
 
 from . import config, settings
+from ._calls import Binder, binder, describe_call
 from .backends.base import Backend
 from .concurrency import _job as _concurrency
 from .concurrency._job import ConcurrencyPolicy
@@ -30,10 +29,6 @@ log = logging.getLogger(__name__)
 
 _RESCHEDULED: Any = object()  # an inline call to try again after unique_reschedule_delay
 _sleep = time.sleep  # replaced by tests
-
-_preview = reprlib.Repr()
-_preview.maxstring = 40
-_preview.maxother = 40
 
 
 class UniqueJob:
@@ -65,6 +60,7 @@ class UniqueJob:
     unique_queue: ClassVar[Queue | None] = None
 
     _perform_signature: ClassVar[inspect.Signature | None] = None
+    _perform_binder: ClassVar[Binder | None] = None  # see _calls.binder()
     _perform_bound: ClassVar[bool] = False  # perform is a classmethod or staticmethod
     _custom_key: ClassVar[bool] = False
 
@@ -79,6 +75,7 @@ class UniqueJob:
                 params = list(signature.parameters.values())[1:]
                 signature = signature.replace(parameters=params)
             cls._perform_signature = signature
+            cls._perform_binder = binder(signature)
         settings.check(cls, Queue)
         _concurrency.check(cls)
 
@@ -112,13 +109,16 @@ class UniqueJob:
         signature = cls._perform_signature
         if signature is None:
             raise ConfigurationError(f"{cls.__qualname__} must define perform()")
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            reason = f"arguments do not match perform{signature}: {exc}"
-            raise UniqueKeyError(_param_in(str(exc)), reason) from None
-        bound.apply_defaults()
-        arguments = bound.arguments
+        bind = cls._perform_binder
+        arguments = None if bind is None else bind(args, kwargs)
+        if arguments is None:
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                reason = f"arguments do not match perform{signature}: {exc}"
+                raise UniqueKeyError(_param_in(str(exc)), reason) from None
+            bound.apply_defaults()
+            arguments = bound.arguments
         if cls.unique_args is not None:
             return {name: arguments[name] for name in cls.unique_args}
         return arguments
@@ -167,7 +167,7 @@ class UniqueJob:
         token: str | None = None,
         adopt: bool = False,
     ) -> JobLock:
-        meta = QueueMeta(cls.job_name(), _describe_call(args, kwargs))
+        meta = QueueMeta(cls.job_name(), describe_call(args, kwargs))
         return JobLock(
             cls.backend(),
             key,
@@ -193,7 +193,8 @@ class UniqueJob:
         queue = cls.unique_queue
         if queue is None:
             return cls._run(lock, args, kwargs)
-        lock.meta = replace(lock.meta, job_id=_concurrency.job_id(cls, queue))
+        meta = lock.meta
+        lock.meta = QueueMeta(meta.cls, meta.args, _concurrency.job_id(cls, queue))
         if cls.unique_strategy != "while_executing" and not lock.acquire(gone=queue.job_gone):
             return cls._conflict(lock, args, kwargs)
         try:
@@ -279,14 +280,17 @@ class UniqueJob:
 
     @classmethod
     def _conflict(cls, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-        holder = lock.conflict.describe() if lock.conflict is not None else {}
         policy = cls.unique_on_conflict
         if policy == "raise":
-            raise JobNotUnique(lock.key, holder)
+            raise JobNotUnique(lock.key, _holder(lock))
+        # A duplicate is the common case of a busy queue: the holder's facts are
+        # gathered only for a log line that is written.
         if policy == "log":
-            log.info("%s dropped: %s is already locked (%s)", cls.job_name(), lock.key, holder)
+            if log.isEnabledFor(logging.INFO):
+                log.info("%s dropped: %s is already locked (%s)", cls.job_name(), lock.key, _holder(lock))
         elif policy == "reschedule":
-            log.info("%s rescheduled: %s is already locked (%s)", cls.job_name(), lock.key, holder)
+            if log.isEnabledFor(logging.INFO):
+                log.info("%s rescheduled: %s is already locked (%s)", cls.job_name(), lock.key, _holder(lock))
             queue = cls.unique_queue
             if queue is None:
                 return _RESCHEDULED
@@ -359,19 +363,15 @@ class UniqueJob:
         return _concurrency.semaphore_of(cls, args, kwargs)
 
 
+def _holder(lock: JobLock) -> dict[str, object]:
+    return lock.conflict.describe() if lock.conflict is not None else {}
+
+
 def _param_in(message: str) -> str:
     """Pull the parameter name out of a ``Signature.bind`` error, if it names one."""
     start = message.find("'")
     end = message.find("'", start + 1)
     return message[start + 1 : end] if 0 <= start < end else ""
-
-
-def _describe_call(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
-    """A short preview of a call's arguments, for people reading the lock."""
-    parts = [_preview.repr(a) for a in args[:6]]
-    parts += [f"{k}={_preview.repr(v)}" for k, v in list(kwargs.items())[:6]]
-    text = ", ".join(parts)
-    return text if len(text) <= 200 else text[:197] + "..."
 
 
 _DEFAULT_KEY = inspect.getattr_static(UniqueJob, "unique_key")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Literal
 
 from .backends.base import Backend, QueueMode
@@ -102,13 +101,20 @@ class JobLock:
         # A key travelling with a job names its slot; a fresh lock picks one.
         self._slot_fixed = token is not None and strategy != "while_executing"
         self._beat: Beat | None = None
-        # Tells this delivery of the job from any other with the same token.
-        self._attempt = new_token()
+        # Tells this delivery of the job from any other with the same token; made
+        # when first needed (an enqueue that only queues never is).
+        self._attempt_token: str | None = None
         #: Tokens of the queued locks that acquire() reclaimed because the queue proved their job gone.
         self.gone_tokens: list[str] = []
 
     def __repr__(self) -> str:
         return f"JobLock({self.key!r}, strategy={self.strategy!r}, backend={self.backend!r})"
+
+    @property
+    def _attempt(self) -> str:
+        if self._attempt_token is None:
+            self._attempt_token = new_token()
+        return self._attempt_token
 
     @property
     def lost(self) -> bool:
@@ -133,7 +139,9 @@ class JobLock:
         claim = RunClaim(local_holder(), self.lease, self._attempt) if run else None
         # The job id is recorded by attach() once the queue holds the job: a
         # lock naming a job its queue has not yet seen would look "gone".
-        meta = replace(self.meta, job_id="") if self.meta.job_id else self.meta
+        meta = self.meta
+        if meta.job_id:
+            meta = QueueMeta(meta.cls, meta.args)  # replace(meta, job_id=""), minus its introspection
         for slot in self.slots():
             for _ in range(_ATTEMPTS):
                 state = self.backend.claim(slot, self.token, meta=meta, ttl=self.ttl, run=claim)

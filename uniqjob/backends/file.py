@@ -18,6 +18,7 @@ __all__ = ["FileBackend"]
 
 log = logging.getLogger(__name__)
 
+
 class FileBackend(SlotBackend):
     """Locks kept as files under ``directory``, safe across processes on one host.
 

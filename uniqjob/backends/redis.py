@@ -4,12 +4,16 @@ Each primitive is one Lua script, so one round trip and one atomic step. The
 scripts read the server's clock (``TIME``), never the client's. Both locks of a
 key share a hash tag, ``<namespace>:{<key>}:q`` and ``...:r``, so every script
 touches one cluster slot. Listing uses ``SCAN``, never ``KEYS``.
+
+The scripts are called on a connection each thread keeps (``_wire.Lanes``),
+not through ``execute_command``, whose own Python is a sixth of a round trip
+on loopback; a success is the integer 1, so the common reply is the cheapest.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, TypeVar
 
@@ -19,6 +23,7 @@ from redis.exceptions import NoScriptError
 
 from ..errors import BackendError, ConfigurationError
 from ..locks import QUEUED, RUNNING, Holder, LockState, QueueMeta, QueueRecord, RunClaim, RunRecord
+from ._wire import Lanes, evalsha_head, pack_after
 from .base import Backend, QueueMode
 
 __all__ = ["RedisBackend"]
@@ -36,87 +41,98 @@ T = TypeVar("T")
 # Times are the server's TIME as whole microseconds, so no float ever rounds them.
 _PRELUDE = """
 -- Redis < 5 replicates scripts verbatim and refuses a write after TIME; this opts in.
-if redis.replicate_commands then pcall(redis.replicate_commands) end
+-- (Redis 7, which names its version here, replicates only effects: no call needed.)
+if not redis.REDIS_VERSION_NUM and redis.replicate_commands then pcall(redis.replicate_commands) end
 local function clock()
   local t = redis.call('TIME')
-  return t[1] .. string.format('%06d', tonumber(t[2]))
+  return t[1] .. string.sub('00000', #t[2]) .. t[2]  -- the microseconds zero-padded to 6 digits
 end
 -- What is in the way, as one JSON string: [now, queue fields, queue pttl, run
 -- fields, run pttl], a lock's fields false if it is not there. The client parses
--- one string, not a score of replies.
-local function record(key, ...)
-  local fields = redis.call('HMGET', key, ...)
-  return fields[1] and fields
+-- one string, not a score of replies (a string, where success is the integer 1).
+local function snapshot(now, q)  -- q: the queue lock's fields, if already read
+  q = q or redis.call('HMGET', KEYS[1], 't', 's', 'a', 'c', 'n', 'p', 'j')
+  local r = redis.call('HMGET', KEYS[2], 't', 'h', 'o', 'i', 'b', 'a', 'l')
+  local qttl, rttl = -2, -2
+  if q[1] then qttl = redis.call('PTTL', KEYS[1]) else q = false end
+  if r[1] then rttl = redis.call('PTTL', KEYS[2]) else r = false end
+  return cjson.encode({now, q, qttl, r, rttl})
 end
-local function snapshot(now)
-  local q = record(KEYS[1], 't', 's', 'a', 'c', 'n', 'p', 'j')
-  local r = record(KEYS[2], 't', 'h', 'o', 'i', 'b', 'a', 'l')
-  return {0, cjson.encode({now, q, redis.call('PTTL', KEYS[1]), r, redis.call('PTTL', KEYS[2])})}
-end
--- ARGV[i..i+5]: host, node, pid, pstart, lease_ms, attempt
-local function set_run(token, now, i)
-  local started = now
-  if redis.call('HGET', KEYS[2], 't') == token then started = redis.call('HGET', KEYS[2], 'a') end
-  redis.call('HSET', KEYS[2], 't', token, 'h', ARGV[i], 'o', ARGV[i + 1],
-             'i', ARGV[i + 2], 'b', ARGV[i + 3], 'a', started, 'l', ARGV[i + 4])
-  if ARGV[i + 5] ~= '' then redis.call('HSET', KEYS[2], 'x', ARGV[i + 5]) end
+-- ARGV[i..i+5]: host, node, pid, pstart, lease_ms, attempt ('' : keep any the lock has).
+-- started: when the token's run began (kept across its renewals and re-takes).
+-- One HSET for all fields: on a cold server each call costs more than its
+-- own work, so the hot paths make as few as they can.
+local function set_run(token, started, i)
+  if ARGV[i + 5] ~= '' then
+    redis.call('HSET', KEYS[2], 't', token, 'h', ARGV[i], 'o', ARGV[i + 1], 'i', ARGV[i + 2],
+               'b', ARGV[i + 3], 'a', started, 'l', ARGV[i + 4], 'x', ARGV[i + 5])
+  else
+    redis.call('HSET', KEYS[2], 't', token, 'h', ARGV[i], 'o', ARGV[i + 1], 'i', ARGV[i + 2],
+               'b', ARGV[i + 3], 'a', started, 'l', ARGV[i + 4])
+  end
   redis.call('PEXPIRE', KEYS[2], ARGV[i + 4])
 end
 -- ARGV[2..6]: ttl_ms (0: none), cls, cls length in the key ('' : none), args, job_id.
 -- KEYS[1] does not exist here, so no field of an earlier lock can linger.
 local function set_queue(token, state, now)
-  local hset = {'HSET', KEYS[1], 't', token, 's', state, 'a', now}
-  if ARGV[4] ~= '' then
-    hset[#hset + 1] = 'n'; hset[#hset + 1] = ARGV[4]
-  elseif ARGV[3] ~= '' then
-    hset[#hset + 1] = 'c'; hset[#hset + 1] = ARGV[3]
+  local name, value = 'n', ARGV[4]
+  if value == '' then name, value = 'c', ARGV[3] end
+  if value ~= '' and ARGV[6] == '' then  -- the usual shapes, without building a table
+    if ARGV[5] ~= '' then
+      redis.call('HSET', KEYS[1], 't', token, 's', state, 'a', now, name, value, 'p', ARGV[5])
+    else
+      redis.call('HSET', KEYS[1], 't', token, 's', state, 'a', now, name, value)
+    end
+  else
+    local hset = {'HSET', KEYS[1], 't', token, 's', state, 'a', now}
+    if value ~= '' then hset[#hset + 1] = name; hset[#hset + 1] = value end
+    if ARGV[5] ~= '' then hset[#hset + 1] = 'p'; hset[#hset + 1] = ARGV[5] end
+    if ARGV[6] ~= '' then hset[#hset + 1] = 'j'; hset[#hset + 1] = ARGV[6] end
+    redis.call(unpack(hset))
   end
-  if ARGV[5] ~= '' then hset[#hset + 1] = 'p'; hset[#hset + 1] = ARGV[5] end
-  if ARGV[6] ~= '' then hset[#hset + 1] = 'j'; hset[#hset + 1] = ARGV[6] end
-  redis.call(unpack(hset))
   if ARGV[2] ~= '0' then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 end
 """
 
 # ARGV: token, ttl_ms, cls, cls_len, args, job_id, mode ('q' or 'r'), host, node, pid, pstart, lease_ms,
 #       attempt
-# Returns {1} when taken, else a snapshot of what is in the way.
+# Returns 1 when taken, else a snapshot of what is in the way.
 _CLAIM = (
     _PRELUDE
     + """
 local now = clock()
-local state = redis.call('HGET', KEYS[1], 's')
-if state then
-  if state == 'r' and redis.call('EXISTS', KEYS[2]) == 0 then
+local q = redis.call('HMGET', KEYS[1], 't', 's', 'a', 'c', 'n', 'p', 'j')  -- all a conflict reports
+if q[2] then
+  if q[2] == 'r' and redis.call('EXISTS', KEYS[2]) == 0 then
     redis.call('DEL', KEYS[1])  -- orphan: its holder stopped beating
   else
-    return snapshot(now)
+    return snapshot(now, q)
   end
 end
 if ARGV[7] == 'r' then
   if redis.call('EXISTS', KEYS[2]) == 1 then return snapshot(now) end
   set_queue(ARGV[1], 'r', now)
-  set_run(ARGV[1], now, 8)
+  set_run(ARGV[1], now, 8)  -- no run lock: it starts now
 else
   set_queue(ARGV[1], 'q', now)
 end
-return {1}
+return 1
 """
 )
 
 # ARGV: token, ttl_ms, cls, cls_len, args, job_id, flags, host, node, pid, pstart, lease_ms, attempt
 # flags: 'a' (adopt) or '-', then the queue mode: 'r' (run), 'x' (release) or 'k' (keep).
 # A run lock of the same token but another attempt is a second delivery: in the way.
-# Returns {1} when the run lock is taken, else a snapshot of what is in the way.
+# Returns 1 when the run lock is taken, else a snapshot of what is in the way.
 _START = (
     _PRELUDE
     + """
 local now = clock()
-local run = redis.call('HMGET', KEYS[2], 't', 'x')
+local run = redis.call('HMGET', KEYS[2], 't', 'x', 'a')
 if run[1] and (run[1] ~= ARGV[1] or (run[2] and run[2] ~= ARGV[13])) then return snapshot(now) end
-set_run(ARGV[1], now, 8)
+set_run(ARGV[1], run[1] and run[3] or now, 8)
 local mode = string.sub(ARGV[7], 2, 2)
-if mode == 'k' then return {1} end
+if mode == 'k' then return 1 end
 local qtok = redis.call('HGET', KEYS[1], 't')
 local mine = qtok and (qtok == ARGV[1] or string.sub(ARGV[7], 1, 1) == 'a')
 if mode == 'x' then
@@ -126,7 +142,7 @@ elseif not qtok then
 elseif mine then
   redis.call('HSET', KEYS[1], 't', ARGV[1], 's', 'r')
 end
-return {1}
+return 1
 """
 )
 
@@ -171,8 +187,15 @@ return 1
 
 # ARGV: token, keep_queue ('1' or '0'). Deletes each lock that is still the token's.
 _FINISH = """
-if redis.call('HGET', KEYS[2], 't') == ARGV[1] then redis.call('DEL', KEYS[2]) end
-if ARGV[2] == '0' and redis.call('HGET', KEYS[1], 't') == ARGV[1] then redis.call('DEL', KEYS[1]) end
+local run = redis.call('HGET', KEYS[2], 't') == ARGV[1]
+local queue = ARGV[2] == '0' and redis.call('HGET', KEYS[1], 't') == ARGV[1]
+if run and queue then
+  redis.call('DEL', KEYS[1], KEYS[2])
+elseif run then
+  redis.call('DEL', KEYS[2])
+elseif queue then
+  redis.call('DEL', KEYS[1])
+end
 return 1
 """
 
@@ -201,6 +224,8 @@ _QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k"}
 
 _READ = _PRELUDE + "\nreturn snapshot(clock())\n"
 
+_decode_json = json.JSONDecoder().decode
+
 
 def _text(value: Any) -> str:
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
@@ -217,6 +242,10 @@ class RedisBackend(Backend):
     (``redis://``, ``rediss://``, ``unix://``). A URL gets bounded socket
     timeouts (``timeout`` seconds), so an unreachable server fails the call
     with :class:`BackendError` in bounded time; the job is then not run.
+
+    Each thread that uses the backend keeps one connection of the client's
+    kind and settings (a plain ``ConnectionPool``; other pools are used as
+    they are); :meth:`close` closes them with the client's pool.
     """
 
     name = "redis"
@@ -235,6 +264,8 @@ class RedisBackend(Backend):
                 raise ConfigurationError(f"bad Redis URL {client!r}: {exc}") from exc
         self.client: redis.Redis = client
         self._execute: Callable[..., Any] = client.execute_command
+        self._lanes = Lanes(client) if Lanes.fit(client) else None
+        self._heads: dict[tuple[Any, int, int], bytes] = {}
         self.namespace = namespace
         self._prefix = namespace + ":{"
         self._claim = self._script(_CLAIM)
@@ -266,19 +297,39 @@ class RedisBackend(Backend):
             raise BackendError(f"{exc} ({self!r})", self.name) from exc
 
     def _eval(self, script: Script, keys: list[str], args: list[Any]) -> Any:
-        # EVALSHA straight through execute_command: Script.__call__ costs as much
-        # again in Python (an import, tuple copies, two more layers) on every call.
         try:
+            lanes = self._lanes
+            if lanes is None:
+                return self._eval_pooled(script, keys, args)
+            items = keys + args
             try:
-                return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+                return lanes.call(self._command(lanes, script, len(keys), items))
             except NoScriptError:  # the server lost its script cache (restart, SCRIPT FLUSH)
                 script.sha = self.client.script_load(script.script)
-                return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+                return lanes.call(self._command(lanes, script, len(keys), items))
         except redis.RedisError as exc:
             raise BackendError(f"{exc} ({self!r})", self.name) from exc
 
-    def _state(self, key: str, reply: Sequence[Any]) -> LockState:
-        now, q, qttl, r, rttl = json.loads(reply[1])  # q, r: the fields named in _PRELUDE
+    def _command(self, lanes: Lanes, script: Script, numkeys: int, items: list[Any]) -> bytes:
+        shape = (script.sha, numkeys, len(items))
+        head = self._heads.get(shape)
+        if head is None:
+            head = self._heads[shape] = evalsha_head(*shape)
+        return pack_after(head, items, lanes.encoding, lanes.errors)
+
+    def _eval_pooled(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+        # EVALSHA straight through execute_command: Script.__call__ costs as much
+        # again in Python (an import, tuple copies, two more layers) on every call.
+        try:
+            return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            script.sha = self.client.script_load(script.script)
+            return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+
+    def _state(self, key: str, reply: str | bytes) -> LockState:
+        # (bytes decoded as json.loads would, minus its sniffing for UTF-16 and -32)
+        text = reply.decode("utf-8", "surrogatepass") if isinstance(reply, bytes) else reply
+        now, q, qttl, r, rttl = _decode_json(text)  # q, r: the fields named in _PRELUDE
         queue = run = None
         if q:
             # A field that is not set comes as false.
@@ -327,7 +378,7 @@ class RedisBackend(Backend):
     ) -> LockState | None:
         args = self._args(key, token, meta, ttl, flag="q" if run is None else "r", run=run)
         reply = self._eval(self._claim, self._keys(key), args)
-        return None if reply[0] == 1 else self._state(key, reply)
+        return None if reply == 1 else self._state(key, reply)
 
     def start(
         self,
@@ -343,7 +394,7 @@ class RedisBackend(Backend):
         flags = ("a" if adopt else "-") + _QUEUE_MODES[queue]
         args = self._args(key, token, meta, ttl, flag=flags, run=run)
         reply = self._eval(self._start, self._keys(key), args)
-        return None if reply[0] == 1 else self._state(key, reply)
+        return None if reply == 1 else self._state(key, reply)
 
     def attach(self, key: str, token: str, job_id: str) -> bool:
         return bool(self._eval(self._attach, self._keys(key)[:1], [token, job_id]))
@@ -389,6 +440,8 @@ class RedisBackend(Backend):
                 return
 
     def close(self) -> None:
+        if self._lanes is not None:
+            self._lanes.close()
         self.client.close()
 
 

@@ -1,0 +1,134 @@
+"""The job layer's fast paths give exactly what the general code they skip gives."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from uniqjob import JobNotUnique, UniqueJob, UniqueKeyError
+from uniqjob._calls import binder, preview, show
+from uniqjob.backends.memory import MemoryBackend
+
+_NAMES = ("a", "b", "c", "d")
+_MISSING = inspect.Parameter.empty
+
+
+@st.composite
+def _signatures(draw: st.DrawFn) -> inspect.Signature:
+    count = draw(st.integers(0, len(_NAMES)))
+    first_default = draw(st.integers(0, count))  # defaults trail, as Python requires
+    params = [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=draw(st.integers()) if i >= first_default else _MISSING,
+        )
+        for i, name in enumerate(_NAMES[:count])
+    ]
+    return inspect.Signature(params)
+
+
+_calls = st.tuples(
+    st.lists(st.integers(), max_size=5),
+    st.dictionaries(st.sampled_from((*_NAMES, "z")), st.integers(), max_size=4),
+)
+
+
+@given(_signatures(), _calls)
+def test_fast_binding_is_signature_bind(signature: inspect.Signature, call: Any) -> None:
+    args, kwargs = call
+    bind = binder(signature)
+    assert bind is not None
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        assert bind(args, kwargs) is None  # the caller then asks bind() for its error
+        return
+    bound.apply_defaults()
+    fast = bind(args, kwargs)
+    assert fast == bound.arguments
+    assert fast is not None and list(fast) == list(bound.arguments)  # and in the same order
+
+
+_previewed = st.one_of(
+    st.integers(),
+    st.integers(-(10**60), 10**60),
+    st.text(),
+    st.text(min_size=35, max_size=45),
+    st.booleans(),
+    st.floats(),
+)
+
+
+@given(_previewed)
+def test_fast_preview_is_reprlib(value: Any) -> None:
+    assert show(value) == preview.repr(value)
+
+
+def _star(*args: Any) -> None: ...
+def _kw_only(a: int, *, b: int = 1) -> None: ...
+def _pos_only(a: int, /, b: int = 1) -> None: ...
+def _double_star(a: int, **kwargs: Any) -> None: ...
+
+
+@pytest.mark.parametrize("fn", [_star, _kw_only, _pos_only, _double_star])
+def test_other_signatures_are_left_to_bind(fn: Any) -> None:
+    assert binder(inspect.signature(fn)) is None
+
+
+class _Report(UniqueJob):
+    unique_backend = MemoryBackend()
+
+    def perform(self, account_id: int, kind: str = "daily") -> None:
+        """Nothing: these tests are about keys and conflicts."""
+
+
+def test_keys_and_errors_are_those_of_bind() -> None:
+    key = _Report.lock_key(1)
+    assert key == _Report.lock_key(1, "daily") == _Report.lock_key(account_id=1)
+    assert key == _Report.lock_key(1, kind="daily")
+    with pytest.raises(UniqueKeyError, match="multiple values for argument 'account_id'"):
+        _Report.lock_key(1, account_id=2)
+    with pytest.raises(UniqueKeyError, match="unexpected keyword argument 'nope'"):
+        _Report.lock_key(1, nope=2)
+    with pytest.raises(UniqueKeyError, match="missing a required argument: 'account_id'"):
+        _Report.lock_key()
+    with pytest.raises(UniqueKeyError, match="too many positional arguments"):
+        _Report.lock_key(1, "x", 3)
+
+
+def test_a_duplicate_describes_its_holder_only_when_told(caplog: pytest.LogCaptureFixture) -> None:
+    class Held(_Report):
+        pass
+
+    described: list[int] = []
+    assert Held.before_enqueue(1)
+    lock = Held.lock(1)
+    assert not lock.acquire()
+    conflict = lock.conflict
+    assert conflict is not None
+    original = type(conflict).describe
+
+    def counting(self: Any) -> dict[str, object]:
+        described.append(1)
+        return original(self)
+
+    caplog.set_level(logging.WARNING, logger="uniqjob")
+    try:
+        type(conflict).describe = counting  # type: ignore[method-assign]
+        assert not Held.before_enqueue(1)  # dropped, and nobody reads the holder's facts
+        assert described == []
+        caplog.set_level(logging.INFO, logger="uniqjob")
+        assert not Held.before_enqueue(1)
+        assert described == [1] and "already locked ({'state': 'queued'" in caplog.text
+        Held.unique_on_conflict = "raise"
+        with pytest.raises(JobNotUnique) as raised:
+            Held.before_enqueue(1)
+        assert raised.value.holder["state"] == "queued"
+    finally:
+        type(conflict).describe = original  # type: ignore[method-assign]

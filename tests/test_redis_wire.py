@@ -1,0 +1,249 @@
+"""The Redis backend's short path: its command encoder and the connection each thread keeps."""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import threading
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import given
+from hypothesis import strategies as st
+from redis.backoff import AbstractBackoff, NoBackoff
+from redis.retry import Retry
+
+from tests.integration_workers import wait_until
+from tests.redis_server import RedisServer
+from uniqjob import BackendError
+from uniqjob.backends._wire import evalsha_head, pack, pack_after
+from uniqjob.backends.redis import RedisBackend
+from uniqjob.locks import QueueMeta, RunClaim, local_holder
+
+_args = st.lists(st.one_of(st.text(), st.integers(), st.binary()), max_size=12)
+_texts = st.lists(st.one_of(st.text(), st.integers()), max_size=12)
+
+
+@given(_args)
+def test_pack_sends_what_redis_py_sends(args: list[str | int | bytes]) -> None:
+    packed = redis.Connection().pack_command("EVALSHA", *args)  # type: ignore[no-untyped-call]
+    assert pack(["EVALSHA", *args]) == b"".join(packed)
+
+
+@given(_texts, st.integers(0, 3))
+def test_pack_after_a_head_is_the_whole_command(args: list[str | int], numkeys: int) -> None:
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    whole = pack(["EVALSHA", sha, numkeys, *args])
+    assert pack_after(evalsha_head(sha, numkeys, len(args)), args) == whole
+    # an encoding that is not ASCII's superset takes the general road
+    head = evalsha_head(sha, numkeys, len(args))
+    body = pack_after(head, args, "utf-16")[len(head) :]
+    assert b"*%d\r\n" % len(args) + body == pack(args, "utf-16")
+
+
+@pytest.mark.parametrize("bad", [True, 1.5, None, object()])
+def test_pack_refuses_what_redis_py_refuses(bad: Any) -> None:
+    with pytest.raises(TypeError, match="cannot send a"):
+        pack(["GET", bad])
+    with pytest.raises(TypeError, match="cannot send a"):
+        pack_after(b"", ["k", bad])
+
+
+def _cycle(backend: RedisBackend, key: str) -> None:
+    """Claim, refuse a duplicate, start and finish ``key``: every reply checked."""
+    assert backend.claim(key, "t", meta=QueueMeta("c", "a")) is None
+    state = backend.claim(key, "u", meta=QueueMeta())
+    assert state is not None and state.queue is not None and state.queue.token == "t"
+    assert backend.start(key, "t", run=RunClaim(local_holder(), 5), meta=QueueMeta()) is None
+    backend.finish(key, "t")
+    assert backend.read(key).free
+
+
+def test_threads_never_share_a_connection(redis_client: redis.Redis) -> None:
+    backend = RedisBackend(redis_client, namespace="threads")
+    errors: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            for i in range(100):
+                _cycle(backend, f"k{n}-{i}")
+        except BaseException as exc:  # reported below: a mixed-up reply fails a check
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+
+
+def test_a_forked_child_opens_its_own_connection(redis_client: redis.Redis) -> None:
+    backend = RedisBackend(redis_client, namespace="fork")
+    _cycle(backend, "before")  # the parent's connection is open
+    pid = os.fork()
+    if pid == 0:  # the child: exits 0 only if every reply it read was its own
+        code = 1
+        try:
+            for i in range(200):
+                _cycle(backend, f"child-{i}")
+            code = 0
+        finally:
+            os._exit(code)
+    for i in range(200):
+        _cycle(backend, f"parent-{i}")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_connection_the_server_closed_is_replaced(redis_server: RedisServer) -> None:
+    # No retries at all: only the check before each call can save it, as the pool's does.
+    client = redis.Redis.from_url(redis_server.url, retry=Retry(NoBackoff(), 0))
+    backend = RedisBackend(client, namespace="killed")
+    _cycle(backend, "a")
+    admin = redis.Redis.from_url(redis_server.url)
+    assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
+    _cycle(backend, "b")
+    redis_server.restart()
+    _cycle(backend, "c")
+
+
+def test_close_closes_every_kept_connection(redis_server: RedisServer, redis_client: redis.Redis) -> None:
+    name = "uniqjob-close-test"
+    backend = RedisBackend(redis.Redis.from_url(redis_server.url, client_name=name), namespace="close")
+    used, done = threading.Event(), threading.Event()
+
+    def work() -> None:
+        _cycle(backend, "in-thread")
+        used.set()
+        done.wait(30)  # alive, so its connection is still kept
+
+    def mine() -> int:
+        return sum(1 for c in redis_client.client_list() if c.get("name") == name)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    try:
+        assert used.wait(30)
+        _cycle(backend, "here")
+        assert mine() == 2  # this thread's and the other's
+        backend.close()
+        wait_until(lambda: mine() == 0, "the server to see both connections closed", timeout=10)
+        _cycle(backend, "after")  # closed is not broken: the next call connects again
+        assert mine() == 1
+    finally:
+        done.set()
+        worker.join(30)
+
+
+def test_a_thread_that_ends_leaves_no_connection(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    name = "uniqjob-thread-end-test"
+    backend = RedisBackend(redis.Redis.from_url(redis_server.url, client_name=name), namespace="ends")
+    workers = [threading.Thread(target=_cycle, args=(backend, f"k{n}")) for n in range(3)]
+    for worker in workers:
+        worker.start()
+        worker.join(30)
+    gc.collect()
+
+    def mine() -> int:
+        return sum(1 for c in redis_client.client_list() if c.get("name") == name)
+
+    wait_until(lambda: mine() == 0, "the ended threads' connections to close", timeout=10)
+
+
+class _OwnConnection(redis.Connection):
+    """A connection class of the caller's own: redis-py's path is left to it."""
+
+
+@pytest.mark.parametrize("kind", ["blocking pool", "bounded pool", "single connection", "own class"])
+def test_other_clients_work_through_redis_py(redis_server: RedisServer, kind: str) -> None:
+    # Their bound on connections is kept: no connection of our own.
+    if kind == "blocking pool":
+        pool = redis.BlockingConnectionPool.from_url(redis_server.url, max_connections=2)
+        client = redis.Redis(connection_pool=pool)
+    elif kind == "bounded pool":
+        client = redis.Redis.from_url(redis_server.url, max_connections=2)
+    elif kind == "own class":
+        client = redis.Redis.from_url(redis_server.url, connection_class=_OwnConnection)
+    else:
+        client = redis.Redis.from_url(redis_server.url, single_connection_client=True)
+    backend = RedisBackend(client, namespace=f"other-{kind[:6]}")
+    assert backend._lanes is None
+    _cycle(backend, "k")
+    client.script_flush()  # NOSCRIPT is survived on this path too
+    _cycle(backend, "é")
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+@pytest.mark.parametrize("decode", [False, True])
+def test_either_protocol_and_decoding(redis_server: RedisServer, protocol: int, decode: bool) -> None:
+    client = redis.Redis.from_url(redis_server.url, protocol=protocol, decode_responses=decode)
+    backend = RedisBackend(client, namespace=f"p{protocol}{decode:d}")
+    _cycle(backend, "k:é")
+    assert backend.claim("k:é", "t", meta=QueueMeta("c", "ä")) is None
+    state = backend.claim("k:é", "u", meta=QueueMeta())
+    assert state is not None and state.queue is not None and state.queue.meta.args == "ä"
+
+
+class _CountingBackoff(AbstractBackoff):
+    """No wait between attempts; counts the failures the retry policy saw."""
+
+    failures = 0
+
+    def reset(self) -> None:
+        pass
+
+    def compute(self, failures: int) -> float:
+        _CountingBackoff.failures += 1
+        return 0
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("path", ["kept", "pooled"])
+def test_retries_are_the_clients_own_policy(redis_server: RedisServer, path: str) -> None:
+    def client(**kwargs: Any) -> redis.Redis:
+        retry = Retry(_CountingBackoff(), 2)
+        if path == "kept":
+            return redis.Redis(retry=retry, **kwargs)
+        pool = redis.BlockingConnectionPool(retry=retry, **kwargs)  # type: ignore[no-untyped-call]
+        return redis.Redis(connection_pool=pool)
+
+    # A server that refuses: the connection is tried as the pool tries it, no more.
+    _CountingBackoff.failures = 0
+    refused = RedisBackend(client(host="127.0.0.1", port=_closed_port()))
+    assert (refused._lanes is not None) == (path == "kept")
+    with pytest.raises(BackendError, match="Connection refused"):
+        refused.claim("k", "t", meta=QueueMeta())
+    assert _CountingBackoff.failures == 2
+
+    # A call that times out: retried twice, then the timeout is raised.
+    host, port = redis_server.url.removeprefix("redis://").split("/")[0].split(":")
+    slow = RedisBackend(client(host=host, port=int(port), socket_timeout=0.1), namespace="slow")
+    busy = """
+local function us() local t = redis.call('TIME') return t[1] * 1000000 + t[2] end
+local start = us()
+repeat until us() - start > 150000
+return 1
+"""  # the server is busy for 0.15 s: longer than the socket timeout
+    _CountingBackoff.failures = 0
+    slow.claim("warm", "t", meta=QueueMeta())  # connected: from here on only the call can fail
+    slow._claim.script, slow._claim.sha = busy, slow.client.script_load(busy)
+    with pytest.raises(BackendError, match="Timeout"):
+        slow.claim("k", "t", meta=QueueMeta())
+    assert _CountingBackoff.failures == 2
+
+
+def test_a_unix_socket_takes_the_short_path_too(redis_server: RedisServer) -> None:
+    backend = RedisBackend(redis_server.unix_url, namespace="unix")
+    assert backend._lanes is not None
+    _cycle(backend, "k")
+    backend.close()

@@ -1,0 +1,217 @@
+"""The short way to Redis for the backend's script calls: a kept connection per thread.
+
+A call through ``redis.Redis.execute_command`` borrows a connection from the
+pool and gives it back (a lock, a poll of the socket, metrics), packs the
+command generically and wraps the call in closures for its retry policy: on
+loopback about a sixth of a PING's time, and most of the client's CPU for it.
+Every lock transition paid it. Here each thread keeps one connection of the client's own kind and
+settings (host, TLS, auth, database, timeouts, retry policy, decoding), sends
+a command encoded by :func:`pack` and reads the reply with the connection's
+own parser, so replies, errors and timeouts are exactly redis-py's.
+
+Only a plain ``ConnectionPool`` of redis-py's own connection classes, without
+client-side caching and not bounded below redis-py's default of 100
+connections, is used this way; any other client (a blocking, bounded or
+Sentinel pool, a single-connection client, a connection class of its own)
+keeps the ordinary path. A connection is never shared by two threads, and
+never used in a process other than the one that opened it (after ``fork`` the
+child opens its own).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+__all__ = ["Lanes", "evalsha_head", "pack", "pack_after"]
+
+Arg = str | int | bytes
+
+
+def pack(args: Sequence[Arg], encoding: str = "utf-8", errors: str = "strict") -> bytes:
+    """Encode one command as a RESP array of bulk strings (what redis-py sends for the same args)."""
+    return b"*%d\r\n" % len(args) + _bulk(args, encoding, errors)
+
+
+def _bulk(args: Sequence[Arg], encoding: str, errors: str) -> bytes:
+    out = []
+    for arg in args:
+        if isinstance(arg, str):
+            raw = arg.encode(encoding, errors)
+        elif isinstance(arg, bytes):
+            raw = arg
+        elif isinstance(arg, int) and not isinstance(arg, bool):
+            raw = b"%d" % arg
+        else:
+            # bool is refused as redis-py refuses it: True would silently become "1"
+            raise TypeError(f"cannot send a {type(arg).__name__} to Redis: {arg!r}")
+        out.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
+    return b"".join(out)
+
+
+def evalsha_head(sha: str | bytes, numkeys: int, nargs: int) -> bytes:
+    """The fixed start of ``EVALSHA sha numkeys`` followed by ``nargs`` keys and arguments."""
+    return b"*%d\r\n" % (3 + nargs) + _bulk(["EVALSHA", sha, numkeys], "ascii", "strict")
+
+
+def _refuse(arg: object) -> str:
+    raise TypeError(f"cannot send a {type(arg).__name__} to Redis: {arg!r}")
+
+
+def pack_after(
+    head: bytes, args: Sequence[str | int], encoding: str = "utf-8", errors: str = "strict"
+) -> bytes:
+    """``head`` (see :func:`evalsha_head`) followed by ``args`` as bulk strings."""
+    if encoding in _ASCII_SUPERSETS:
+        # Keys and arguments are nearly always ASCII: then a character is a byte,
+        # and one format and one encode of the whole do what a loop per argument would.
+        texts = [a if type(a) is str else str(a) if type(a) is int else _refuse(a) for a in args]
+        body = "".join([f"${len(t)}\r\n{t}\r\n" for t in texts])
+        if body.isascii():
+            return head + body.encode("ascii")
+    return head + _bulk(args, encoding, errors)
+
+
+# What execute_command retries (redis-py's Retry default): the call never reached a reply.
+_RETRIED = (redis.ConnectionError, redis.TimeoutError, TimeoutError)
+
+_OWN_CONNECTIONS = (redis.Connection, redis.SSLConnection, redis.UnixDomainSocketConnection)
+
+# Encodings that write each ASCII character as that one byte.
+_ASCII_SUPERSETS = frozenset({"utf-8", "utf8", "UTF-8", "latin-1", "latin1", "ascii"})
+
+
+class _Lane:
+    """One thread's connection, and a poller that watches its socket."""
+
+    __slots__ = ("conn", "pid", "poller", "sock")
+
+    def __init__(self, conn: Any, pid: int) -> None:
+        self.conn = conn
+        self.pid = pid
+        self.sock: Any = None
+        self.poller: Any = None
+
+
+class Lanes:
+    """One connection per thread of a redis-py client, kept open between calls."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        pool = client.connection_pool
+        self._pool = pool
+        kwargs = pool.connection_kwargs
+        self.encoding: str = kwargs.get("encoding", "utf-8")
+        self.errors: str = kwargs.get("encoding_errors", "strict")
+        self._movable = hasattr(pool.connection_class, "should_reconnect")
+        self._local = threading.local()
+        self._open: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def fit(client: redis.Redis) -> bool:
+        """True if ``client``'s connections can be kept this way without changing what it does."""
+        pool = getattr(client, "connection_pool", None)
+        return (
+            hasattr(select, "poll")
+            and type(pool) is redis.ConnectionPool
+            # redis-py's own sockets: a subclass (a test double, a proxy) may have none to poll
+            and pool.connection_class in _OWN_CONNECTIONS
+            and getattr(pool, "cache", None) is None  # client-side caching wraps its connections
+            and getattr(client, "connection", None) is None  # single_connection_client
+            # A pool bounded below redis-py's default means its owner counts connections.
+            and pool.max_connections >= 100
+        )
+
+    def _lane(self) -> _Lane:
+        lane: _Lane | None = getattr(self._local, "lane", None)
+        pid = os.getpid()
+        if lane is None or lane.pid != pid:
+            # A new thread, or a forked child: the parent's socket is not ours to use.
+            # The same class and arguments as the pool's own connections.
+            conn = self._pool.connection_class(**self._pool.connection_kwargs)
+            with self._lock:
+                self._open.add(conn)
+            lane = self._local.lane = _Lane(conn, pid)
+        return lane
+
+    def _ready(self, lane: _Lane) -> Any:
+        """Return the lane's connection, checked as the pool checks one it hands out."""
+        conn = lane.conn
+        sock = conn._sock  # private, but the same in every redis-py this package supports (>= 5)
+        if sock is not None and sock is lane.sock:
+            # Between two calls nothing should arrive: anything readable is the
+            # server closing the connection (a restart, an idle timeout) or a
+            # reply we do not expect; the pool would not hand out either.
+            if not lane.poller.poll(0):
+                return conn
+            self._check(conn)
+        elif sock is None:
+            conn.connect()
+        sock = conn._sock
+        lane.sock, lane.poller = sock, select.poll()
+        lane.poller.register(sock, select.POLLIN)
+        return conn
+
+    def _check(self, conn: Any) -> None:
+        # ConnectionPool.get_connection's test, on the rare call that needs it.
+        maint = getattr(self._pool, "maint_notifications_enabled", lambda: False)
+        try:
+            if conn.can_read() and not maint():
+                raise redis.ConnectionError("Connection has data")
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            conn.disconnect()
+            conn.connect()
+            if conn.can_read() and not maint():
+                raise redis.ConnectionError("Connection not ready") from None
+
+    def call(self, command: bytes) -> Any:
+        """Send a packed command on this thread's connection and return its parsed reply.
+
+        As through the pool: a failure to connect is raised at once, a
+        connection error or timeout of the call itself is retried by the
+        client's retry policy, and an error reply is raised as redis-py raises
+        it (``NoScriptError``, ``ResponseError``, ...).
+        """
+        conn = self._ready(self._lane())
+        try:
+            conn.send_packed_command((command,))
+            reply = conn.read_response()
+        except _RETRIED as exc:
+            reply = self._retry(conn, command, exc)
+        except redis.ResponseError:
+            raise  # a reply like any other: the connection is still in step
+        except BaseException:
+            # Interrupted between sending and reading: its reply would be taken
+            # for the next call's. (Each half already drops the connection itself.)
+            conn.disconnect()
+            raise
+        if self._movable and conn.should_reconnect():  # the server announced a move (redis-py >= 6.3)
+            conn.disconnect()
+        return reply
+
+    @staticmethod
+    def _retry(conn: Any, command: bytes, first: Exception) -> Any:
+        # The first failure counts as the policy's first attempt, so a call is
+        # tried no more often, and waits no longer, than through the pool.
+        pending = [first]
+
+        def attempt() -> Any:
+            if pending:
+                raise pending.pop()
+            conn.send_packed_command((command,))
+            return conn.read_response()
+
+        return conn.retry.call_with_retry(attempt, lambda _error: conn.disconnect())
+
+    def close(self) -> None:
+        """Close every kept connection (a later call opens a new one)."""
+        with self._lock:
+            conns = list(self._open)
+        for conn in conns:
+            conn.disconnect()
