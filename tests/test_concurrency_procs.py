@@ -168,14 +168,21 @@ def wait_for(condition: Any, what: str, timeout: float = DEADLINE) -> None:
         time.sleep(0.05)
 
 
-def requeue(client: redis.Redis, pid: int, ended: set[str]) -> None:
-    """Give a killed worker's message back to the queue, unless its job had already ended (acked)."""
+def requeue(client: redis.Redis, pid: int, ended: set[str]) -> set[str]:
+    """Give a killed worker's messages back to the queue, unless their job had already ended (acked).
+
+    Returns the jobs given back: each was promoted in its turn, then delayed by the crash.
+    """
+    given_back: set[str] = set()
     while True:
         raw: Any = client.lmove(f"processing:{pid}", QUEUE.name, "RIGHT", "LEFT")
         if raw is None:
-            return
-        if str(json.loads(raw)["args"][0]) in ended:
+            return given_back
+        job = str(json.loads(raw)["args"][0])
+        if job in ended:
             client.lrem(QUEUE.name, 1, raw)
+        else:
+            given_back.add(job)
 
 
 def test_queued_jobs_race_and_crash_within_the_limit_exactly_once_in_order(
@@ -194,6 +201,7 @@ def test_queued_jobs_race_and_crash_within_the_limit_exactly_once_in_order(
         Fifo.enqueue(fifo_job, pause)
     everyone = {str(job) for job, _, _ in pipeline} | {str(job) for job, _ in fifo}
     kills = 0
+    redelivered: set[str] = set()
     deadline = time.monotonic() + DEADLINE
     while True:
         ended = {e.job for e in read_events(events) if e.kind == "E"}
@@ -205,7 +213,9 @@ def test_queued_jobs_race_and_crash_within_the_limit_exactly_once_in_order(
             victim = rng.choice([w for w in workers if w.is_alive()])
             kill(victim, events)
             kills += 1
-            requeue(redis_client, victim.pid, {e.job for e in read_events(events) if e.kind == "E"})
+            redelivered |= requeue(
+                redis_client, victim.pid, {e.job for e in read_events(events) if e.kind == "E"}
+            )
             workers.append(procs.start(worker, url))
         sweep()  # as cron would: settles keys behind dead holders and dead promoters
     redis_client.set("stop", 1)
@@ -223,7 +233,11 @@ def test_queued_jobs_race_and_crash_within_the_limit_exactly_once_in_order(
     starts = Counter(e.job for e in log if e.kind == "S")
     assert starts == Counter(everyone) + killed_mid_run(log)  # started again only after its worker died
     first_starts = list(dict.fromkeys(e.job for e in log if e.kind == "S" and e.key == "fifo"))
-    assert first_starts == [str(job) for job, _ in fifo]  # promotion is first in, first out
+    # promotion is first in, first out; a job whose message a killed worker held starts late,
+    # after its slot's lease let the next one through: order is kept among all the others
+    in_turn = [job for job in first_starts if job not in redelivered]
+    assert in_turn == [str(job) for job, _ in fifo if str(job) not in redelivered]
+    assert len(in_turn) >= len(fifo) - kills  # each kill can delay at most the one job it held
     assert list(store_for(uniqjob.default_backend()).scan()) == []
     backend = uniqjob.default_backend()
     # a uniqueness lock survives only where a worker died after its perform ended: an orphan
