@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from dataclasses import replace
 
 from uniqjob.locks import (
@@ -15,6 +16,7 @@ from uniqjob.locks import (
     RunRecord,
     holder_is_dead,
     local_holder,
+    new_token,
     orphaned,
 )
 
@@ -70,3 +72,33 @@ def test_orphan_rule() -> None:
     assert not orphaned(_state("running", far))
     assert not orphaned(_state("queued", None))  # never by this rule
     assert not orphaned(_state("queued", dead))
+
+
+def test_tokens_are_unique_across_threads_and_a_fork() -> None:
+
+    tokens: list[str] = []
+
+    def draw() -> None:
+        tokens.extend(new_token() for _ in range(2000))
+
+    threads = [threading.Thread(target=draw) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(tokens)) == len(tokens) == 8000
+    assert all(len(t) >= 24 and int(t, 16) >= 0 for t in tokens)  # hex, as long as before
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its tokens, right after the fork, go to the parent
+        os.close(read)
+        os.write(write, " ".join(new_token() for _ in range(100)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        child = f.read().split()
+    os.waitpid(pid, 0)
+    mine = [new_token() for _ in range(100)]
+    assert len(child) == 100
+    assert not set(child) & set(mine + tokens)  # a forked child never repeats its parent's tokens

@@ -143,6 +143,8 @@ class UniqueJob:
     def autoexpire(cls) -> float | None:
         """Return ``unique_lock_autoexpire`` in seconds (calling it if it is a classmethod)."""
         value: Any = cls.unique_lock_autoexpire
+        if value is None:
+            return None
         if callable(value):
             value = value()
         return settings.seconds(value, f"{cls.__qualname__}.unique_lock_autoexpire")
@@ -167,14 +169,13 @@ class UniqueJob:
         token: str | None = None,
         adopt: bool = False,
     ) -> JobLock:
-        meta = QueueMeta(cls.job_name(), describe_call(args, kwargs))
         return JobLock(
             cls.backend(),
             key,
             token=token,
             lease=float(cls.unique_run_lease),
             ttl=cls.autoexpire(),
-            meta=meta,
+            meta=QueueMeta(cls.job_name(), describe_call(args, kwargs)),
             adopt=adopt,
             strategy=cls.unique_strategy,
             limit=cls.unique_lock_limit,
@@ -193,10 +194,11 @@ class UniqueJob:
         queue = cls.unique_queue
         if queue is None:
             return cls._run(lock, args, kwargs)
-        meta = lock.meta
-        lock.meta = QueueMeta(meta.cls, meta.args, _concurrency.job_id(cls, queue))
         if cls.unique_strategy != "while_executing" and not lock.acquire(gone=queue.job_gone):
             return cls._conflict(lock, args, kwargs)
+        # Made once the lock is ours: a duplicate needs no id, and acquire() records none.
+        meta = lock.meta
+        lock.meta = QueueMeta(meta.cls, meta.args, _concurrency.job_id(cls, queue))
         try:
             handle = _concurrency.push(cls, queue, lock, args, kwargs)
         except BaseException:

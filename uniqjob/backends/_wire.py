@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import os
 import select
+import sys
 import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import redis
+from redis._parsers import _RESP2Parser
 
 __all__ = ["Lanes", "evalsha_head", "pack", "pack_after"]
 
@@ -71,11 +73,17 @@ def pack_after(
     if encoding in _ASCII_SUPERSETS:
         # Keys and arguments are nearly always ASCII: then a character is a byte,
         # and one format and one encode of the whole do what a loop per argument would.
-        texts = [a if type(a) is str else str(a) if type(a) is int else _refuse(a) for a in args]
-        body = "".join([f"${len(t)}\r\n{t}\r\n" for t in texts])
+        body = "".join([f"${len(a)}\r\n{a}\r\n" if type(a) is str else _int_bulk(a) for a in args])
         if body.isascii():
             return head + body.encode("ascii")
     return head + _bulk(args, encoding, errors)
+
+
+def _int_bulk(arg: object) -> str:
+    if type(arg) is not int:
+        _refuse(arg)
+    text = str(arg)
+    return f"${len(text)}\r\n{text}\r\n"
 
 
 # What execute_command retries (redis-py's Retry default): the call never reached a reply.
@@ -88,7 +96,7 @@ _ASCII_SUPERSETS = frozenset({"utf-8", "utf8", "UTF-8", "latin-1", "latin1", "as
 
 
 class _Lane:
-    """One thread's connection, and a poller that watches its socket."""
+    """One thread's connection, its socket and a poller that watches it."""
 
     __slots__ = ("conn", "pid", "poller", "sock")
 
@@ -129,6 +137,7 @@ class Lanes:
         )
 
     def _lane(self) -> _Lane:
+        """This thread's lane, its connection open and checked as the pool checks one it hands out."""
         lane: _Lane | None = getattr(self._local, "lane", None)
         pid = os.getpid()
         if lane is None or lane.pid != pid:
@@ -138,10 +147,6 @@ class Lanes:
             with self._lock:
                 self._open.add(conn)
             lane = self._local.lane = _Lane(conn, pid)
-        return lane
-
-    def _ready(self, lane: _Lane) -> Any:
-        """Return the lane's connection, checked as the pool checks one it hands out."""
         conn = lane.conn
         sock = conn._sock  # private, but the same in every redis-py this package supports (>= 5)
         if sock is not None and sock is lane.sock:
@@ -149,14 +154,14 @@ class Lanes:
             # server closing the connection (a restart, an idle timeout) or a
             # reply we do not expect; the pool would not hand out either.
             if not lane.poller.poll(0):
-                return conn
+                return lane
             self._check(conn)
         elif sock is None:
             conn.connect()
-        sock = conn._sock
-        lane.sock, lane.poller = sock, select.poll()
+        sock = lane.sock = conn._sock
+        lane.poller = select.poll()
         lane.poller.register(sock, select.POLLIN)
-        return conn
+        return lane
 
     def _check(self, conn: Any) -> None:
         # ConnectionPool.get_connection's test, on the rare call that needs it.
@@ -171,25 +176,29 @@ class Lanes:
                 raise redis.ConnectionError("Connection not ready") from None
 
     def call(self, command: bytes) -> Any:
-        """Send a packed command on this thread's connection and return its parsed reply.
+        """Send a packed command on this thread's connection and return its reply.
 
-        As through the pool: a failure to connect is raised at once, a
+        The reply is read here, not by redis-py's parser: an integer as an
+        int, a string as bytes (whatever ``decode_responses`` says), an error
+        reply raised as redis-py raises it (``NoScriptError``, ``ResponseError``,
+        ...). As through the pool: a failure to connect is raised at once, and a
         connection error or timeout of the call itself is retried by the
-        client's retry policy, and an error reply is raised as redis-py raises
-        it (``NoScriptError``, ``ResponseError``, ...).
+        client's retry policy.
         """
-        conn = self._ready(self._lane())
+        lane = self._lane()
+        conn = lane.conn
         try:
-            conn.send_packed_command((command,))
-            reply = conn.read_response()
+            reply = _exchange(lane.sock, command)
         except _RETRIED as exc:
-            reply = self._retry(conn, command, exc)
-        except redis.ResponseError:
-            raise  # a reply like any other: the connection is still in step
-        except BaseException:
-            # Interrupted between sending and reading: its reply would be taken
-            # for the next call's. (Each half already drops the connection itself.)
             conn.disconnect()
+            reply = self._retry(conn, command, exc)
+        except BaseException:
+            # An error reply leaves the connection in step; anything else (a
+            # reply we do not read, an interrupt between sending and reading)
+            # would hand this call's reply to the next: start afresh.
+            exc_type = sys.exc_info()[0]
+            if exc_type is None or not issubclass(exc_type, redis.ResponseError):
+                conn.disconnect()
             raise
         if self._movable and conn.should_reconnect():  # the server announced a move (redis-py >= 6.3)
             conn.disconnect()
@@ -204,8 +213,9 @@ class Lanes:
         def attempt() -> Any:
             if pending:
                 raise pending.pop()
-            conn.send_packed_command((command,))
-            return conn.read_response()
+            if conn._sock is None:
+                conn.connect()
+            return _exchange(conn._sock, command)
 
         return conn.retry.call_with_retry(attempt, lambda _error: conn.disconnect())
 
@@ -215,3 +225,55 @@ class Lanes:
             conns = list(self._open)
         for conn in conns:
             conn.disconnect()
+
+
+_CHUNK = 65536
+_INTEGER, _STRING, _ERROR, _STATUS = 58, 36, 45, 43  # ":", "$", "-", "+"
+
+
+def _exchange(sock: Any, command: bytes) -> Any:
+    """Send ``command`` on ``sock`` and read its one reply: an integer, a string, a status or an error.
+
+    Socket failures become redis-py's own ``TimeoutError`` / ``ConnectionError``,
+    and an error reply the ``ResponseError`` redis-py would raise for it; a
+    reply of any other type, or more than one, is an ``InvalidResponse``.
+    """
+    try:
+        sock.sendall(command)
+        data = _more(sock)
+        while True:
+            end = data.find(b"\r\n")
+            if end > 0:
+                kind = data[0]
+                if kind == _STRING:
+                    length = int(data[1:end])
+                    size = end + 2 if length < 0 else end + length + 4
+                elif kind in (_INTEGER, _ERROR, _STATUS):
+                    size = end + 2
+                else:
+                    raise redis.InvalidResponse(f"unexpected reply type {chr(kind)!r}")
+                if len(data) >= size:
+                    break
+            data += _more(sock)
+    except TimeoutError as exc:  # socket.timeout
+        raise redis.TimeoutError("Timeout reading from socket") from exc
+    except OSError as exc:
+        raise redis.ConnectionError(f"Error while talking to the server: {exc}") from exc
+    except ValueError as exc:
+        raise redis.InvalidResponse(f"bad reply {data[:40]!r}") from exc
+    if len(data) > size:
+        raise redis.InvalidResponse("more than one reply to one command")
+    if kind == _INTEGER:
+        return int(data[1:end])
+    if kind == _STRING:
+        return data[end + 2 : -2] if length >= 0 else None
+    if kind == _STATUS:
+        return data[1:end]
+    raise _RESP2Parser.parse_error(data[1:end].decode("utf-8", "replace"))  # type: ignore[no-untyped-call]
+
+
+def _more(sock: Any) -> bytes:
+    chunk: bytes = sock.recv(_CHUNK)
+    if not chunk:
+        raise redis.ConnectionError("Connection closed by server.")
+    return chunk
