@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from uniqjob import JobNotUnique, UniqueJob, UniqueKeyError
 from uniqjob._calls import binder, preview, show
 from uniqjob.backends.memory import MemoryBackend
+from uniqjob.keys import KeyPlan, make_key
 
 _NAMES = ("a", "b", "c", "d")
 _MISSING = inspect.Parameter.empty
@@ -53,6 +54,38 @@ def test_fast_binding_is_signature_bind(signature: inspect.Signature, call: Any)
     fast = bind(args, kwargs)
     assert fast == bound.arguments
     assert fast is not None and list(fast) == list(bound.arguments)  # and in the same order
+
+
+_values = st.one_of(
+    st.integers(), st.text(max_size=8), st.booleans(), st.none(), st.lists(st.integers(), max_size=2)
+)
+_names = st.lists(st.text(min_size=1, max_size=6), min_size=0, max_size=5, unique=True)
+
+
+@given(_names, st.data())
+def test_a_planned_key_is_make_key(names: list[str], data: st.DataObject) -> None:
+    values = [data.draw(_values) for _ in names]
+    assert KeyPlan(names).key("job", values) == make_key("job", dict(zip(names, values, strict=True)))
+
+
+@given(_calls)
+def test_the_fast_lock_key_is_the_general_one(call: Any) -> None:
+    args, kwargs = call
+
+    class Planned(UniqueJob):
+        unique_backend = MemoryBackend()
+
+        def perform(self, a: int, b: int = 2, c: int = 3) -> None:
+            pass
+
+    assert Planned._key_plan is not None
+    try:
+        general = make_key(Planned.job_name(), Planned.unique_key(*args, **kwargs))
+    except UniqueKeyError:
+        with pytest.raises(UniqueKeyError):
+            Planned.lock_key(*args, **kwargs)
+        return
+    assert Planned.lock_key(*args, **kwargs) == general
 
 
 _previewed = st.one_of(

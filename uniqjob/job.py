@@ -18,7 +18,7 @@ from .concurrency._job import ConcurrencyPolicy
 from .concurrency.semaphore import Semaphore
 from .errors import ConfigurationError, JobNotUnique, UniqueKeyError
 from .joblock import JobLock, Strategy
-from .keys import KEY_VERSION, digest, make_key
+from .keys import KEY_VERSION, KeyPlan, digest, make_key
 from .locks import QueueMeta
 from .queue import Queue
 from .settings import ConflictPolicy
@@ -63,6 +63,7 @@ class UniqueJob:
     _perform_binder: ClassVar[Binder | None] = None  # see _calls.binder()
     _perform_bound: ClassVar[bool] = False  # perform is a classmethod or staticmethod
     _custom_key: ClassVar[bool] = False
+    _key_plan: ClassVar[KeyPlan | None] = None  # the default key of a plain signature, planned once
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -76,6 +77,8 @@ class UniqueJob:
                 signature = signature.replace(parameters=params)
             cls._perform_signature = signature
             cls._perform_binder = binder(signature)
+            if cls._perform_binder is not None and not cls._custom_key:
+                cls._key_plan = KeyPlan(list(signature.parameters))
         settings.check(cls, Queue)
         _concurrency.check(cls)
 
@@ -126,6 +129,15 @@ class UniqueJob:
     @classmethod
     def lock_key(cls, *args: Any, **kwargs: Any) -> str:
         """Return the lock key of a call with these arguments."""
+        plan = cls._key_plan
+        if plan is not None and cls.unique_args is None:
+            # The usual call, sooner: the same key as make_key(name, unique_key(...)).
+            if not kwargs and len(args) == plan.size:
+                return plan.key(cls.job_name(), args)
+            bind = cls._perform_binder
+            bound = None if bind is None else bind(args, kwargs)
+            if bound is not None:
+                return plan.key(cls.job_name(), list(bound.values()))
         value = cls.unique_key(*args, **kwargs)
         if cls._custom_key:
             return f"{cls.job_name()}:{KEY_VERSION}:{digest(value, 'unique_key()')}"
