@@ -14,6 +14,7 @@ from tests.conftest import FakeClock
 from uniqjob import ConfigurationError, JobLock, JobNotUnique, Queue, UniqueJob, UniqueKeyError
 from uniqjob.backends.base import Backend
 from uniqjob.backends.memory import MemoryBackend
+from uniqjob.keys import make_key
 
 
 @pytest.fixture
@@ -246,6 +247,44 @@ def test_failed_push_releases_the_lock(use: Backend) -> None:
     with pytest.raises(ConnectionError):
         Unpublishable.enqueue(1)
     assert use.read(Unpublishable.lock_key(1)).free
+
+
+class _NoIds(RecordingQueue):
+    def new_job_id(self) -> str:
+        raise RuntimeError("no id service")
+
+
+def test_a_queue_that_cannot_name_the_job_releases_the_lock(use: Backend) -> None:
+    class Unnamed(UniqueJob):
+        unique_queue = _NoIds()
+
+        def perform(self, n: int) -> None:
+            pass
+
+    with pytest.raises(RuntimeError, match="no id service"):
+        Unnamed.enqueue(1)
+    assert use.read(Unnamed.lock_key(1)).free
+
+
+def test_a_subclass_never_keeps_its_parents_key_plan() -> None:
+    class Parent(UniqueJob):
+        unique_backend = MemoryBackend()
+
+        def perform(self, x: Any) -> None:
+            pass
+
+    class OwnKey(Parent):
+        @classmethod
+        def unique_key(cls, *args: Any, **kwargs: Any) -> Any:
+            return "always the same"
+
+    class Starred(Parent):
+        def perform(self, *xs: Any) -> None:
+            pass
+
+    assert Parent._key_plan is not None and OwnKey._key_plan is None and Starred._key_plan is None
+    assert OwnKey.lock_key(1) == OwnKey.lock_key(2)  # its own unique_key, not the parent's plan
+    assert Starred.lock_key(5) == make_key(Starred.job_name(), {"xs": (5,)})
 
 
 def test_is_locked_ignores_orphans() -> None:

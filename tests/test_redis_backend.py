@@ -117,3 +117,9 @@ def test_outage_then_recovery(redis_server: RedisServer, redis_client: redis.Red
     finally:
         redis_server.start()
     assert Job.run(3) == 3
+
+
+@pytest.mark.parametrize("reply", [b"not json", b"\xff\xfe", b'["1", false]'])
+def test_an_unreadable_lock_state_is_a_backend_error(redis_backend: RedisBackend, reply: bytes) -> None:
+    with pytest.raises(BackendError, match="unreadable lock state"):
+        redis_backend._state("k", reply)

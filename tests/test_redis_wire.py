@@ -18,6 +18,7 @@ from redis.retry import Retry
 from tests.integration_workers import wait_until
 from tests.redis_server import RedisServer
 from uniqjob import BackendError
+from uniqjob.backends import _wire
 from uniqjob.backends._wire import evalsha_head, pack, pack_after
 from uniqjob.backends.redis import RedisBackend
 from uniqjob.locks import QueueMeta, RunClaim, local_holder
@@ -183,6 +184,8 @@ def test_other_clients_work_through_redis_py(redis_server: RedisServer, kind: st
 def test_either_protocol_and_decoding(redis_server: RedisServer, protocol: int, decode: bool) -> None:
     client = redis.Redis.from_url(redis_server.url, protocol=protocol, decode_responses=decode)
     backend = RedisBackend(client, namespace=f"p{protocol}{decode:d}")
+    # RESP3 may interleave pushes with replies: redis-py's own parser reads them.
+    assert (backend._lanes is not None) == (protocol == 2)
     _cycle(backend, "k:é")
     assert backend.claim("k:é", "t", meta=QueueMeta("c", "ä")) is None
     state = backend.claim("k:é", "u", meta=QueueMeta())
@@ -247,3 +250,41 @@ def test_a_unix_socket_takes_the_short_path_too(redis_server: RedisServer) -> No
     assert backend._lanes is not None
     _cycle(backend, "k")
     backend.close()
+
+
+def test_a_client_with_health_checks_keeps_redis_py_s_path(redis_server: RedisServer) -> None:
+    client = redis.Redis.from_url(redis_server.url, health_check_interval=5)
+    backend = RedisBackend(client, namespace="health")
+    assert backend._lanes is None
+    _cycle(backend, "k")
+
+
+def test_a_retry_that_fails_otherwise_leaves_no_reply_behind(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first try fails as the retry policy expects; the retry is interrupted
+    # between sending and reading: its reply must never be taken for the next call's.
+    client = redis.Redis.from_url(redis_server.url, retry=Retry(NoBackoff(), 1))
+    backend = RedisBackend(client, namespace="interrupted")
+    _cycle(backend, "warm")
+    lanes = backend._lanes
+    assert lanes is not None
+    real = _wire._exchange
+    calls: list[bytes] = []
+
+    def flaky(sock: Any, command: bytes) -> Any:
+        calls.append(command)
+        if len(calls) == 1:
+            raise redis.ConnectionError("dropped")
+        sock.sendall(command)  # sent, then interrupted before its reply is read
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_wire, "_exchange", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        backend.claim("k", "t", meta=QueueMeta())
+    monkeypatch.setattr(_wire, "_exchange", real)
+    assert len(calls) == 2
+    assert lanes._lane().conn._sock is not None  # a new connection, nothing pending on it
+    assert backend.claim("other", "u", meta=QueueMeta()) is None  # its own reply, not the stale one
+    state = backend.claim("k", "v", meta=QueueMeta())  # the interrupted claim did reach the server
+    assert state is not None and state.queue is not None and state.queue.token == "t"

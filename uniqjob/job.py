@@ -77,8 +77,12 @@ class UniqueJob:
                 signature = signature.replace(parameters=params)
             cls._perform_signature = signature
             cls._perform_binder = binder(signature)
-            if cls._perform_binder is not None and not cls._custom_key:
-                cls._key_plan = KeyPlan(list(signature.parameters))
+        # Set on every class, so a subclass never keeps its parent's plan for another key.
+        planned = cls._perform_signature
+        if planned is not None and cls._perform_binder is not None and not cls._custom_key:
+            cls._key_plan = KeyPlan(list(planned.parameters))
+        else:
+            cls._key_plan = None
         settings.check(cls, Queue)
         _concurrency.check(cls)
 
@@ -208,10 +212,10 @@ class UniqueJob:
             return cls._run(lock, args, kwargs)
         if cls.unique_strategy != "while_executing" and not lock.acquire(gone=queue.job_gone):
             return cls._conflict(lock, args, kwargs)
-        # Made once the lock is ours: a duplicate needs no id, and acquire() records none.
-        meta = lock.meta
-        lock.meta = QueueMeta(meta.cls, meta.args, _concurrency.job_id(cls, queue))
         try:
+            # Made once the lock is ours: a duplicate needs no id, and acquire() records none.
+            meta = lock.meta
+            lock.meta = QueueMeta(meta.cls, meta.args, _concurrency.job_id(cls, queue))
             handle = _concurrency.push(cls, queue, lock, args, kwargs)
         except BaseException:
             lock.dequeue()

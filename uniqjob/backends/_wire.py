@@ -4,16 +4,19 @@ A call through ``redis.Redis.execute_command`` borrows a connection from the
 pool and gives it back (a lock, a poll of the socket, metrics), packs the
 command generically and wraps the call in closures for its retry policy: on
 loopback about a sixth of a PING's time, and most of the client's CPU for it.
-Every lock transition paid it. Here each thread keeps one connection of the client's own kind and
-settings (host, TLS, auth, database, timeouts, retry policy, decoding), sends
-a command encoded by :func:`pack` and reads the reply with the connection's
-own parser, so replies, errors and timeouts are exactly redis-py's.
+Every lock transition paid it. Here each thread keeps one connection of the
+client's own kind and settings (host, TLS, auth, database, timeouts, retry
+policy), sends a command encoded by :func:`pack` and reads its one reply
+straight off the socket (:func:`_exchange`): our scripts answer with an
+integer or a string, and redis-py's pure-Python parser costs more than the
+rest of the call's Python. Errors and timeouts are raised as redis-py raises
+them, with the same classes.
 
-Only a plain ``ConnectionPool`` of redis-py's own connection classes, without
-client-side caching and not bounded below redis-py's default of 100
-connections, is used this way; any other client (a blocking, bounded or
-Sentinel pool, a single-connection client, a connection class of its own)
-keeps the ordinary path. A connection is never shared by two threads, and
+Only a plain ``ConnectionPool`` of redis-py's own connection classes, speaking
+RESP2, without health checks or client-side caching and not bounded below
+redis-py's default of 100 connections, is used this way; any other client (a
+blocking, bounded or Sentinel pool, a single-connection client, a connection
+class of its own, RESP3) keeps the ordinary path. A connection is never shared by two threads, and
 never used in a process other than the one that opened it (after ``fork`` the
 child opens its own).
 """
@@ -22,7 +25,6 @@ from __future__ import annotations
 
 import os
 import select
-import sys
 import threading
 import weakref
 from collections.abc import Sequence
@@ -116,7 +118,6 @@ class Lanes:
         kwargs = pool.connection_kwargs
         self.encoding: str = kwargs.get("encoding", "utf-8")
         self.errors: str = kwargs.get("encoding_errors", "strict")
-        self._movable = hasattr(pool.connection_class, "should_reconnect")
         self._local = threading.local()
         self._open: weakref.WeakSet[Any] = weakref.WeakSet()
         self._lock = threading.Lock()
@@ -134,6 +135,11 @@ class Lanes:
             and getattr(client, "connection", None) is None  # single_connection_client
             # A pool bounded below redis-py's default means its owner counts connections.
             and pool.max_connections >= 100
+            # RESP2, whose replies to our scripts are all this module reads; RESP3 may
+            # send pushes (maintenance notices) between them, which redis-py's parser handles.
+            and pool.connection_kwargs.get("protocol") in (None, 2, "2")
+            # Health checks are redis-py's, made when it sends: the poll before each call does their work.
+            and not pool.connection_kwargs.get("health_check_interval")
         )
 
     def _lane(self) -> _Lane:
@@ -188,21 +194,19 @@ class Lanes:
         lane = self._lane()
         conn = lane.conn
         try:
-            reply = _exchange(lane.sock, command)
-        except _RETRIED as exc:
-            conn.disconnect()
-            reply = self._retry(conn, command, exc)
-        except BaseException:
-            # An error reply leaves the connection in step; anything else (a
-            # reply we do not read, an interrupt between sending and reading)
-            # would hand this call's reply to the next: start afresh.
-            exc_type = sys.exc_info()[0]
-            if exc_type is None or not issubclass(exc_type, redis.ResponseError):
+            try:
+                return _exchange(lane.sock, command)
+            except _RETRIED as exc:
                 conn.disconnect()
-            raise
-        if self._movable and conn.should_reconnect():  # the server announced a move (redis-py >= 6.3)
+                return self._retry(conn, command, exc)
+        except redis.ResponseError:
+            raise  # an error reply leaves the connection in step
+        except BaseException:
+            # Anything else, on the first try or a retry (a reply not read, an
+            # interrupt between sending and reading, a timeout the retry policy
+            # does not take) would hand this call's reply to the next: start afresh.
             conn.disconnect()
-        return reply
+            raise
 
     @staticmethod
     def _retry(conn: Any, command: bytes, first: Exception) -> Any:

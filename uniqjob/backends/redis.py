@@ -139,11 +139,11 @@ class RedisBackend(Backend):
 
     def _state(self, key: str, reply: str | bytes) -> LockState:
         # (bytes decoded as json.loads would, minus its sniffing for UTF-16 and -32)
-        text = reply.decode("utf-8", "surrogatepass") if isinstance(reply, bytes) else reply
         try:
+            text = reply.decode("utf-8", "surrogatepass") if isinstance(reply, bytes) else reply
             now, q, qttl, r, rttl = _scan_json(text, 0)[0]  # q, r: the fields named in _redis_lua
         except (StopIteration, ValueError) as exc:  # StopIteration: the scanner's "not JSON"
-            raise BackendError(f"unreadable lock state from the server: {text[:80]!r}", self.name) from exc
+            raise BackendError(f"unreadable lock state from the server: {reply[:80]!r}", self.name) from exc
         queue = run = None
         if q:
             # A field that is not set comes as false.
