@@ -209,8 +209,10 @@ def load_locks(backend: RedisBackend, count: int, *, first_id: int, running: boo
     # are what a real enqueue sends; the benchmark only batches them.
     for i in range(count):
         lock = job.lock(first_id + i)
-        args = backend._args(lock.key, lock.token, lock.meta, None, flag="q" if run is None else "r", run=run)
-        backend._claim(keys=backend._keys(lock.key), args=args, client=pipe)
+        items = backend._items(
+            lock.key, lock.token, lock.meta, None, flag="q" if run is None else "r", run=run
+        )
+        backend._claim(keys=items[:2], args=items[2:], client=pipe)
         if (len(pipe) >= 1000 or i == count - 1) and any(reply != 1 for reply in pipe.execute()):
             raise RuntimeError("a lock loaded for the scale section was already held")
 

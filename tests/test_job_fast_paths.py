@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from uniqjob import JobNotUnique, UniqueJob, UniqueKeyError
-from uniqjob._calls import binder, preview, show
+from uniqjob import JobLock, JobNotUnique, UniqueJob, UniqueKeyError
+from uniqjob._calls import binder, describe_call, preview, show
 from uniqjob.backends.memory import MemoryBackend
 from uniqjob.keys import KeyPlan, make_key
 
@@ -165,3 +165,60 @@ def test_a_duplicate_describes_its_holder_only_when_told(caplog: pytest.LogCaptu
         assert raised.value.holder["state"] == "queued"
     finally:
         type(conflict).describe = original  # type: ignore[method-assign]
+
+
+def _described_slowly(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    parts = [preview.repr(a) for a in args[:6]] + [
+        f"{k}={preview.repr(v)}" for k, v in list(kwargs.items())[:6]
+    ]
+    text = ", ".join(parts)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+_arguments = st.one_of(_previewed, st.lists(st.text(min_size=30, max_size=50), max_size=8))
+
+
+@given(st.lists(_arguments, max_size=8), st.dictionaries(st.sampled_from(_NAMES), _arguments, max_size=4))
+def test_a_call_s_preview_is_the_general_one(args: list[Any], kwargs: dict[str, Any]) -> None:
+    assert describe_call(tuple(args), kwargs) == _described_slowly(tuple(args), kwargs)
+
+
+def _facts(lock: JobLock) -> tuple[Any, ...]:
+    return (lock.backend, lock.key, lock.lease, lock.ttl, lock.meta, lock.strategy, lock.limit, lock.adopt)
+
+
+@given(_calls)
+def test_the_plain_lock_is_the_one_the_hooks_make(call: Any) -> None:
+    args, kwargs = call
+
+    class Plain(UniqueJob):
+        unique_backend = "memory://"
+        unique_lock_autoexpire = 90
+        unique_run_lease = 12
+        unique_strategy = "until_and_while_executing"
+        unique_lock_limit = 2
+
+        def perform(self, a: int, b: int = 2, c: int = 3) -> None:
+            pass
+
+    assert Plain._plain
+    try:
+        general = Plain._lock(Plain.lock_key(*args, **kwargs), args, kwargs)
+    except UniqueKeyError:
+        with pytest.raises(UniqueKeyError):
+            Plain.lock(*args, **kwargs)
+        return
+    assert _facts(Plain.lock(*args, **kwargs)) == _facts(general)
+
+
+def test_a_class_that_overrides_a_hook_is_not_plain() -> None:
+    class Named(UniqueJob):
+        @classmethod
+        def job_name(cls) -> str:
+            return "renamed"
+
+        def perform(self, a: int) -> None:
+            pass
+
+    assert not Named._plain
+    assert Named.lock(1).key.startswith("renamed:")

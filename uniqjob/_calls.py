@@ -18,6 +18,7 @@ __all__ = ["Binder", "binder", "describe_call", "preview", "show"]
 Binder = Callable[[Sequence[Any], dict[str, Any]], dict[str, Any] | None]
 
 _PREVIEW_MAX = 40
+_CALL_MAX = 200  # the whole preview of a call
 #: How an argument is shown in a lock's preview (and, for any value, the reference for :func:`show`).
 preview = reprlib.Repr()
 preview.maxstring = _PREVIEW_MAX
@@ -61,13 +62,17 @@ def binder(signature: inspect.Signature) -> Binder | None:
 
 def describe_call(args: Sequence[Any], kwargs: dict[str, Any]) -> str:
     """A short preview of a call's arguments, for people reading the lock."""
-    if not args and not kwargs:
-        return ""  # a worker rebuilding a lock from its key
-    parts = [show(a) for a in args[:6]]
     if kwargs:
+        parts = [show(a) for a in args[:6]]
         parts += [f"{k}={show(v)}" for k, v in list(kwargs.items())[:6]]
-    text = ", ".join(parts)
-    return text if len(text) <= 200 else text[:197] + "..."
+        text = ", ".join(parts)
+    elif len(args) == 1:
+        text = show(args[0])  # the usual call, without building a list
+    elif args:
+        text = ", ".join([show(a) for a in args[:6]])
+    else:
+        return ""  # a worker rebuilding a lock from its key
+    return text if len(text) <= _CALL_MAX else text[: _CALL_MAX - 3] + "..."
 
 
 def show(value: Any) -> str:

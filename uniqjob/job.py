@@ -64,6 +64,7 @@ class UniqueJob:
     _perform_bound: ClassVar[bool] = False  # perform is a classmethod or staticmethod
     _custom_key: ClassVar[bool] = False
     _key_plan: ClassVar[KeyPlan | None] = None  # the default key of a plain signature, planned once
+    _plain: ClassVar[bool] = False  # overrides none of the hooks that make a lock: see _plain_lock()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -83,6 +84,7 @@ class UniqueJob:
             cls._key_plan = KeyPlan(list(planned.parameters))
         else:
             cls._key_plan = None
+        cls._plain = all(inspect.getattr_static(cls, name) is hook for name, hook in _LOCK_HOOKS.items())
         settings.check(cls, Queue)
         _concurrency.check(cls)
 
@@ -168,6 +170,10 @@ class UniqueJob:
     @classmethod
     def lock(cls, *args: Any, **kwargs: Any) -> JobLock:
         """Return a new :class:`JobLock` for a call with these arguments (nothing is taken yet)."""
+        if cls._plain:
+            lock = _plain_lock(cls, args, kwargs)
+            if lock is not None:
+                return lock
         return cls._lock(cls.lock_key(*args, **kwargs), args, kwargs)
 
     @classmethod
@@ -214,13 +220,19 @@ class UniqueJob:
             return cls._conflict(lock, args, kwargs)
         try:
             # Made once the lock is ours: a duplicate needs no id, and acquire() records none.
-            meta = lock.meta
-            lock.meta = QueueMeta(meta.cls, meta.args, _concurrency.job_id(cls, queue))
-            handle = _concurrency.push(cls, queue, lock, args, kwargs)
+            job_id = _concurrency.job_id(cls, queue)
+            if job_id:
+                meta = lock.meta
+                lock.meta = QueueMeta(meta.cls, meta.args, job_id)
+            if cls.concurrency_limit is None:  # no slot to take: straight to the queue
+                handle = queue.push(cls, lock, args, dict(kwargs))
+            else:
+                handle = _concurrency.push(cls, queue, lock, args, kwargs)
         except BaseException:
             lock.dequeue()
             raise
-        lock.attach()  # the job exists now: its queue may prove it gone from here on
+        if lock.meta.job_id:
+            lock.attach()  # the job exists now: its queue may prove it gone from here on
         return handle
 
     @classmethod
@@ -381,6 +393,39 @@ class UniqueJob:
         return _concurrency.semaphore_of(cls, args, kwargs)
 
 
+def _plain_lock(cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any]) -> JobLock | None:
+    """``cls.lock(*args, **kwargs)`` in one step, for a class whose hooks are all UniqueJob's own.
+
+    Every enqueue makes a lock, and the layers of hooks (``lock_key``,
+    ``unique_key``, ``job_name``, ``backend``, ``autoexpire``) cost more than
+    the key itself once the CPU's caches have gone cold between two enqueues,
+    as they have in a busy application. Returns None, leaving the call to
+    those hooks, for any call the key plan does not cover.
+    """
+    plan = cls._key_plan
+    if plan is None or cls.unique_args is not None:
+        return None
+    if kwargs or len(args) != plan.size:
+        bind = cls._perform_binder
+        bound = None if bind is None else bind(args, kwargs)
+        if bound is None:
+            return None  # the hooks raise the error that names the problem
+        values: Sequence[Any] = list(bound.values())
+    else:
+        values = args
+    name = f"{cls.__module__}.{cls.__qualname__}"  # job_name()
+    target = cls.unique_backend
+    return JobLock(
+        config.default_backend() if target is None else config.resolve(target),
+        plan.key(name, values),
+        lease=float(cls.unique_run_lease),
+        ttl=None if cls.unique_lock_autoexpire is None else cls.autoexpire(),
+        meta=QueueMeta(name, describe_call(args, kwargs)),
+        strategy=cls.unique_strategy,
+        limit=cls.unique_lock_limit,
+    )
+
+
 def _holder(lock: JobLock) -> dict[str, object]:
     return lock.conflict.describe() if lock.conflict is not None else {}
 
@@ -393,4 +438,8 @@ def _param_in(message: str) -> str:
 
 
 _DEFAULT_KEY = inspect.getattr_static(UniqueJob, "unique_key")
+_LOCK_HOOKS = {
+    name: inspect.getattr_static(UniqueJob, name)
+    for name in ("lock", "_lock", "lock_key", "unique_key", "job_name", "backend", "autoexpire")
+}
 _BASE_PERFORM = inspect.getattr_static(UniqueJob, "perform")

@@ -149,7 +149,12 @@ class JobLock:
                     self.key, self.conflict, self._slot_fixed = slot, None, True
                     return True
                 self.conflict = state
-                if not (self._reclaim_dead(state) or self._reclaim_gone(state, gone)):
+                queue = state.queue
+                if state.run is None and queue is not None and queue.state == QUEUED:
+                    # The usual duplicate: queued, nothing running. Only its queue may free it.
+                    if gone is None or not queue.meta.job_id or not self._reclaim_gone(state, gone):
+                        break
+                elif not (self._reclaim_dead(state) or self._reclaim_gone(state, gone)):
                     break
         return False
 

@@ -191,7 +191,10 @@ class Lanes:
         connection error or timeout of the call itself is retried by the
         client's retry policy.
         """
-        lane = self._lane()
+        lane: _Lane | None = getattr(self._local, "lane", None)
+        # The usual call, in line: this thread's lane, its socket unchanged and quiet (see _lane).
+        if lane is None or lane.pid != os.getpid() or lane.conn._sock is not lane.sock or lane.poller.poll(0):
+            lane = self._lane()
         conn = lane.conn
         try:
             try:
@@ -244,7 +247,9 @@ def _exchange(sock: Any, command: bytes) -> Any:
     """
     try:
         sock.sendall(command)
-        data = _more(sock)
+        data = sock.recv(_CHUNK)
+        if not data:
+            raise redis.ConnectionError("Connection closed by server.")
         while True:
             end = data.find(b"\r\n")
             if end > 0:

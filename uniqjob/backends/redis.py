@@ -107,35 +107,36 @@ class RedisBackend(Backend):
         except redis.RedisError as exc:
             raise BackendError(f"{exc} ({self!r})", self.name) from exc
 
-    def _eval(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+    def _eval(self, script: Script, numkeys: int, items: list[Any]) -> Any:
+        """Run ``script`` with ``items``: its ``numkeys`` keys, then its arguments."""
         try:
             lanes = self._lanes
             if lanes is None:
-                return self._eval_pooled(script, keys, args)
-            items = keys + args
+                return self._eval_pooled(script, numkeys, items)
+            head = self._heads.get((script.sha, numkeys, len(items))) or self._head(
+                script, numkeys, len(items)
+            )
             try:
-                return lanes.call(self._command(lanes, script, len(keys), items))
+                return lanes.call(pack_after(head, items, lanes.encoding, lanes.errors))
             except NoScriptError:  # the server lost its script cache (restart, SCRIPT FLUSH)
                 script.sha = self.client.script_load(script.script)
-                return lanes.call(self._command(lanes, script, len(keys), items))
+                head = self._head(script, numkeys, len(items))
+                return lanes.call(pack_after(head, items, lanes.encoding, lanes.errors))
         except redis.RedisError as exc:
             raise BackendError(f"{exc} ({self!r})", self.name) from exc
 
-    def _command(self, lanes: Lanes, script: Script, numkeys: int, items: list[Any]) -> bytes:
-        shape = (script.sha, numkeys, len(items))
-        head = self._heads.get(shape)
-        if head is None:
-            head = self._heads[shape] = evalsha_head(*shape)
-        return pack_after(head, items, lanes.encoding, lanes.errors)
+    def _head(self, script: Script, numkeys: int, count: int) -> bytes:
+        head = self._heads[(script.sha, numkeys, count)] = evalsha_head(script.sha, numkeys, count)
+        return head
 
-    def _eval_pooled(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+    def _eval_pooled(self, script: Script, numkeys: int, items: list[Any]) -> Any:
         # EVALSHA straight through execute_command: Script.__call__ costs as much
         # again in Python (an import, tuple copies, two more layers) on every call.
         try:
-            return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            return self._execute("EVALSHA", script.sha, numkeys, *items)
         except NoScriptError:
             script.sha = self.client.script_load(script.script)
-            return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            return self._execute("EVALSHA", script.sha, numkeys, *items)
 
     def _state(self, key: str, reply: str | bytes) -> LockState:
         # (bytes decoded as json.loads would, minus its sniffing for UTF-16 and -32)
@@ -168,18 +169,20 @@ class RedisBackend(Backend):
             )
         return LockState(key, queue, run, _micros(now))
 
-    @staticmethod
-    def _args(
-        key: str, token: str, meta: QueueMeta, ttl: float | None, *, flag: str, run: RunClaim | None
+    def _items(
+        self, key: str, token: str, meta: QueueMeta, ttl: float | None, *, flag: str, run: RunClaim | None
     ) -> list[Any]:
+        """Both keys of ``key`` and what a claim or start says: see the ARGV of _redis_lua.CLAIM."""
+        base = self._prefix + key
         cls, cls_len = meta.cls, ""
         if cls and key.startswith(cls):
             cls, cls_len = "", str(len(cls))  # the key already holds it
-        args: list[Any] = [token, _ms(ttl) if ttl else 0, cls, cls_len, meta.args, meta.job_id, flag]
+        ttl_ms = _ms(ttl) if ttl else 0
+        items = [base + "}:q", base + "}:r", token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
         if run is not None:
             h = run.holder
-            args += [h.host, h.node, h.pid, h.pstart, _ms(run.lease), run.attempt]
-        return args
+            items += [h.host, h.node, h.pid, h.pstart, _ms(run.lease), run.attempt]
+        return items
 
     def claim(
         self,
@@ -190,8 +193,8 @@ class RedisBackend(Backend):
         ttl: float | None = None,
         run: RunClaim | None = None,
     ) -> LockState | None:
-        args = self._args(key, token, meta, ttl, flag="q" if run is None else "r", run=run)
-        reply = self._eval(self._claim, self._keys(key), args)
+        items = self._items(key, token, meta, ttl, flag="q" if run is None else "r", run=run)
+        reply = self._eval(self._claim, 2, items)
         return None if reply == 1 else self._state(key, reply)
 
     def start(
@@ -206,31 +209,30 @@ class RedisBackend(Backend):
         queue: QueueMode = "run",
     ) -> LockState | None:
         flags = ("a" if adopt else "-") + _QUEUE_MODES[queue]
-        args = self._args(key, token, meta, ttl, flag=flags, run=run)
-        reply = self._eval(self._start, self._keys(key), args)
+        reply = self._eval(self._start, 2, self._items(key, token, meta, ttl, flag=flags, run=run))
         return None if reply == 1 else self._state(key, reply)
 
     def attach(self, key: str, token: str, job_id: str) -> bool:
-        return bool(self._eval(self._attach, self._keys(key)[:1], [token, job_id]))
+        return bool(self._eval(self._attach, 1, [self._keys(key)[0], token, job_id]))
 
     def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None) -> bool:
-        args = self._args(key, token, meta, ttl, flag="", run=None)[:6]
-        return bool(self._eval(self._requeue, self._keys(key), args))
+        items = self._items(key, token, meta, ttl, flag="", run=None)[:8]
+        return bool(self._eval(self._requeue, 2, items))
 
     def renew(self, key: str, token: str, lease: float) -> bool:
-        return bool(self._eval(self._renew, self._keys(key)[1:], [token, _ms(lease)]))
+        return bool(self._eval(self._renew, 1, [self._keys(key)[1], token, _ms(lease)]))
 
     def finish(self, key: str, token: str, *, keep_queue: bool = False) -> None:
-        self._eval(self._finish, self._keys(key), [token, "1" if keep_queue else "0"])
+        self._eval(self._finish, 2, [*self._keys(key), token, "1" if keep_queue else "0"])
 
     def dequeue(self, key: str, token: str | None = None) -> bool:
-        return bool(self._eval(self._dequeue, self._keys(key)[:1], [token or ""]))
+        return bool(self._eval(self._dequeue, 1, [self._keys(key)[0], token or ""]))
 
     def reclaim(self, key: str, queue_token: str | None, run_token: str | None) -> bool:
-        return bool(self._eval(self._reclaim, self._keys(key), [queue_token or "", run_token or ""]))
+        return bool(self._eval(self._reclaim, 2, [*self._keys(key), queue_token or "", run_token or ""]))
 
     def read(self, key: str) -> LockState:
-        return self._state(key, self._eval(self._read, self._keys(key), []))
+        return self._state(key, self._eval(self._read, 2, self._keys(key)))
 
     def scan(self) -> Iterator[str]:
         head = len(self.namespace) + 2  # "<namespace>:{"
