@@ -81,7 +81,9 @@ class UniqueJob:
         # Set on every class, so a subclass never keeps its parent's plan for another key.
         planned = cls._perform_signature
         if planned is not None and cls._perform_binder is not None and not cls._custom_key:
-            cls._key_plan = KeyPlan(list(planned.parameters))
+            plain_params = planned.parameters.values()
+            defaults = [p.default for p in plain_params if p.default is not inspect.Parameter.empty]
+            cls._key_plan = KeyPlan(list(planned.parameters), defaults)
         else:
             cls._key_plan = None
         cls._plain = all(inspect.getattr_static(cls, name) is hook for name, hook in _LOCK_HOOKS.items())
@@ -405,14 +407,15 @@ def _plain_lock(cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, A
     plan = cls._key_plan
     if plan is None or cls.unique_args is not None:
         return None
-    if kwargs or len(args) != plan.size:
+    given = len(args)
+    if not kwargs and plan.required <= given <= plan.size:  # positional, defaults trailing
+        values: Sequence[Any] = args + plan.defaults[given:] if given < plan.size else args
+    else:
         bind = cls._perform_binder
         bound = None if bind is None else bind(args, kwargs)
         if bound is None:
             return None  # the hooks raise the error that names the problem
-        values: Sequence[Any] = list(bound.values())
-    else:
-        values = args
+        values = list(bound.values())
     name = f"{cls.__module__}.{cls.__qualname__}"  # job_name()
     target = cls.unique_backend
     return JobLock(

@@ -257,12 +257,18 @@ class KeyPlan:
     here, once per job class, instead of on every enqueue.
     """
 
-    __slots__ = ("_order", "_prefix", "size")
+    __slots__ = ("_order", "_prefix", "defaults", "required", "size")
 
-    def __init__(self, names: Sequence[str]) -> None:
+    def __init__(self, names: Sequence[str], defaults: Sequence[Any] = ()) -> None:
         if len(set(names)) != len(names):
             raise ValueError(f"parameter names repeat: {names!r}")
+        if len(defaults) > len(names):
+            raise ValueError(f"more defaults than parameters: {defaults!r}")
         self.size = len(names)
+        #: How many leading values a call must give; the rest default to ``defaults``.
+        self.required = len(names) - len(defaults)
+        #: One entry per parameter, so ``args + defaults[len(args):]`` is a whole positional call.
+        self.defaults: tuple[Any, ...] = (None,) * self.required + tuple(defaults)
         self._prefix = b"d%d:" % len(names)
         heads = []
         for i in sorted(range(len(names)), key=names.__getitem__):

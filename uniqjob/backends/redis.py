@@ -42,10 +42,6 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
 
 
-def _micros(value: Any) -> float:
-    return int(value) / 1_000_000
-
-
 class RedisBackend(Backend):
     """Locks in Redis, shared by every host that talks to the same server.
 
@@ -147,27 +143,28 @@ class RedisBackend(Backend):
             raise BackendError(f"unreadable lock state from the server: {reply[:80]!r}", self.name) from exc
         queue = run = None
         if q:
-            # A field that is not set comes as false.
+            # A field that is not set comes as false. (Positional arguments: this runs on every duplicate.)
             token, state, since, cls, cls_len, args, job_id = q
             if cls_len:
                 cls = key[: int(cls_len)]
+            ttl = int(qttl)
             queue = QueueRecord(
-                token=token,
-                state=RUNNING if state == "r" else QUEUED,
-                since=_micros(since),
-                meta=QueueMeta(cls or "", args or "", job_id or ""),
-                ttl=int(qttl) / 1000 if int(qttl) >= 0 else None,
+                token,
+                RUNNING if state == "r" else QUEUED,
+                int(since) / 1_000_000,
+                QueueMeta(cls or "", args or "", job_id or ""),
+                ttl / 1000 if ttl >= 0 else None,
             )
         if r:
             token, host, node, pid, pstart, started, lease = r
             run = RunRecord(
-                token=token,
-                holder=Holder(host, node, int(pid), int(pstart)),
-                started=_micros(started),
-                lease=int(lease) / 1000,
-                lease_left=max(int(rttl), 0) / 1000,
+                token,
+                Holder(host, node, int(pid), int(pstart)),
+                int(started) / 1_000_000,
+                int(lease) / 1000,
+                max(int(rttl), 0) / 1000,
             )
-        return LockState(key, queue, run, _micros(now))
+        return LockState(key, queue, run, int(now) / 1_000_000)
 
     def _items(
         self, key: str, token: str, meta: QueueMeta, ttl: float | None, *, flag: str, run: RunClaim | None
