@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import cast
 from urllib.parse import unquote, urlsplit
 
 from .backends.base import Backend
@@ -22,6 +23,7 @@ ENV_URL = "UNIQJOB_URL"
 _mutex = threading.Lock()
 _default: Backend | None = None
 _by_url: dict[str, Backend] = {}
+_backend_types: set[type[Backend]] = set()
 
 
 def default_directory() -> Path:
@@ -55,7 +57,10 @@ def backend_from_url(url: str) -> Backend:
 
 def resolve(target: str | Backend) -> Backend:
     """Return ``target`` if it is a backend, else the backend of its URL (one per distinct URL)."""
+    if type(target) in _backend_types:  # what isinstance() has said yes to: an ABC's check is slow
+        return cast(Backend, target)
     if isinstance(target, Backend):
+        _backend_types.add(type(target))
         return target
     if not isinstance(target, str):
         raise ConfigurationError(f"expected a Backend or a URL string, got {type(target).__name__}")

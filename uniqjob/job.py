@@ -214,7 +214,7 @@ class UniqueJob:
         Returns the queue's job handle (inline: ``perform``'s result), or None
         when the call is a duplicate and the policy drops or reschedules it.
         """
-        lock = cls.lock(*args, **kwargs)
+        lock = (cls._plain and _plain_lock(cls, args, kwargs)) or cls.lock(*args, **kwargs)
         queue = cls.unique_queue
         if queue is None:
             return cls._run(lock, args, kwargs)
@@ -243,7 +243,9 @@ class UniqueJob:
 
         Returns ``perform``'s result, or None when the key is held and the policy drops the call.
         """
-        return cls._run(cls.lock(*args, **kwargs), args, kwargs)
+        return cls._run(
+            (cls._plain and _plain_lock(cls, args, kwargs)) or cls.lock(*args, **kwargs), args, kwargs
+        )
 
     @classmethod
     def execute(

@@ -73,6 +73,7 @@ class RedisBackend(Backend):
         self._execute: Callable[..., Any] = client.execute_command
         self._lanes = Lanes(client) if Lanes.fit(client) else None
         self._heads: dict[tuple[Any, int, int], bytes] = {}
+        self._holder: tuple[Holder | None, list[str]] = (None, [])
         self.namespace = namespace
         self._prefix = namespace + ":{"
         self._claim = self._script(lua.CLAIM)
@@ -174,11 +175,18 @@ class RedisBackend(Backend):
         cls, cls_len = meta.cls, ""
         if cls and key.startswith(cls):
             cls, cls_len = "", str(len(cls))  # the key already holds it
-        ttl_ms = _ms(ttl) if ttl else 0
+        ttl_ms = str(_ms(ttl)) if ttl else "0"  # text: the encoder's quickest case
         items = [base + "}:q", base + "}:r", token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
         if run is not None:
-            h = run.holder
-            items += [h.host, h.node, h.pid, h.pstart, _ms(run.lease), run.attempt]
+            holder = run.holder
+            said = self._holder
+            if said[0] is not holder:  # nearly always this process: its fields as text, once
+                said = self._holder = (
+                    holder,
+                    [holder.host, holder.node, str(holder.pid), str(holder.pstart)],
+                )
+            items += said[1]
+            items += [str(_ms(run.lease)), run.attempt]
         return items
 
     def claim(
