@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import uuid
-from decimal import Decimal
+from decimal import Context, Decimal, localcontext
 from typing import Any
 
 import pytest
@@ -203,7 +203,8 @@ _values = st.recursive(
     | st.binary()
     | st.decimals(allow_nan=False)
     | st.uuids()
-    | st.datetimes(timezones=st.none() | st.timezones()),
+    | st.datetimes(timezones=st.none() | st.timezones())
+    | st.times(timezones=st.none() | st.timezones()),
     lambda inner: (
         st.lists(inner, max_size=4)
         | st.dictionaries(st.text(max_size=5), inner, max_size=4)
@@ -227,5 +228,17 @@ def test_different_encodings_mean_unequal_values(a: Any, b: Any) -> None:
     # The digest may only merge values that are equal; it never merges by accident.
     if canonical(a) == canonical(b):
         assert digest(a) == digest(b)
-    if type(a) is type(b) and isinstance(a, (int, str, bytes, Decimal, uuid.UUID)) and a == b:
+    if type(a) is type(b) and isinstance(a, (int, str, bytes, Decimal, uuid.UUID, dt.time)) and a == b:
         assert canonical(a) == canonical(b)
+
+
+@given(st.times(timezones=st.timezones()), st.times(timezones=st.timezones()))
+def test_equal_aware_times_are_one_key(a: dt.time, b: dt.time) -> None:
+    assert (canonical(a) == canonical(b)) == (a == b)
+
+
+@given(st.decimals(allow_nan=False), st.integers(1, 40), st.booleans())
+def test_a_decimal_key_ignores_the_callers_context(value: Decimal, precision: int, capitals: bool) -> None:
+    expected = canonical(value)
+    with localcontext(Context(prec=precision, capitals=int(capitals))):
+        assert canonical(value) == expected

@@ -16,7 +16,7 @@ import json
 import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from decimal import Decimal
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal, localcontext
 from typing import Any
 
 from .errors import UniqueKeyError
@@ -111,15 +111,28 @@ def _enc_date(value: dt.date, path: str, out: bytearray) -> None:
 
 
 def _enc_time(value: dt.time, path: str, out: bytearray) -> None:
-    out += b"H" + value.isoformat().encode() + b";"
+    offset = value.utcoffset()
+    if offset is None:
+        out += b"H" + value.isoformat().encode() + b";"
+        return
+    # Aware times are equal, as Python compares them, when their time of day less
+    # their offset (its whole seconds: Python ignores the rest) and microsecond are.
+    seconds = value.hour * 3600 + value.minute * 60 + value.second - offset.days * 86400 - offset.seconds
+    out += b"Ha%d.%06d;" % (seconds, value.microsecond)
 
 
 def _enc_decimal(value: Decimal, path: str, out: bytearray) -> None:
     if value.is_nan():
         raise UniqueKeyError(path, "Decimal NaN is not equal to itself and cannot be part of a lock key")
     # Equal Decimals are one key: 1.5 and 1.50 normalise alike, and so do 0 and -0.
-    text = "0" if value == 0 else str(value.normalize())
+    # In a context of our own: the caller's precision would round (two unequal
+    # values, one key) and its exponent letter would differ (one value, two keys).
+    with localcontext(_DECIMAL_CONTEXT):
+        text = "0" if value == 0 else str(value.normalize())
     out += b"M" + text.encode() + b";"
+
+
+_DECIMAL_CONTEXT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN, capitals=1)
 
 
 def _enc_uuid(value: uuid.UUID, path: str, out: bytearray) -> None:
