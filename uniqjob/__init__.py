@@ -53,7 +53,7 @@ __all__ = [
     "default_backend",
 ]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _LAZY = {
     "FileBackend": ".backends.file",
