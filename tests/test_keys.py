@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import datetime as dt
 import enum
 import uuid
@@ -242,3 +243,13 @@ def test_a_decimal_key_ignores_the_callers_context(value: Decimal, precision: in
     expected = canonical(value)
     with localcontext(Context(prec=precision, capitals=int(capitals))):
         assert canonical(value) == expected
+
+
+def test_values_that_cannot_be_keyed_faithfully_are_refused_by_name() -> None:
+    ints = memoryview(array.array("i", [1]))
+    with pytest.raises(UniqueKeyError, match=r"payload\[0\].*memoryview of 'i' items"):
+        canonical([ints], "payload")
+    assert canonical(memoryview(b"ab")) == canonical(b"ab")  # a view of bytes is its bytes
+    late = dt.datetime.max.replace(tzinfo=dt.timezone(dt.timedelta(hours=-1)))
+    with pytest.raises(UniqueKeyError, match="out of range once moved to UTC"):
+        canonical({"when": late}, "call")

@@ -59,6 +59,13 @@ def _enc_str(value: str, path: str, out: bytearray) -> None:
 
 
 def _enc_bytes(value: bytes | bytearray | memoryview, path: str, out: bytearray) -> None:
+    if isinstance(value, memoryview) and value.format not in ("B", "b", "c"):
+        # A view of ints or floats equals only views of the same items, never bytes:
+        # as raw bytes it would share a key with values it is not equal to.
+        raise UniqueKeyError(
+            path,
+            f"a memoryview of {value.format!r} items cannot be part of a lock key; pass .tolist() or bytes",
+        )
     raw = bytes(value)
     out += b"b%d:" % len(raw)
     out.extend(raw)
@@ -101,7 +108,10 @@ def _enc_datetime(value: dt.datetime, path: str, out: bytearray) -> None:
         out += b"Dn" + value.isoformat().encode()
     else:
         # One key per instant, whatever the zone it was written in.
-        utc = (value.replace(tzinfo=None) - offset).isoformat()
+        try:
+            utc = (value.replace(tzinfo=None) - offset).isoformat()
+        except OverflowError:
+            raise UniqueKeyError(path, f"{value!r} is out of range once moved to UTC") from None
         out += b"Da" + utc.encode()
     out += b";"
 
