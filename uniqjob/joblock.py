@@ -73,6 +73,26 @@ class JobLock:
     that cannot carry the token to the worker.
     """
 
+    # One is made per enqueue: slots make it one allocation, not an object and its dict.
+    __slots__ = (
+        "__weakref__",
+        "_attempt_token",
+        "_base",
+        "_beat",
+        "_slot_fixed",
+        "adopt",
+        "backend",
+        "conflict",
+        "gone_tokens",
+        "key",
+        "lease",
+        "limit",
+        "meta",
+        "strategy",
+        "token",
+        "ttl",
+    )
+
     def __init__(
         self,
         backend: Backend,
