@@ -288,3 +288,57 @@ def test_a_retry_that_fails_otherwise_leaves_no_reply_behind(
     assert backend.claim("other", "u", meta=QueueMeta()) is None  # its own reply, not the stale one
     state = backend.claim("k", "v", meta=QueueMeta())  # the interrupted claim did reach the server
     assert state is not None and state.queue is not None and state.queue.token == "t"
+
+
+class _Replies:
+    """A socket stand-in: takes what is sent, answers with the given chunks, then end of stream."""
+
+    def __init__(self, *chunks: bytes) -> None:
+        self.chunks = list(chunks)
+        self.sent = b""
+
+    def sendall(self, data: bytes) -> None:
+        self.sent += data
+
+    def recv(self, size: int) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+@pytest.mark.parametrize(
+    ("chunks", "expected"),
+    [
+        ((b":1\r\n",), 1),
+        ((b":-42\r\n",), -42),
+        ((b"$5\r\nhello\r\n",), b"hello"),
+        ((b"$6\r\na\r\nb\r\n\r\n",), b"a\r\nb\r\n"),  # a string holding the line ending
+        ((b"$", b"11", b"\r\nhello", b" world", b"\r", b"\n"), b"hello world"),  # split anywhere
+        ((b"$0\r\n\r\n",), b""),
+        ((b"$-1\r\n",), None),
+        ((b"+PONG\r\n",), b"PONG"),
+    ],
+)
+def test_the_reader_takes_one_whole_reply(chunks: tuple[bytes, ...], expected: Any) -> None:
+    sock = _Replies(*chunks)
+    assert _wire._exchange(sock, b"*1\r\n$4\r\nPING\r\n") == expected
+    assert sock.sent == b"*1\r\n$4\r\nPING\r\n" and sock.chunks == []
+
+
+@pytest.mark.parametrize(
+    ("chunks", "error", "match"),
+    [
+        ((b"-NOSCRIPT No matching script.\r\n",), redis.exceptions.NoScriptError, "No matching script"),
+        ((b"-ERR wrong\r\n",), redis.ResponseError, "wrong"),
+        ((b"*1\r\n:1\r\n",), redis.InvalidResponse, "unexpected reply type"),
+        ((b":1\r\n:2\r\n",), redis.InvalidResponse, "more than one reply"),
+        ((b"\r\n",), redis.InvalidResponse, "no type"),
+        ((b":x\r\n",), redis.InvalidResponse, "bad reply"),
+        ((b"$x\r\n",), redis.InvalidResponse, "bad reply"),
+        ((b"$5\r\nhel",), redis.ConnectionError, "closed by server"),
+        ((), redis.ConnectionError, "closed by server"),
+    ],
+)
+def test_the_reader_names_what_is_wrong(
+    chunks: tuple[bytes, ...], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        _wire._exchange(_Replies(*chunks), b"*1\r\n$4\r\nPING\r\n")

@@ -252,6 +252,8 @@ def _exchange(sock: Any, command: bytes) -> Any:
             raise redis.ConnectionError("Connection closed by server.")
         while True:
             end = data.find(b"\r\n")
+            if end == 0:
+                raise redis.InvalidResponse("a reply with no type")
             if end > 0:
                 kind = data[0]
                 if kind == _STRING:
@@ -264,20 +266,20 @@ def _exchange(sock: Any, command: bytes) -> Any:
                 if len(data) >= size:
                     break
             data += _more(sock)
+        if len(data) > size:
+            raise redis.InvalidResponse("more than one reply to one command")
+        if kind == _INTEGER:
+            return int(data[1:end])
+        if kind == _STRING:
+            return data[end + 2 : -2] if length >= 0 else None
+        if kind == _STATUS:
+            return data[1:end]
     except TimeoutError as exc:  # socket.timeout
         raise redis.TimeoutError("Timeout reading from socket") from exc
     except OSError as exc:
         raise redis.ConnectionError(f"Error while talking to the server: {exc}") from exc
-    except ValueError as exc:
+    except ValueError as exc:  # a length or an integer that is not one
         raise redis.InvalidResponse(f"bad reply {data[:40]!r}") from exc
-    if len(data) > size:
-        raise redis.InvalidResponse("more than one reply to one command")
-    if kind == _INTEGER:
-        return int(data[1:end])
-    if kind == _STRING:
-        return data[end + 2 : -2] if length >= 0 else None
-    if kind == _STATUS:
-        return data[1:end]
     raise _RESP2Parser.parse_error(data[1:end].decode("utf-8", "replace"))  # type: ignore[no-untyped-call]
 
 
