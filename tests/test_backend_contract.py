@@ -66,6 +66,20 @@ def test_claim_records_state_and_conflicts(store: Store) -> None:
     assert b.read("other").free
 
 
+def test_a_conflict_is_quiet_only_when_nothing_may_be_reclaimed(store: Store) -> None:
+    b = store.backend
+    plain = QueueMeta("tests.Job", "(1,)")
+    assert b.claim("q", "t1", meta=plain) is None
+    quiet = b.claim("q", "t2", meta=plain)
+    assert quiet is not None and quiet.quiet and quiet.queue is not None and quiet.queue.token == "t1"
+    assert b.attach("q", "t1", "job-9")  # now a queue may prove its job gone
+    named = b.claim("q", "t3", meta=plain)
+    assert named is not None and not named.quiet
+    assert start(b, "t4", key="r") is None  # running
+    running = b.claim("r", "t5", meta=plain)
+    assert running is not None and not running.quiet
+
+
 def test_store_clock_is_used(store: Store) -> None:
     # Redis reports its own TIME; the injected clocks start far in the future of the wall clock.
     state = store.backend.read("k")

@@ -11,6 +11,7 @@ from dataclasses import replace
 from uniqjob.locks import (
     Holder,
     LockState,
+    Parts,
     QueueMeta,
     QueueRecord,
     RunRecord,
@@ -102,3 +103,31 @@ def test_tokens_are_unique_across_threads_and_a_fork() -> None:
     mine = [new_token() for _ in range(100)]
     assert len(child) == 100
     assert not set(child) & set(mine + tokens)  # a forked child never repeats its parent's tokens
+
+
+def test_quiet_is_the_usual_duplicate_only() -> None:
+    me = local_holder()
+    assert _state("queued", None).quiet
+    assert not _state("queued", me).quiet  # something runs
+    assert not _state("running", None).quiet
+    assert not _state(None, me).quiet
+    assert not _state(None, None).quiet  # free
+    with_job = LockState("k", QueueRecord("t", "queued", 0.0, QueueMeta(job_id="j1"), None), None, 1.0)
+    assert not with_job.quiet  # its queue may prove the job gone
+
+
+def test_an_unread_state_is_read_once_on_first_use() -> None:
+    whole = _state("queued", None)
+    reads: list[int] = []
+
+    def read() -> Parts:
+        reads.append(1)
+        return whole.queue, whole.run, whole.now
+
+    unread = LockState.unread("k", read, quiet=True)
+    assert unread.quiet and reads == []  # deciding needs no read
+    assert unread.key == "k" and reads == []
+    assert unread.queue == whole.queue and reads == [1]
+    assert unread.run is None and unread.now == 1.0 and unread.describe() == whole.describe()
+    assert unread == whole and reads == [1]
+    assert repr(unread) == repr(whole) == f"LockState(key='k', queue={whole.queue!r}, run=None, now=1.0)"

@@ -13,7 +13,7 @@ import uniqjob
 from tests.redis_server import RedisServer
 from uniqjob import BackendError, UniqueJob
 from uniqjob.backends.redis import RedisBackend
-from uniqjob.locks import QueueMeta, RunClaim, local_holder
+from uniqjob.locks import LockState, QueueMeta, RunClaim, local_holder
 
 
 class Job(UniqueJob):
@@ -123,3 +123,26 @@ def test_outage_then_recovery(redis_server: RedisServer, redis_client: redis.Red
 def test_an_unreadable_lock_state_is_a_backend_error(redis_backend: RedisBackend, reply: bytes) -> None:
     with pytest.raises(BackendError, match="unreadable lock state"):
         redis_backend._state("k", reply)
+
+
+def test_the_usual_duplicate_is_left_unread_until_used(redis_backend: RedisBackend) -> None:
+    meta = QueueMeta("job", "1")
+    assert redis_backend.claim("quiet", "t1", meta=meta) is None
+    state = redis_backend.claim("quiet", "t2", meta=meta)
+    assert state is not None and state.quiet
+    assert state._read is not None  # rejected without building its records
+    assert state.queue is not None and state.queue.token == "t1" and state.queue.meta == meta
+    assert state.run is None and state._read is None
+    assert state == LockState("quiet", state.queue, None, state.now)
+
+    # A queued lock whose job a queue may prove gone is read at once, and is not quiet.
+    assert redis_backend.attach("quiet", "t1", "job-1")
+    named = redis_backend.claim("quiet", "t3", meta=meta)
+    assert named is not None and not named.quiet and named._read is None
+    assert named.queue is not None and named.queue.meta.job_id == "job-1"
+
+    # So is one with a run lock beside it.
+    run = RunClaim(local_holder(), 30.0, "a1")
+    assert redis_backend.claim("busy", "t1", meta=meta, run=run) is None
+    busy = redis_backend.claim("busy", "t2", meta=meta)
+    assert busy is not None and not busy.quiet and busy.run is not None

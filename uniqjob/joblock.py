@@ -169,6 +169,8 @@ class JobLock:
                     self.key, self.conflict, self._slot_fixed = slot, None, True
                     return True
                 self.conflict = state
+                if state.quiet:
+                    break  # the usual duplicate: queued, nothing running, no job a queue could prove gone
                 queue = state.queue
                 if state.run is None and queue is not None and queue.state == QUEUED:
                     # The usual duplicate: queued, nothing running. Only its queue may free it.

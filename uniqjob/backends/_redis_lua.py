@@ -25,8 +25,8 @@ local function clock()
   local t = redis.call('TIME')
   return t[1] .. string.sub('00000', #t[2]) .. t[2]  -- the microseconds zero-padded to 6 digits
 end
--- What is in the way, as one JSON string: [now, queue fields, queue pttl, run
--- fields, run pttl], a lock's fields false if it is not there. The client parses
+-- What is in the way, as a mark and one JSON string: [now, queue fields, queue
+-- pttl, run fields, run pttl], a lock's fields false if it is not there. The client parses
 -- one string, not a score of replies (a string, where success is the integer 1).
 local function snapshot(now, q)  -- q: the queue lock's fields, if already read
   q = q or redis.call('HMGET', KEYS[1], 't', 's', 'a', 'c', 'n', 'p', 'j')
@@ -34,7 +34,11 @@ local function snapshot(now, q)  -- q: the queue lock's fields, if already read
   local qttl, rttl = -2, -2
   if q[1] then qttl = redis.call('PTTL', KEYS[1]) else q = false end
   if r[1] then rttl = redis.call('PTTL', KEYS[2]) else r = false end
-  return cjson.encode({now, q, qttl, r, rttl})
+  -- First a mark: 'Q' for the usual duplicate (queued, no job id, no run lock),
+  -- whose snapshot the client need not read; 'S' for any other.
+  local mark = 'S'
+  if q and q[2] == 'q' and not q[7] and not r then mark = 'Q' end
+  return mark .. cjson.encode({now, q, qttl, r, rttl})
 end
 -- ARGV[i..i+5]: host, node, pid, pstart, lease_ms, attempt ('' : keep any the lock has).
 -- started: when the token's run began (kept across its renewals and re-takes).

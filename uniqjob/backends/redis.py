@@ -22,7 +22,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from ..errors import BackendError, ConfigurationError
-from ..locks import QUEUED, RUNNING, Holder, LockState, QueueMeta, QueueRecord, RunClaim, RunRecord
+from ..locks import QUEUED, RUNNING, Holder, LockState, Parts, QueueMeta, QueueRecord, RunClaim, RunRecord
 from . import _redis_lua as lua
 from ._wire import Lanes, evalsha_head, pack_after
 from .base import Backend, QueueMode
@@ -32,6 +32,7 @@ __all__ = ["RedisBackend"]
 T = TypeVar("T")
 
 _QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k"}
+_QUIET = (b"Q", "Q")  # the mark of a snapshot that need not be read: see _redis_lua's snapshot()
 
 
 # The C scanner itself: JSONDecoder.decode adds two Python calls and a regex for whitespace.
@@ -136,15 +137,23 @@ class RedisBackend(Backend):
             return self._execute("EVALSHA", script.sha, numkeys, *items)
 
     def _state(self, key: str, reply: str | bytes) -> LockState:
+        """The state a script's snapshot reply describes; the usual duplicate's ("Q"), unread until used."""
+        if reply[:1] in _QUIET:
+            return LockState.unread(key, partial(self._parts, key, reply), quiet=True)
+        return LockState(key, *self._parts(key, reply))
+
+    def _parts(self, key: str, reply: str | bytes) -> Parts:
         # (bytes decoded as json.loads would, minus its sniffing for UTF-16 and -32)
         try:
             text = reply.decode("utf-8", "surrogatepass") if isinstance(reply, bytes) else reply
-            now, q, qttl, r, rttl = _scan_json(text, 0)[0]  # q, r: the fields named in _redis_lua
+            if text[:1] not in ("Q", "S"):
+                raise ValueError("no mark")
+            now, q, qttl, r, rttl = _scan_json(text, 1)[0]  # q, r: the fields named in _redis_lua
         except (StopIteration, ValueError) as exc:  # StopIteration: the scanner's "not JSON"
             raise BackendError(f"unreadable lock state from the server: {reply[:80]!r}", self.name) from exc
         queue = run = None
         if q:
-            # A field that is not set comes as false. (Positional arguments: this runs on every duplicate.)
+            # A field that is not set comes as false. (Positional arguments: this runs on every conflict.)
             token, state, since, cls, cls_len, args, job_id = q
             if cls_len:
                 cls = key[: int(cls_len)]
@@ -165,7 +174,7 @@ class RedisBackend(Backend):
                 int(lease) / 1000,
                 max(int(rttl), 0) / 1000,
             )
-        return LockState(key, queue, run, int(now) / 1_000_000)
+        return queue, run, int(now) / 1_000_000
 
     def _items(
         self, key: str, token: str, meta: QueueMeta, ttl: float | None, *, flag: str, run: RunClaim | None
