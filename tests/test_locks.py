@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -131,3 +133,15 @@ def test_an_unread_state_is_read_once_on_first_use() -> None:
     assert unread.run is None and unread.now == 1.0 and unread.describe() == whole.describe()
     assert unread == whole and reads == [1]
     assert repr(unread) == repr(whole) == f"LockState(key='k', queue={whole.queue!r}, run=None, now=1.0)"
+
+
+def test_an_unread_state_pickles_copies_and_matches_as_a_read_one() -> None:
+    whole = _state("queued", None)
+    unread = LockState.unread("k", lambda: (whole.queue, whole.run, whole.now), quiet=True)
+    assert pickle.loads(pickle.dumps(unread)) == whole
+    assert copy.deepcopy(unread) == whole and copy.copy(unread) == whole
+    match unread:
+        case LockState(key, queue, None, now):
+            assert (key, queue, now) == ("k", whole.queue, 1.0)
+        case _:
+            raise AssertionError("LockState did not match by position")

@@ -146,3 +146,10 @@ def test_the_usual_duplicate_is_left_unread_until_used(redis_backend: RedisBacke
     assert redis_backend.claim("busy", "t1", meta=meta, run=run) is None
     busy = redis_backend.claim("busy", "t2", meta=meta)
     assert busy is not None and not busy.quiet and busy.run is not None
+
+
+def test_an_unread_state_that_is_unreadable_says_so_on_first_use(redis_backend: RedisBackend) -> None:
+    state = redis_backend._state("k", b"Qnot json")
+    assert state.quiet
+    with pytest.raises(BackendError, match="unreadable lock state"):
+        _ = state.queue

@@ -182,12 +182,16 @@ class LockState:
     @property
     def quiet(self) -> bool:
         """A queued lock with no job id, and no run lock: nothing that anyone may reclaim."""
-        if self._quiet is None:
-            queue = self.queue
-            self._quiet = (
-                self.run is None and queue is not None and queue.state == QUEUED and not queue.meta.job_id
-            )
-        return self._quiet
+        if self._read is not None:
+            return bool(self._quiet)  # as the store saw it
+        queue = self._queue
+        return self._run is None and queue is not None and queue.state == QUEUED and not queue.meta.job_id
+
+    __match_args__ = ("key", "queue", "run", "now")
+
+    def __reduce__(self) -> tuple[type[LockState], tuple[str, QueueRecord | None, RunRecord | None, float]]:
+        # Read, then copied or pickled as the plain snapshot it is (an unread one holds its store).
+        return (LockState, (self.key, *self._parts()))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, LockState):
