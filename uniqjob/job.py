@@ -64,7 +64,7 @@ class UniqueJob:
     _perform_bound: ClassVar[bool] = False  # perform is a classmethod or staticmethod
     _custom_key: ClassVar[bool] = False
     _key_plan: ClassVar[KeyPlan | None] = None  # the default key of a plain signature, planned once
-    _plain: ClassVar[bool] = False  # overrides none of the hooks that make a lock: see _plain_lock()
+    _plain: ClassVar[bool] = False  # overrides none of the hooks that make a lock: see _new_lock()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -138,14 +138,10 @@ class UniqueJob:
     def lock_key(cls, *args: Any, **kwargs: Any) -> str:
         """Return the lock key of a call with these arguments."""
         plan = cls._key_plan
-        if plan is not None and cls.unique_args is None:
+        values = None if plan is None else _planned_values(cls, plan, args, kwargs)
+        if plan is not None and values is not None:
             # The usual call, sooner: the same key as make_key(name, unique_key(...)).
-            if not kwargs and len(args) == plan.size:
-                return plan.key(cls.job_name(), args)
-            bind = cls._perform_binder
-            bound = None if bind is None else bind(args, kwargs)
-            if bound is not None:
-                return plan.key(cls.job_name(), list(bound.values()))
+            return plan.key(cls.job_name(), values)
         value = cls.unique_key(*args, **kwargs)
         if cls._custom_key:
             return f"{cls.job_name()}:{KEY_VERSION}:{digest(value, 'unique_key()')}"
@@ -172,11 +168,7 @@ class UniqueJob:
     @classmethod
     def lock(cls, *args: Any, **kwargs: Any) -> JobLock:
         """Return a new :class:`JobLock` for a call with these arguments (nothing is taken yet)."""
-        if cls._plain:
-            lock = _plain_lock(cls, args, kwargs)
-            if lock is not None:
-                return lock
-        return cls._lock(cls.lock_key(*args, **kwargs), args, kwargs)
+        return _new_lock(cls, args, kwargs)
 
     @classmethod
     def lock_from(cls, key: str, token: str | None, *, adopt: bool = False) -> JobLock:
@@ -214,7 +206,8 @@ class UniqueJob:
         Returns the queue's job handle (inline: ``perform``'s result), or None
         when the call is a duplicate and the policy drops or reschedules it.
         """
-        lock = (cls._plain and _plain_lock(cls, args, kwargs)) or cls.lock(*args, **kwargs)
+        # (lock() is not overridden when _plain: straight to its body, the call not packed again)
+        lock = _new_lock(cls, args, kwargs) if cls._plain else cls.lock(*args, **kwargs)
         queue = cls.unique_queue
         if queue is None:
             return cls._run(lock, args, kwargs)
@@ -243,9 +236,8 @@ class UniqueJob:
 
         Returns ``perform``'s result, or None when the key is held and the policy drops the call.
         """
-        return cls._run(
-            (cls._plain and _plain_lock(cls, args, kwargs)) or cls.lock(*args, **kwargs), args, kwargs
-        )
+        lock = _new_lock(cls, args, kwargs) if cls._plain else cls.lock(*args, **kwargs)
+        return cls._run(lock, args, kwargs)
 
     @classmethod
     def execute(
@@ -397,27 +389,34 @@ class UniqueJob:
         return _concurrency.semaphore_of(cls, args, kwargs)
 
 
-def _plain_lock(cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any]) -> JobLock | None:
-    """``cls.lock(*args, **kwargs)`` in one step, for a class whose hooks are all UniqueJob's own.
-
-    Every enqueue makes a lock, and the layers of hooks (``lock_key``,
-    ``unique_key``, ``job_name``, ``backend``, ``autoexpire``) cost more than
-    the key itself once the CPU's caches have gone cold between two enqueues,
-    as they have in a busy application. Returns None, leaving the call to
-    those hooks, for any call the key plan does not cover.
-    """
-    plan = cls._key_plan
-    if plan is None or cls.unique_args is not None:
+def _planned_values(
+    cls: type[UniqueJob], plan: KeyPlan, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Sequence[Any] | None:
+    """The values ``plan`` keys a call by (perform's parameters, defaults applied); None if not planned."""
+    if cls.unique_args is not None:
         return None
     given = len(args)
     if not kwargs and plan.required <= given <= plan.size:  # positional, defaults trailing
-        values: Sequence[Any] = args + plan.defaults[given:] if given < plan.size else args
-    else:
-        bind = cls._perform_binder
-        bound = None if bind is None else bind(args, kwargs)
-        if bound is None:
-            return None  # the hooks raise the error that names the problem
-        values = list(bound.values())
+        return args + plan.defaults[given:] if given < plan.size else args
+    bind = cls._perform_binder
+    bound = None if bind is None else bind(args, kwargs)
+    return None if bound is None else list(bound.values())  # None: the hooks raise the error
+
+
+def _new_lock(cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any]) -> JobLock:
+    """The body of ``cls.lock(*args, **kwargs)``.
+
+    For a class whose hooks are all UniqueJob's own (``_plain``), in one step:
+    every enqueue makes a lock, and the layers of hooks (``lock_key``,
+    ``unique_key``, ``job_name``, ``backend``, ``autoexpire``) cost more than
+    the key itself once the CPU's caches have gone cold between two enqueues,
+    as they have in a busy application. Any other class or call goes through
+    the hooks.
+    """
+    plan = cls._key_plan if cls._plain else None
+    values = None if plan is None else _planned_values(cls, plan, args, kwargs)
+    if plan is None or values is None:
+        return cls._lock(cls.lock_key(*args, **kwargs), args, kwargs)
     name = f"{cls.__module__}.{cls.__qualname__}"  # job_name()
     target = cls.unique_backend
     return JobLock(

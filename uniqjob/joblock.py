@@ -171,12 +171,7 @@ class JobLock:
                 self.conflict = state
                 if state.quiet:
                     break  # the usual duplicate: queued, nothing running, no job a queue could prove gone
-                queue = state.queue
-                if state.run is None and queue is not None and queue.state == QUEUED:
-                    # The usual duplicate: queued, nothing running. Only its queue may free it.
-                    if gone is None or not queue.meta.job_id or not self._reclaim_gone(state, gone):
-                        break
-                elif not (self._reclaim_dead(state) or self._reclaim_gone(state, gone)):
+                if not (self._reclaim_dead(state) or self._reclaim_gone(state, gone)):
                     break
         return False
 

@@ -237,9 +237,9 @@ def digest(value: Any, path: str = "") -> str:
     return hashlib.blake2b(canonical(value, path), digest_size=16).hexdigest()
 
 
-# Parameter names come from job signatures, so there are few: their encodings are
-# kept (a bounded number, in case a caller passes made-up names).
-_param_heads: dict[str, bytes] = {}
+# Parameter names come from job signatures, so there are few sets of them: a
+# plan is kept per set (a bounded number, in case a caller passes made-up names).
+_plans: dict[tuple[str, ...], KeyPlan] = {}
 
 
 def make_key(name: str, arguments: Mapping[str, Any]) -> str:
@@ -247,37 +247,22 @@ def make_key(name: str, arguments: Mapping[str, Any]) -> str:
 
     Each argument's path in an error is its parameter name.
     """
-    # Every enqueue makes a key: ints and strs, the usual arguments, skip the
-    # dispatch (the bytes are the same as _enc_int's and _enc_str's).
-    out = bytearray(b"d%d:" % len(arguments))
-    heads = _param_heads
-    for param in sorted(arguments):
-        head = heads.get(param)
-        if head is None:
-            encoded = bytearray()
-            _str(param, encoded)
-            head = bytes(encoded)
-            if len(heads) < 4096:
-                heads[param] = head
-        out += head
-        value = arguments[param]
-        kind = type(value)
-        if kind is int:
-            out += b"i%d;" % value
-        elif kind is str:
-            _str(value, out)
-        else:
-            _encode(value, param, out)
-    return f"{name}:{KEY_VERSION}:{hashlib.blake2b(out, digest_size=16).hexdigest()}"
+    names = tuple(arguments)
+    plan = _plans.get(names)
+    if plan is None:
+        plan = KeyPlan(names)
+        if len(_plans) < 4096:
+            _plans[names] = plan
+    return plan.key(name, list(arguments.values()))
 
 
 class KeyPlan:
-    """:func:`make_key` for one fixed list of parameter names, planned once.
+    """The encoding behind :func:`make_key`, for one fixed list of parameter names, planned once.
 
     ``key(name, values)`` takes the values in the order of ``names`` (a bound
-    call's, defaults applied) and returns exactly ``make_key(name,
-    dict(zip(names, values)))``: the sort and the names' encodings are done
-    here, once per job class, instead of on every enqueue.
+    call's, defaults applied) and returns ``make_key(name, dict(zip(names,
+    values)))``: the sort and the names' encodings are done here, once per
+    job class (or set of names), instead of on every enqueue.
     """
 
     __slots__ = ("_order", "_prefix", "defaults", "required", "size")
@@ -302,6 +287,8 @@ class KeyPlan:
 
     def key(self, name: str, values: Sequence[Any]) -> str:
         """Return the lock key of job ``name`` called with ``values`` (one per name, in order)."""
+        # Every enqueue makes a key: ints and strs, the usual arguments, skip the
+        # dispatch (the bytes are the same as _enc_int's and _enc_str's).
         out = bytearray(self._prefix)
         for i, head, param in self._order:
             out += head

@@ -146,7 +146,7 @@ class LockState:
         self._run = run
         self._now = now  # the store's clock when the snapshot was taken
         self._read: Callable[[], Parts] | None = None
-        self._quiet: bool | None = None
+        self._quiet = False  # only an unread state keeps what the store said
 
     @classmethod
     def unread(cls, key: str, read: Callable[[], Parts], *, quiet: bool) -> LockState:
@@ -183,7 +183,7 @@ class LockState:
     def quiet(self) -> bool:
         """A queued lock with no job id, and no run lock: nothing that anyone may reclaim."""
         if self._read is not None:
-            return bool(self._quiet)  # as the store saw it
+            return self._quiet  # as the store saw it
         queue = self._queue
         return self._run is None and queue is not None and queue.state == QUEUED and not queue.meta.job_id
 

@@ -247,9 +247,7 @@ def _exchange(sock: Any, command: bytes) -> Any:
     """
     try:
         sock.sendall(command)
-        data = sock.recv(_CHUNK)
-        if not data:
-            raise redis.ConnectionError("Connection closed by server.")
+        data = _more(sock)
         while True:
             end = data.find(b"\r\n")
             if end == 0:

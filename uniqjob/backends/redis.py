@@ -180,12 +180,11 @@ class RedisBackend(Backend):
         self, key: str, token: str, meta: QueueMeta, ttl: float | None, *, flag: str, run: RunClaim | None
     ) -> list[Any]:
         """Both keys of ``key`` and what a claim or start says: see the ARGV of _redis_lua.CLAIM."""
-        base = self._prefix + key
         cls, cls_len = meta.cls, ""
         if cls and key.startswith(cls):
             cls, cls_len = "", str(len(cls))  # the key already holds it
         ttl_ms = str(_ms(ttl)) if ttl else "0"  # text: the encoder's quickest case
-        items = [base + "}:q", base + "}:r", token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
+        items = [*self._keys(key), token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
         if run is not None:
             holder = run.holder
             said = self._holder
