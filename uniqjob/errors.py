@@ -10,6 +10,7 @@ pickles: workers send exceptions across process boundaries, and the default
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -77,15 +78,28 @@ class BackendError(UniqJobError):
 
 
 class CorruptRecordError(BackendError):
-    """A lock record cannot be read; it is never treated as a free lock."""
+    """A lock record cannot be read; it is never treated as a free lock.
 
-    def __init__(self, path: str, reason: str) -> None:
+    ``path`` names where the record lives (a file, or a Redis key), ``key`` the
+    lock key when it can be told ("" when the record is too damaged to say).
+    The key stays blocked until the record is removed, and the message says how.
+    """
+
+    def __init__(self, path: str, reason: str, *, key: str = "", backend: str = "file") -> None:
         self.path = path
         self.reason = reason
-        super().__init__(f"unreadable lock record {path}: {reason}", "file")
+        self.key = key
+        what = f"lock record {path}" + (f" of key {key!r}" if key else "")
+        fix = shlex.quote(key or path)
+        message = f"unreadable {what}: {reason}; it blocks its key until removed with: uniqjob release --force {fix}"
+        super().__init__(message, backend)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.path, self.reason))
+        return (_corrupt, (self.path, self.reason, self.key, self.backend))
+
+
+def _corrupt(path: str, reason: str, key: str, backend: str) -> CorruptRecordError:
+    return CorruptRecordError(path, reason, key=key, backend=backend)
 
 
 class ConcurrencyLimitExceeded(UniqJobError):

@@ -84,17 +84,21 @@ class QueueMeta:
     job_id: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RunClaim:
     """A request to hold a run lock: who, for how long between beats, and which attempt.
 
     ``attempt`` tells two deliveries of one job (one token) apart: a live run
     lock of the same token but another attempt is a duplicate delivery.
+    ``fence`` is written by the store when it grants the run lock: an integer
+    strictly greater than every fence issued for that key before (see
+    :meth:`uniqjob.backends.base.Backend.start`). One claim is made per call.
     """
 
     holder: Holder
     lease: float
     attempt: str = ""
+    fence: int = 0
 
 
 # The two records below are built whenever a conflict's state is read, so they
@@ -123,6 +127,7 @@ class RunRecord:
     started: float  # store clock, seconds
     lease: float  # seconds
     lease_left: float  # seconds
+    fence: int = 0  # the fence issued when this run lock was granted; 0 if the store kept none
 
 
 #: What an unread LockState is read with: its queue lock, run lock and clock.

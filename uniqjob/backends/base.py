@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Literal
 
+from ..errors import CorruptRecordError
 from ..locks import LockState, QueueMeta, RunClaim
 
 __all__ = ["Backend", "QueueMode"]
@@ -45,6 +46,10 @@ class Backend(ABC):
         bounds the new lock's life (autoexpire). With ``run``, the lock is taken
         in state ``running`` together with the run lock, in the same step; then
         a live run lock (whose queue lock autoexpired) conflicts too.
+
+        Granting ``run`` sets ``run.fence`` as :meth:`start` does. A claim is
+        idempotent for its token: retried after a lost reply, it finds its
+        own lock and succeeds again (with the same fence).
         """
 
     @abstractmethod
@@ -75,6 +80,15 @@ class Backend(ABC):
         With ``adopt``, a queue lock of any token counts as ``token``'s (a
         queue that cannot carry tokens); without it, another token's queue lock
         is a successor's and is left alone.
+
+        **Fence.** When the run lock is granted, the store sets ``run.fence``,
+        in the same atomic step, to an integer strictly greater than every
+        fence it issued for ``key`` before, across releases: the larger of
+        its clock in microseconds and the last fence of the key plus one (the
+        last fence is kept for a day after each grant, so only a store clock
+        stepping back by more than a day could repeat one). A re-take of the
+        run lock by the same token and attempt (a retry after a lost reply)
+        gets the fence it already holds.
         """
 
     @abstractmethod
@@ -124,6 +138,24 @@ class Backend(ABC):
     @abstractmethod
     def scan(self) -> Iterator[str]:
         """Yield every key that has a lock, streaming (never loading all at once)."""
+
+    def purge(self, key: str) -> list[str]:
+        """Remove every record of ``key``, whatever it holds (a corrupt one too); return what went.
+
+        The names returned are the store's own (files, Redis keys), for the
+        operator who asked (``uniqjob release --force``). Nothing is checked:
+        this is the one primitive that acts without a token.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot remove records by force")
+
+    def corrupt(self) -> Iterator[CorruptRecordError]:
+        """Yield an error for each record so damaged that :meth:`scan` cannot name its key.
+
+        Each error's ``path`` is what :meth:`purge` accepts in place of a key.
+        A record whose key can still be read is yielded by :meth:`scan`, and
+        :meth:`read` raises :class:`CorruptRecordError` for it.
+        """
+        return iter(())
 
     def close(self) -> None:  # noqa: B027 - optional: most backends hold nothing
         """Release connections and files held by the backend."""
