@@ -212,8 +212,9 @@ def load_locks(backend: RedisBackend, count: int, *, first_id: int, running: boo
         items = backend._items(
             lock.key, lock.token, lock.meta, None, flag="q" if run is None else "r", run=run
         )
-        backend._claim(keys=items[:2], args=items[2:], client=pipe)
-        if (len(pipe) >= 1000 or i == count - 1) and any(reply != 1 for reply in pipe.execute()):
+        backend._claim(keys=items[:3], args=items[3:], client=pipe)  # three keys: the locks and the fence
+        # Taken: 1, or with a run lock its fence; a conflict is a snapshot string.
+        if (len(pipe) >= 1000 or i == count - 1) and any(type(r) is not int for r in pipe.execute()):
             raise RuntimeError("a lock loaded for the scale section was already held")
 
 

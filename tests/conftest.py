@@ -16,6 +16,7 @@ import redis
 
 import uniqjob
 from tests.redis_server import RedisServer
+from uniqjob._undo import undos
 from uniqjob.backends.base import Backend
 from uniqjob.backends.file import FileBackend
 from uniqjob.backends.memory import MemoryBackend
@@ -87,3 +88,17 @@ def _isolated_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterat
     uniqjob.configure(None)
     yield
     uniqjob.configure(None)
+    undos.clear()  # an undo left pending names a store of this test
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true", help="run the long fault soak tests (minutes)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--soak"):
+        return
+    skip = pytest.mark.skip(reason="a soak test: run with --soak")
+    for item in items:
+        if "soak" in item.keywords:
+            item.add_marker(skip)

@@ -1,12 +1,14 @@
 """Start and stop a real, private redis-server for the test suite.
 
 The server listens on a unix socket in its own temporary directory and on a
-free TCP port of 127.0.0.1, keeps nothing on disk, and on Linux is killed by
-the kernel if the process that started it dies (see ``_LAUNCHER``).
+free TCP port of 127.0.0.1, keeps nothing on disk (unless ``extra_args`` say
+otherwise, e.g. ``("--appendonly", "yes")``), and on Linux is killed by the
+kernel if the process that started it dies (see ``_LAUNCHER``).
 
 ``stop()`` keeps the socket path and the port, so a later ``start()`` (or
-``restart()``) brings the server back at the same address, empty: that is how
-tests simulate an outage and a recovery.  ``close()`` (or leaving the ``with``
+``restart()``) brings the server back at the same address, empty (with an
+append-only file, with the data it had): that is how tests simulate an outage
+and a recovery.  ``close()`` (or leaving the ``with``
 block) stops it for good and removes the temporary directory.
 """
 
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -78,9 +81,14 @@ class RedisServer:
     call it from one that lives as long as the server (e.g. the main thread).
     """
 
-    def __init__(self, startup_timeout: float = 10.0, grace: float = 5.0) -> None:
+    def __init__(
+        self, startup_timeout: float = 10.0, grace: float = 5.0, extra_args: Sequence[str] = ()
+    ) -> None:
         self.startup_timeout = startup_timeout
         self.grace = grace
+        #: Appended to the server's command line, so they override the defaults
+        #: (``--appendonly yes --appendfsync always``: a restart keeps every acknowledged write).
+        self.extra_args = tuple(extra_args)
         self._dir: Path | None = None
         self._port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -150,7 +158,7 @@ class RedisServer:
         proc.wait()
 
     def restart(self) -> None:
-        """Stop, then start again at the same address, with no data."""
+        """Stop, then start again at the same address, with no data (unless it keeps an append-only file)."""
         self.stop()
         self.start()
 
@@ -178,7 +186,7 @@ class RedisServer:
             binary, "--port", str(self.port), "--bind", "127.0.0.1",
             "--unixsocket", self.socket_path, "--unixsocketperm", "700",
             "--dir", str(self._started_dir()), "--save", "", "--appendonly", "no",
-            "--daemonize", "no", "--logfile", "",
+            "--daemonize", "no", "--logfile", "", *self.extra_args,
         ]  # fmt: skip
         if sys.platform.startswith("linux"):
             launch = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid())]

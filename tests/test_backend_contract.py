@@ -310,3 +310,87 @@ def test_requeue_recreates_a_missing_queue_lock_but_never_takes_anothers(store: 
     assert not b.requeue("k", "t1", meta=META, ttl=None)  # t2's queued lock is left alone
     state = b.read("k")
     assert state.run is None and state.queue is not None and state.queue.token == "t2"
+
+
+# Fences, idempotent retries and purge: the promise through faults (issue 10).
+
+
+def _grant(b: Backend, token: str, attempt: str = "", key: str = "k") -> int:
+    """Take the run lock of ``key`` for ``token`` and return the fence the store issued."""
+    run = RunClaim(ME, LEASE, attempt)
+    assert b.start(key, token, run=run, meta=META) is None
+    assert run.fence > 0
+    return run.fence
+
+
+def test_fences_strictly_increase_across_claims_starts_and_releases(backend: Backend) -> None:
+    fences = []
+    for i in range(4):
+        run = RunClaim(ME, LEASE, "a")
+        assert backend.claim("k", f"c{i}", meta=META, run=run) is None
+        fences.append(run.fence)
+        backend.finish("k", f"c{i}")
+        fences.append(_grant(backend, f"s{i}"))
+        backend.finish("k", f"s{i}")
+    assert all(f > 0 for f in fences)
+    assert fences == sorted(set(fences))  # strictly increasing: no fence twice, never smaller
+
+
+def test_the_fence_is_recorded_in_the_run_lock_and_survives_release(backend: Backend) -> None:
+    first = _grant(backend, "t1")
+    state = backend.read("k")
+    assert state.run is not None and state.run.fence == first
+    backend.finish("k", "t1")
+    assert backend.read("k").free
+    assert _grant(backend, "t2") > first  # the store remembers the last fence past the release
+    assert _grant(backend, "t3", key="other") > 0  # and keeps one sequence per key
+
+
+def test_a_retried_grant_gets_the_fence_it_already_holds(backend: Backend) -> None:
+    first = _grant(backend, "t1", "a1")
+    assert _grant(backend, "t1", "a1") == first  # start again: the same run, the same fence
+    backend.finish("k", "t1")
+    run = RunClaim(ME, LEASE, "a2")
+    assert backend.claim("k", "t2", meta=META, run=run) is None
+    again = RunClaim(ME, LEASE, "a2")
+    assert backend.claim("k", "t2", meta=META, run=again) is None  # a retry after a lost reply
+    assert again.fence == run.fence > first
+    state = backend.read("k")
+    assert state.run is not None and state.run.fence == run.fence and state.run.token == "t2"
+
+
+def test_a_claim_is_idempotent_for_its_token(backend: Backend) -> None:
+    assert claim(backend, "t1") is None
+    assert claim(backend, "t1") is None  # its own lock, found again: taken, not a duplicate
+    conflict = claim(backend, "t2")
+    assert conflict is not None and conflict.queue is not None and conflict.queue.token == "t1"
+    state = backend.read("k")
+    assert state.queue is not None and state.queue.token == "t1" and state.queue.state == "queued"
+    backend.finish("k", "t1")
+    assert backend.read("k").free  # one lock, released once
+
+
+def test_a_retried_run_claim_never_takes_anothers_run_lock(backend: Backend) -> None:
+    assert claim(backend, "t1", ttl=100) is None
+    assert backend.start("k", "t2", run=RunClaim(OTHER, LEASE, "x"), meta=META, queue="keep") is None
+    conflict = backend.claim("k", "t1", meta=META, run=RunClaim(ME, LEASE, "a"))
+    assert conflict is not None and conflict.run is not None and conflict.run.token == "t2"
+    # nor its own token's run lock of another attempt (a second delivery)
+    backend.finish("k", "t2")
+    backend.finish("k", "t1")
+    assert backend.claim("k", "t3", meta=META, run=RunClaim(ME, LEASE, "a1")) is None
+    second = backend.claim("k", "t3", meta=META, run=RunClaim(ME, LEASE, "a2"))
+    assert second is not None and second.run is not None
+
+
+def test_purge_removes_a_held_lock_and_the_fence_still_increases(backend: Backend) -> None:
+    run = RunClaim(ME, LEASE, "a")
+    assert backend.claim("k", "t1", meta=META, run=run) is None
+    assert claim(backend, "t1", key="other") is None
+    gone = backend.purge("k")
+    assert gone and all(isinstance(name, str) and name for name in gone)
+    assert backend.read("k").free
+    assert sorted(backend.scan()) == ["other"]
+    assert backend.purge("k") == []  # nothing left to remove
+    assert _grant(backend, "t2") > run.fence  # fences stay increasing past a purge
+    assert not backend.read("other").free

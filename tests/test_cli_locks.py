@@ -16,7 +16,9 @@ from uniqjob.locks import Holder, LockState, QueueMeta, RunClaim, local_holder
 
 __all__ = ["kill_leftovers", "store"]  # fixtures shared with test_cli
 
-FIELDS = {"key", "class", "args", "state", "host", "pid", "age_s", "ttl_s", "lease_s", "orphaned"}
+FIELDS = {
+    "key", "class", "args", "state", "host", "pid", "age_s", "ttl_s", "lease_s", "orphaned", "path", "reason",
+}  # fmt: skip
 
 
 def dead_holder() -> Holder:

@@ -244,7 +244,7 @@ def test_the_lease_of_a_running_job_is_renewed_while_it_runs(fake_time: MemoryBa
     semaphore = Limited.semaphore(1)
     assert semaphore.acquire("t", running=True).status == "taken"
     with semaphore.running("t") as hold:
-        assert hold.beat.interval == Limited.unique_run_lease / 3
+        assert hold.beat is not None and hold.beat.interval == Limited.unique_run_lease / 3
         assert semaphore.renew("t")
     assert semaphore.read().empty
 

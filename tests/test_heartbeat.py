@@ -1,14 +1,17 @@
-"""The shared heartbeat thread: beats on time, woken only when it must be."""
+"""The shared heartbeat: beats on time, woken only when it must be, and knows when a lock may be lost."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import pytest
 
-from uniqjob.heartbeat import Heartbeat
+from tests.conftest import FakeClock
+from uniqjob.heartbeat import MARGIN_RATIO, PRESUMED, RETRY, TAKEN, Beat, Heartbeat, margin
 
 
 def wait_for(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
@@ -110,3 +113,206 @@ def test_a_failing_renew_is_retried(beats: Heartbeat) -> None:
     assert wait_for(lambda: len(calls) >= 3)
     assert not beat.lost.is_set()
     beat.cancel()
+
+
+# -- holder-side lease discipline ----------------------------------------------------------------
+
+
+@pytest.fixture
+def timed(clock: FakeClock) -> Iterator[Heartbeat]:
+    """A heartbeat on a fake clock: the test moves time on and wakes the scheduler (see ``advance``)."""
+    hb = Heartbeat(clock=clock)
+    yield hb
+    with hb._cond:
+        for _, _, beat in hb._heap:
+            beat.cancel()
+
+
+def advance(hb: Heartbeat, clock: FakeClock, seconds: float) -> None:
+    """Move the fake clock on and wake the scheduler, which slept in real time for fake seconds."""
+    clock.advance(seconds)
+    with hb._cond:
+        hb._cond.notify_all()
+
+
+def settled(hb: Heartbeat) -> bool:
+    """True once the scheduler sleeps again and no renewal is under way."""
+    with hb._cond:
+        return hb._wake_at > -1e300 and not any(beat._busy for _, _, beat in hb._heap)
+
+
+def test_the_margin_is_a_third_of_the_lease() -> None:
+    assert pytest.approx(1 / 3) == MARGIN_RATIO
+    assert margin(9.0) == pytest.approx(3.0)
+
+
+def test_the_deadline_counts_from_the_grant_s_send_time(timed: Heartbeat, clock: FakeClock) -> None:
+    granted = clock.now
+    clock.advance(0.5)  # the grant's reply took half a second
+    beat = timed.start(lambda: True, 3.0, "k", lease=9.0, confirmed=granted)
+    assert beat.deadline == pytest.approx(granted + 9.0 - 3.0)
+    assert not beat.presumed_lost()
+
+
+def test_a_confirmed_renewal_moves_the_deadline_from_its_send_time(
+    timed: Heartbeat, clock: FakeClock
+) -> None:
+    sent: list[float] = []
+
+    def renew() -> bool:
+        sent.append(clock.now)
+        clock.advance(1.0)  # the reply takes a second: the store counted from no earlier than the send
+        return True
+
+    beat = timed.start(renew, 3.0, "k", lease=9.0, confirmed=clock.now)
+    advance(timed, clock, 3.0)
+    assert wait_for(lambda: bool(sent) and beat.deadline == pytest.approx(sent[0] + 6.0))
+    assert beat.confirmed == sent[0]
+    clock.advance(4.0)  # at 8 s: past the first deadline (6 s), not past the new one (9 s)
+    assert not beat.presumed_lost()
+
+
+def test_past_the_deadline_the_lock_is_presumed_lost_when_asked(timed: Heartbeat, clock: FakeClock) -> None:
+    # No thread needs to have noticed: asking checks the clock.
+    _, renew = counter()
+    beat = timed.start(renew, 3.0, "nightly", lease=9.0, confirmed=clock.now)
+    clock.advance(5.99)
+    assert not beat.presumed_lost() and not beat.lost.is_set()
+    clock.advance(0.02)
+    assert beat.presumed_lost()
+    assert beat.lost.is_set() and beat.reason == PRESUMED
+    assert "no renewal confirmed by the store for 6.0s of its 9s lease" in beat.explain()
+
+
+def test_failing_renewals_are_retried_every_second_until_the_deadline(
+    timed: Heartbeat, clock: FakeClock
+) -> None:
+    tries: list[float] = []
+
+    def renew() -> bool:
+        tries.append(clock.now)
+        raise ConnectionError("the store is down")
+
+    start = clock.now
+    beat = timed.start(renew, 3.0, "k", lease=9.0, confirmed=start)
+    for _ in range(5):  # 3 s to the first renewal, then one try a second
+        seen = len(tries)
+        advance(timed, clock, 3.0 if not tries else RETRY)
+        assert wait_for(partial(_tried_again, tries, seen, beat))
+        assert wait_for(lambda: settled(timed) or beat.lost.is_set())
+    assert [t - start for t in tries] == pytest.approx([3.0, 4.0, 5.0])
+    assert beat.lost.is_set() and beat.reason == PRESUMED  # at 6 s: lease 9 less its margin of 3
+
+
+def _tried_again(tries: list[float], seen: int, beat: Beat) -> bool:
+    return len(tries) > seen or beat.lost.is_set()
+
+
+def test_a_renewal_confirmed_after_the_deadline_does_not_revive_the_lock(
+    timed: Heartbeat, clock: FakeClock
+) -> None:
+    def renew() -> bool:
+        clock.advance(4.0)  # sent in time, confirmed after the deadline
+        return True
+
+    beat = timed.start(renew, 3.0, "k", lease=9.0, confirmed=clock.now)
+    advance(timed, clock, 3.0)
+    assert beat.lost.wait(5)
+    assert beat.reason == PRESUMED
+
+
+def test_a_stalled_renewal_is_presumed_lost_on_time(
+    beats: Heartbeat, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The renewal hangs (a stopped Redis, a socket timeout away): the loss must
+    # be noticed at the deadline all the same, by the heartbeat itself.
+    stall = threading.Event()
+    entered = threading.Event()
+    called: list[float] = []
+
+    def renew() -> bool:
+        entered.set()
+        stall.wait(10)
+        return True
+
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="uniqjob.heartbeat"):
+        beat = beats.start(
+            renew,
+            0.1,
+            "nightly",
+            lease=1.5,
+            confirmed=started,
+            on_lost=lambda: called.append(time.monotonic()),
+        )
+        try:
+            assert entered.wait(5)
+            assert beat.lost.wait(5)
+            assert wait_for(lambda: bool(called))
+        finally:
+            stall.set()
+        time.sleep(0.1)
+    # At lease less margin (1 s), before the lease could lapse on the store (1.5 s).
+    assert 1.0 <= beat.lost_at - started < 1.5
+    assert called[0] - started < 1.5
+    assert beat.reason == PRESUMED
+    assert called and len(called) == 1
+    lines = [r.getMessage() for r in caplog.records if "nightly" in r.getMessage()]
+    assert len(lines) == 1 and "presumed the run lock of nightly lost" in lines[0]
+
+
+def test_a_taken_lock_is_reported_once_and_calls_on_lost(
+    beats: Heartbeat, caplog: pytest.LogCaptureFixture
+) -> None:
+    called = threading.Event()
+    with caplog.at_level(logging.WARNING, logger="uniqjob.heartbeat"):
+        beat = beats.start(lambda: False, 0.01, "k", lease=3.0, on_lost=called.set)
+        assert called.wait(5)
+        assert beat.presumed_lost()  # lost is lost, whatever the clock says
+    assert beat.reason == TAKEN and "taken over" in beat.explain()
+    assert len([r for r in caplog.records if "lost the run lock of k" in r.getMessage()]) == 1
+
+
+def test_an_on_lost_that_raises_is_logged_not_raised(
+    beats: Heartbeat, caplog: pytest.LogCaptureFixture
+) -> None:
+    def on_lost() -> None:
+        raise RuntimeError("boom")
+
+    with caplog.at_level(logging.WARNING, logger="uniqjob.heartbeat"):
+        beat = beats.start(lambda: True, 30.0, "k", lease=0.3, on_lost=on_lost)
+        assert beat.lost.wait(5)
+        assert wait_for(lambda: any("on_lost callback of k failed" in r.getMessage() for r in caplog.records))
+    assert beats._thread is not None and beats._thread.is_alive()  # the scheduler lives on
+
+
+def test_a_cancelled_beat_is_never_presumed_lost(timed: Heartbeat, clock: FakeClock) -> None:
+    called: list[int] = []
+    beat = timed.start(lambda: True, 3.0, "k", lease=9.0, on_lost=lambda: called.append(1))
+    beat.cancel()
+    advance(timed, clock, 60.0)
+    assert not beat.presumed_lost() and not beat.lost.is_set()
+    time.sleep(0.05)
+    assert called == []
+
+
+def test_without_a_lease_nothing_is_presumed(timed: Heartbeat, clock: FakeClock) -> None:
+    beat = timed.start(lambda: True, 3.0, "k")
+    clock.advance(3600.0)
+    assert not beat.presumed_lost()
+    beat.cancel()
+
+
+def test_short_jobs_with_a_lease_do_not_wake_the_thread(beats: Heartbeat) -> None:
+    beats.start(lambda: True, 10.0, "job", lease=30.0).cancel()
+    assert wait_for(lambda: 5 < beats._wake_at - time.monotonic() < 11)
+    assert isinstance(beats._cond, CountingCondition)
+    before = beats._cond.notified
+    for n in range(50):
+        beats.start(lambda: True, 10.0, f"job {n}", lease=30.0).cancel()
+    assert beats._cond.notified == before
+    assert beats._worker is None  # no renewal fell due: no worker thread either
+
+
+def test_a_beat_made_by_hand_is_never_presumed() -> None:
+    assert not Beat(lambda: True, 1.0, "k").presumed_lost()

@@ -13,6 +13,7 @@ import uniqjob
 from tests.redis_server import RedisServer
 from uniqjob import BackendError, UniqueJob
 from uniqjob.backends.redis import RedisBackend
+from uniqjob.errors import ConfigurationError, CorruptRecordError
 from uniqjob.locks import LockState, QueueMeta, RunClaim, local_holder
 
 
@@ -21,19 +22,22 @@ class Job(UniqueJob):
         return n
 
 
-def test_both_locks_share_a_hash_tag(redis_client: redis.Redis) -> None:
+def test_all_keys_of_a_lock_share_a_hash_tag(redis_client: redis.Redis) -> None:
     backend = RedisBackend(redis_client)
     uniqjob.configure(backend)
     lock = Job.lock(1)
     assert lock.acquire(run=True)
     names = sorted(k.decode() for k in redis_client.scan_iter("*"))
-    assert names == [f"uniqjob:{{{lock.key}}}:q", f"uniqjob:{{{lock.key}}}:r"]
-    # Redis Cluster hashes the text between the first "{" and the next "}": one slot for both.
+    base = f"uniqjob:{{{lock.key}}}"
+    assert names == [base + ":f", base + ":q", base + ":r"]
+    # Redis Cluster hashes the text between the first "{" and the next "}": one slot for all three.
     tags = {n[n.index("{") + 1 : n.index("}", n.index("{"))] for n in names}
     assert len(tags) == 1
-    assert redis_client.pttl(names[1]) > 0 and redis_client.pttl(names[0]) == -1
+    assert redis_client.pttl(names[2]) > 0 and redis_client.pttl(names[1]) == -1
+    # The last fence is bounded in time (a day), so memory stays bounded too.
+    assert 86_000_000 < redis_client.pttl(names[0]) <= 86_400_000
     lock.release()
-    assert list(redis_client.scan_iter("*")) == []
+    assert [k.decode() for k in redis_client.scan_iter("*")] == [base + ":f"]
 
 
 def test_one_round_trip_per_transition(redis_server: RedisServer, redis_client: redis.Redis) -> None:
@@ -52,7 +56,8 @@ def test_one_round_trip_per_transition(redis_server: RedisServer, redis_client: 
     delta = {name: after[name] - before.get(name, 0) for name in after if after[name] != before.get(name, 0)}
     assert delta.pop("evalsha") == 3 and delta.pop("info") == 1
     # what is left ran inside the scripts: no command of its own crossed the wire
-    assert set(delta) <= {"time", "hget", "hmget", "hset", "hgetall", "del", "exists", "pexpire", "pttl"}
+    inside = {"time", "hget", "hmget", "hset", "hgetall", "del", "exists", "pexpire", "pttl", "get", "set"}
+    assert set(delta) <= inside
 
 
 def _command_calls(client: redis.Redis) -> dict[str, int]:
@@ -153,3 +158,202 @@ def test_an_unread_state_that_is_unreadable_says_so_on_first_use(redis_backend: 
     assert state.quiet
     with pytest.raises(BackendError, match="unreadable lock state"):
         _ = state.queue
+
+
+# Fences (issue 10): issued inside the scripts, from the server's clock, never repeated.
+
+
+def _names(backend: RedisBackend, key: str = "k") -> tuple[str, str, str]:
+    base = f"{backend.namespace}:{{{key}}}"
+    return base + ":q", base + ":r", base + ":f"
+
+
+def test_a_fence_is_the_servers_clock_in_microseconds(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    before = int(time.time() * 1_000_000)
+    run = RunClaim(local_holder(), 5.0, "a")
+    assert redis_backend.claim("k", "t", meta=QueueMeta(), run=run) is None
+    assert abs(run.fence - before) < 5_000_000  # the server's TIME, not a counter from 1
+    _, run_name, fence_name = _names(redis_backend)
+    assert redis_client.hget(run_name, "f") == str(run.fence).encode()
+    assert redis_client.get(fence_name) == str(run.fence).encode()
+
+
+def test_a_fence_is_one_more_than_the_last_when_the_clock_is_behind_it(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    # As if the server's clock stepped back, or a grant came in the same microsecond.
+    ahead = int(time.time() * 1_000_000) + 3_600_000_000
+    redis_client.set(_names(redis_backend)[2], ahead)
+    run = RunClaim(local_holder(), 5.0)
+    assert redis_backend.start("k", "t", run=run, meta=QueueMeta()) is None
+    assert run.fence == ahead + 1
+    redis_backend.finish("k", "t")
+    again = RunClaim(local_holder(), 5.0)
+    assert redis_backend.claim("k", "u", meta=QueueMeta(), run=again) is None
+    assert again.fence == ahead + 2
+
+
+def test_a_queue_only_claim_issues_no_fence(redis_backend: RedisBackend, redis_client: redis.Redis) -> None:
+    assert redis_backend.claim("k", "t", meta=QueueMeta()) is None
+    assert not redis_client.exists(_names(redis_backend)[2])
+
+
+# Records of the wrong shape (issue 10, bug 3): CorruptRecordError naming the Redis key, never a crash.
+
+HOLDER = local_holder()
+
+
+def _held(backend: RedisBackend) -> None:
+    assert backend.claim("k", "t", meta=QueueMeta("Job", "(1,)"), run=RunClaim(HOLDER, 30.0, "a")) is None
+
+
+@pytest.mark.parametrize(
+    ("which", "field", "value"),
+    [
+        (0, "t", None),  # None: the field is removed
+        (0, "s", "z"),
+        (0, "a", "x"),
+        (0, "a", "-5"),
+        (0, "n", "x"),
+        (0, "n", "99"),  # longer than the key
+        (1, "i", "x"),  # the issue's case: a pid that is not a number
+        (1, "i", "١٢"),  # digits, but not ASCII ones
+        (1, "t", None),
+        (1, "h", None),
+        (1, "l", None),
+        (1, "b", "1.5"),
+        (1, "a", ""),
+        (1, "f", "x"),
+    ],
+)
+def test_a_damaged_field_is_a_corrupt_record_naming_its_redis_key(
+    redis_backend: RedisBackend, redis_client: redis.Redis, which: int, field: str, value: str | None
+) -> None:
+    _held(redis_backend)
+    name = _names(redis_backend)[which]
+    if value is None:
+        redis_client.hdel(name, field)
+    else:
+        redis_client.hset(name, field, value)
+    with pytest.raises(CorruptRecordError) as caught:
+        redis_backend.read("k")
+    err = caught.value
+    assert (err.path, err.key, err.backend) == (name, "k", "redis")
+    assert f"field {field} " in err.reason
+    assert "uniqjob release --force k" in str(err)
+    # A conflict reports it too: another caller fails closed, nobody takes the key.
+    with pytest.raises(CorruptRecordError):
+        conflict = redis_backend.claim("k", "u", meta=QueueMeta(), run=RunClaim(HOLDER, 30.0))
+        assert conflict is not None
+        _ = conflict.queue, conflict.run
+    assert "k" in list(redis_backend.scan())  # listed by name, so the operator sees it
+
+
+def _primitives(backend: RedisBackend) -> dict[str, Any]:
+    run = RunClaim(HOLDER, 30.0, "a")
+    meta = QueueMeta()
+    return {
+        "read": lambda: backend.read("k"),
+        "claim": lambda: backend.claim("k", "t", meta=meta),
+        "claim-run": lambda: backend.claim("k", "t", meta=meta, run=run),
+        "start": lambda: backend.start("k", "t", run=run, meta=meta),
+        "start-release": lambda: backend.start("k", "t", run=run, meta=meta, queue="release"),
+        "attach": lambda: backend.attach("k", "t", "j"),
+        "requeue": lambda: backend.requeue("k", "t", meta=meta, ttl=None),
+        "renew": lambda: backend.renew("k", "t", 30.0),
+        "finish": lambda: backend.finish("k", "t"),
+        "dequeue": lambda: backend.dequeue("k", "t"),
+        "reclaim": lambda: backend.reclaim("k", "t", "t"),
+    }
+
+
+# Which primitives read which key (the others never look at it, so cannot be hurt by it).
+_READERS = {
+    0: [
+        "read",
+        "claim",
+        "claim-run",
+        "start",
+        "start-release",
+        "attach",
+        "requeue",
+        "finish",
+        "dequeue",
+        "reclaim",
+    ],
+    1: ["read", "claim-run", "start", "requeue", "renew", "finish", "reclaim"],
+    2: ["claim-run", "start"],
+}
+
+
+@pytest.mark.parametrize(
+    ("which", "call"), [(which, call) for which, calls in _READERS.items() for call in calls]
+)
+def test_a_key_of_the_wrong_type_is_a_corrupt_record_and_nothing_is_written(
+    redis_backend: RedisBackend, redis_client: redis.Redis, which: int, call: str
+) -> None:
+    names = _names(redis_backend)
+    if which == 2:
+        redis_client.hset(names[2], "x", "1")  # a hash where the last fence (a string) belongs
+    else:
+        redis_client.set(names[which], "garbage")  # a string where a lock (a hash) belongs
+    if which == 0 and call in ("requeue", "finish", "reclaim", "renew"):
+        redis_client.hset(names[1], mapping={"t": "t", "a": "1", "l": "1000"})  # ours: would be deleted
+    before = {n: redis_client.dump(n) for n in names}
+    with pytest.raises(CorruptRecordError) as caught:
+        _primitives(redis_backend)[call]()
+    err = caught.value
+    assert (err.path, err.key, err.backend) == (names[which], "k", "redis")
+    assert "WRONGTYPE" in err.reason and ("string" in err.reason or "hash" in err.reason)
+    assert {n: redis_client.dump(n) for n in names} == before  # the script stopped before any write
+
+
+def test_a_corrupt_fence_stops_a_grant_before_any_write(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    q, r, f = _names(redis_backend)
+    redis_client.set(f, "not a number")
+    with pytest.raises(CorruptRecordError) as caught:
+        redis_backend.claim("k", "t", meta=QueueMeta(), run=RunClaim(HOLDER, 30.0))
+    assert caught.value.path == f and "fence" in caught.value.reason
+    assert not redis_client.exists(q, r)
+
+
+def test_purge_removes_corrupt_records_and_keeps_the_last_fence(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    q, r, f = _names(redis_backend)
+    _held(redis_backend)
+    fence = int(redis_client.get(f) or 0)
+    redis_client.delete(q)
+    redis_client.set(q, "garbage")
+    assert list(redis_backend.scan()) == ["k"]
+    assert redis_backend.purge("k") == [q, r]
+    assert redis_backend.read("k").free and list(redis_backend.scan()) == []
+    assert int(redis_client.get(f) or 0) == fence
+    run = RunClaim(HOLDER, 30.0)
+    assert redis_backend.start("k", "u", run=run, meta=QueueMeta()) is None
+    assert run.fence > fence
+    assert redis_backend.purge("k") == [q, r] and redis_backend.purge("k") == []
+
+
+def test_a_url_is_checked_by_the_config_rules() -> None:
+    with pytest.raises(ConfigurationError, match="foo"):
+        RedisBackend("redis://127.0.0.1:6379/0?foo=bar")
+    with pytest.raises(ConfigurationError, match="notadb"):
+        RedisBackend("redis://127.0.0.1:6379/notadb")
+
+
+def test_a_retried_run_claim_renews_the_lease_it_finds(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    # The caller counts its lease from the reply it got: the retry's, so the store's must start again too.
+    _held(redis_backend)
+    _, run_name, _ = _names(redis_backend)
+    redis_client.pexpire(run_name, 1000)  # as if most of the lease went by while the first reply was lost
+    again = RunClaim(HOLDER, 30.0, "a")
+    assert redis_backend.claim("k", "t", meta=QueueMeta("Job", "(1,)"), run=again) is None
+    assert redis_client.pttl(run_name) > 29_000
+    assert again.fence == int(redis_client.hget(run_name, "f") or 0) > 0

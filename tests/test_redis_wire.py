@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import os
+import signal
 import socket
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import pytest
@@ -17,6 +21,8 @@ from redis.retry import Retry
 
 from tests.integration_workers import wait_until
 from tests.redis_server import RedisServer
+from tests.support import sigstop
+from tests.support.proxy import FaultProxy
 from uniqjob import BackendError
 from uniqjob.backends import _wire
 from uniqjob.backends._wire import evalsha_head, pack, pack_after
@@ -342,3 +348,197 @@ def test_the_reader_names_what_is_wrong(
 ) -> None:
     with pytest.raises(error, match=match):
         _wire._exchange(_Replies(*chunks), b"*1\r\n$4\r\nPING\r\n")
+
+
+# -- healing: every path recovers from a stalled, dropped or restarted server -------------------
+
+_TIMEOUT = 0.3  # the socket timeout of the clients below: a stall longer than this fails a call
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[RedisServer]:
+    """A redis-server of this module's own, to stall (SIGSTOP) and restart."""
+    with RedisServer() as server:
+        yield server
+
+
+@contextmanager
+def stalled(server: RedisServer) -> Iterator[None]:
+    """The server stopped (SIGSTOP) for the block: connections open, nothing answered."""
+    assert server.pid is not None
+    sigstop(server.pid)
+    try:
+        yield
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def proxy(own_server: RedisServer) -> Iterator[FaultProxy]:
+    with FaultProxy(("127.0.0.1", own_server.port)) as proxy:
+        yield proxy
+
+
+def _backend(url: str, path: str, namespace: str) -> RedisBackend:
+    """A backend on ``url`` with a short timeout, on the kept lanes or redis-py's own pool."""
+    if path == "kept":
+        backend = RedisBackend(url, timeout=_TIMEOUT, namespace=namespace)
+        assert backend._lanes is not None
+        return backend
+    pool = redis.BlockingConnectionPool.from_url(
+        url, socket_timeout=_TIMEOUT, socket_connect_timeout=_TIMEOUT
+    )
+    backend = RedisBackend(redis.Redis(connection_pool=pool), namespace=namespace)
+    assert backend._lanes is None
+    return backend
+
+
+# A script of the tests' own, so that these tests watch the connection, not the lock scripts.
+_ECHO = "redis.call('SET', KEYS[1], ARGV[1]) return ARGV[1]"
+_calls = itertools.count()
+
+
+def _roundtrip(backend: RedisBackend, key: str) -> None:
+    """One script call through the backend's own path; its reply must be its own."""
+    value = f"{key}:{next(_calls)}"
+    reply = backend._eval(backend._script(_ECHO), 1, [f"heal:{key}", value])
+    assert reply == value.encode()
+
+
+def _fails_then_heals(backend: RedisBackend, fault: Callable[[], AbstractContextManager[object]]) -> None:
+    """A call made during ``fault`` raises BackendError; the next call, once it is over, succeeds."""
+    with fault(), pytest.raises(BackendError):
+        _roundtrip(backend, "during")
+    _roundtrip(backend, "after")
+    _roundtrip(backend, "again")
+
+
+_PATHS = pytest.mark.parametrize("path", ["kept", "pooled"])
+
+
+@_PATHS
+def test_a_first_call_during_a_stall_heals_once_the_server_answers(
+    own_server: RedisServer, path: str
+) -> None:
+    # Bug 1: a thread's first call connected while redis was stopped; every later call
+    # failed with "'NoneType' object has no attribute 'poll'", even with redis back.
+    backend = _backend(own_server.url, path, f"stall-first-{path}")
+    _fails_then_heals(backend, lambda: stalled(own_server))
+
+
+@_PATHS
+def test_a_new_thread_whose_connect_stalls_heals(own_server: RedisServer, path: str) -> None:
+    backend = _backend(own_server.url, path, f"stall-thread-{path}")
+    _roundtrip(backend, "main thread")  # the main thread's lane is open; the worker's is not
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            _fails_then_heals(backend, lambda: stalled(own_server))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join(30)
+    assert errors == []
+    _roundtrip(backend, "main thread again")
+
+
+@_PATHS
+def test_a_call_between_stalls_heals(own_server: RedisServer, path: str) -> None:
+    backend = _backend(own_server.url, path, f"stall-between-{path}")
+    _roundtrip(backend, "open")  # connected and used: the stall comes between two calls
+    _fails_then_heals(backend, lambda: stalled(own_server))
+
+
+@_PATHS
+def test_a_connect_through_a_paused_proxy_heals(proxy: FaultProxy, path: str) -> None:
+    # The TCP connect succeeds; the handshake's replies never come.
+    backend = _backend(proxy.url, path, f"paused-connect-{path}")
+    _fails_then_heals(backend, lambda: _fault(proxy.pause, proxy.resume))
+
+
+@_PATHS
+def test_a_reply_lost_mid_call_never_reaches_the_next_call(proxy: FaultProxy, path: str) -> None:
+    backend = _backend(proxy.url, path, f"held-{path}")
+    _roundtrip(backend, "open")
+    echo = backend._script(_ECHO)
+    proxy.hold_replies()
+    with pytest.raises(BackendError, match="Timeout"):
+        backend._eval(echo, 1, ["heal:held", "late"])  # applied on the server; its reply withheld
+    proxy.resume()  # the late reply arrives on a connection that was given up
+    _roundtrip(backend, "next")  # its own reply, not the late one
+    assert backend.client.get("heal:held") == b"late"
+
+
+@_PATHS
+def test_a_half_delivered_reply_heals(proxy: FaultProxy, path: str) -> None:
+    backend = _backend(proxy.url, path, f"slow-{path}")
+    _roundtrip(backend, "open")
+    proxy.delay(2 * _TIMEOUT)  # each reply arrives after the client gave up on it
+    with pytest.raises(BackendError, match="Timeout"):
+        _roundtrip(backend, "slow")
+    proxy.delay(0)
+    _roundtrip(backend, "after")
+
+
+@_PATHS
+def test_dropped_connections_heal(proxy: FaultProxy, path: str) -> None:
+    backend = _backend(proxy.url, path, f"dropped-{path}")
+    _roundtrip(backend, "open")
+    proxy.drop()  # between two calls: the next one sees the reset before it sends
+    _roundtrip(backend, "after")
+    assert proxy.connections == 1
+
+
+@_PATHS
+def test_a_server_restart_during_a_thread_s_first_call_heals(own_server: RedisServer, path: str) -> None:
+    backend = _backend(own_server.url, path, f"restart-{path}")
+    own_server.stop()
+    try:
+        with pytest.raises(BackendError):
+            _roundtrip(backend, "down")
+    finally:
+        own_server.start()
+    _roundtrip(backend, "back")
+
+
+def test_a_forked_child_whose_first_connect_stalls_heals(proxy: FaultProxy) -> None:
+    backend = _backend(proxy.url, "kept", "fork-stall")
+    _roundtrip(backend, "parent")
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    proxy.pause()
+    pid = os.fork()
+    if pid == 0:  # the child: its own first connect stalls, then must heal
+        code = 1
+        try:
+            try:
+                _roundtrip(backend, "child during")
+            except BackendError:
+                os.write(ready_w, b"x")
+                os.read(go_r, 1)
+                _roundtrip(backend, "child after")
+                code = 0
+        finally:
+            os._exit(code)
+    try:
+        assert os.read(ready_r, 1) == b"x"  # the child's call failed
+    finally:
+        proxy.resume()
+        os.write(go_w, b"x")
+        _, status = os.waitpid(pid, 0)
+        for fd in (ready_r, ready_w, go_r, go_w):
+            os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0
+    _roundtrip(backend, "parent after")
+
+
+@contextmanager
+def _fault(begin: Callable[[], None], end: Callable[[], None]) -> Iterator[None]:
+    begin()
+    try:
+        yield
+    finally:
+        end()

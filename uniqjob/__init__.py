@@ -24,7 +24,7 @@ from .errors import (
     UnstorableCallError,
 )
 from .job import Queue, UniqueJob
-from .joblock import JobLock
+from .joblock import JobLock, current_lock
 
 if TYPE_CHECKING:
     from .backends.file import FileBackend
@@ -50,10 +50,11 @@ __all__ = [
     "UnstorableCallError",
     "backend_from_url",
     "configure",
+    "current_lock",
     "default_backend",
 ]
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _LAZY = {
     "FileBackend": ".backends.file",

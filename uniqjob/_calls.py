@@ -19,8 +19,21 @@ Binder = Callable[[Sequence[Any], dict[str, Any]], dict[str, Any] | None]
 
 _PREVIEW_MAX = 40
 _CALL_MAX = 200  # the whole preview of a call
+_SHORT_INT = 10**_PREVIEW_MAX  # an int below it in size is shown by repr() whole
+
+
+class _Preview(reprlib.Repr):
+    """reprlib's shortening, and an int too long for ``str()`` (4300 digits) named by its size."""
+
+    def repr_int(self, x: int, level: int) -> str:
+        try:
+            return super().repr_int(x, level)
+        except ValueError:
+            return f"<int of {x.bit_length()} bits>"
+
+
 #: How an argument is shown in a lock's preview (and, for any value, the reference for :func:`show`).
-preview = reprlib.Repr()
+preview = _Preview()
 preview.maxstring = _PREVIEW_MAX
 preview.maxother = _PREVIEW_MAX
 
@@ -80,7 +93,7 @@ def show(value: Any) -> str:
     # The usual arguments, a short int or str, without reprlib's dispatch: its
     # repr_int and repr_str return exactly repr() for these (nothing to shorten).
     kind = type(value)
-    if kind is int or (kind is str and len(value) <= _PREVIEW_MAX):
+    if (kind is int and -_SHORT_INT < value < _SHORT_INT) or (kind is str and len(value) <= _PREVIEW_MAX):
         text = repr(value)
         if len(text) <= _PREVIEW_MAX:
             return text

@@ -91,8 +91,8 @@ class CorruptRecordError(BackendError):
         self.key = key
         what = f"lock record {path}" + (f" of key {key!r}" if key else "")
         fix = shlex.quote(key or path)
-        message = f"unreadable {what}: {reason}; it blocks its key until removed with: uniqjob release --force {fix}"
-        super().__init__(message, backend)
+        fix = f"it blocks its key until removed with: uniqjob release --force {fix}"
+        super().__init__(f"unreadable {what}: {reason}; {fix}", backend)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_corrupt, (self.path, self.reason, self.key, self.backend))

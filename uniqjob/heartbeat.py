@@ -1,15 +1,42 @@
-"""One heartbeat thread per process that renews the leases of running jobs.
+"""One heartbeat per process that renews the leases of running jobs, and knows when one may be lost.
 
 A thread per job would cost a thread start on every perform; one scheduler
-thread with a heap of due times costs a heap push. The thread is started on
-first use and again in a forked child (the parent's thread does not survive
+thread with a heap of due times costs a heap push. The scheduler is started on
+first use and again in a forked child (the parent's threads do not survive
 ``fork``, and RQ forks a work horse per job).
 
-The thread is woken only when a new beat falls due before the time it sleeps
+The scheduler is woken only when a new beat falls due before the time it sleeps
 until. A short job's beat is cancelled long before it is due; waking the
 thread for it anyway would make it fight the job for the GIL on every perform.
 So cancelled beats stay in the heap, and the thread sleeps until they come up,
 until they are half of it: then it is rebuilt without them.
+
+Renewals are made by a second thread, the worker, started when the first one
+falls due (a short job never needs it). The scheduler never waits on the store,
+so it keeps time even while a renewal hangs on a stalled server for a whole
+socket timeout: that is what lets it presume a lock lost on time.
+
+Holder-side lease discipline
+----------------------------
+A beat started with a ``lease`` keeps, on this process's monotonic clock,
+``confirmed``: when the request the store last confirmed was *sent* (the grant,
+then each successful renew). The store counts the lease from when it
+*handled* that request, which is no earlier, so on our clock the lease cannot
+lapse before ``confirmed + lease``. Once ``deadline = confirmed + lease -
+margin`` passes with no renewal confirmed, the lock is **presumed lost**: the
+beat sets ``lost`` (``reason`` ``"presumed"``), logs it once, calls its
+``on_lost`` once and renews no more; the holder then has ``margin`` seconds
+to stop acting before anyone else could be given the key. ``margin`` is
+``lease * MARGIN_RATIO`` (a third of the lease; renewals come every third, so
+one renewal may fail outright and the next still confirm in time). A failing
+renewal is retried every second (``RETRY``) until the deadline.
+
+This rests on one assumption: the holder's and the store's clocks advance at
+about the same rate (a drift far smaller than the margin; real clocks drift by
+parts per million). It cannot cover a holder that is itself frozen (SIGSTOP,
+a VM pause, a long GC stop) past its lease: a frozen process notices nothing
+until it runs again, and may then act once more. Fences are for that: a
+resource that records the fence of each write refuses the late one.
 """
 
 from __future__ import annotations
@@ -19,22 +46,57 @@ import itertools
 import logging
 import math
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Beat", "Heartbeat", "heartbeat"]
+__all__ = [
+    "LOST_RECORD",
+    "MARGIN_RATIO",
+    "PRESUMED",
+    "RETRY",
+    "TAKEN",
+    "Beat",
+    "Heartbeat",
+    "heartbeat",
+    "margin",
+]
 
 log = logging.getLogger(__name__)
 
+#: The safety margin, as a share of the lease: a lock is presumed lost this long before its lease could lapse.
+MARGIN_RATIO = 1 / 3
 
-@dataclass(eq=False)
+#: Seconds between tries of a renewal that failed (the store did not answer).
+RETRY = 1.0
+
+#: ``Beat.reason`` when the store said the lock is no longer ours (another holder took it over).
+TAKEN = "taken"
+#: ``Beat.reason`` when no renewal was confirmed before the deadline.
+PRESUMED = "presumed"
+
+#: Log records of a lost lock carry this attribute (True), so a caller that reports it in its own words can
+#: leave it out.
+LOST_RECORD = "uniqjob_lost"
+
+
+def margin(lease: float) -> float:
+    """How long before a lease could lapse on the store its holder presumes the lock lost."""
+    return lease * MARGIN_RATIO
+
+
+@dataclass(eq=False, slots=True)
 class Beat:
     """One registered lease: ``renew`` is called every ``interval`` seconds until cancelled.
 
-    ``renew`` returns False when the lock is no longer ours; the beat then stops
-    and ``lost`` is set, so the job can see it.
+    ``renew`` returns False when the lock is no longer ours, and raises when
+    the store fails. ``lost`` is set when the lock is lost (``reason``
+    :data:`TAKEN`) or, for a beat with a ``lease``, presumed lost
+    (:data:`PRESUMED`): ``deadline`` (monotonic; the last confirmed send plus
+    the lease less the margin) passed without a confirmed renewal. Then the
+    beat renews no more.
     """
 
     renew: Callable[[], bool]
@@ -43,46 +105,112 @@ class Beat:
     lost: threading.Event = field(default_factory=threading.Event)
     cancelled: bool = False
     owner: Heartbeat | None = field(default=None, repr=False)
+    #: The lease, or None: no presumption, the lock is lost only when the store says so.
+    lease: float | None = None
+    #: When the request the store last confirmed was sent (monotonic, the owner's clock).
+    confirmed: float = -math.inf
+    #: When the lock is presumed lost unless a renewal is confirmed first; +inf without a lease.
+    deadline: float = math.inf
+    #: Why ``lost`` is set: :data:`TAKEN` or :data:`PRESUMED`; "" while it is not.
+    reason: str = ""
+    #: When ``lost`` was set (owner's clock).
+    lost_at: float = math.nan
+    on_lost: Callable[[], None] | None = field(default=None, repr=False)
+    due: float = 0.0  # when the next renewal is due
+    _entry: int = field(default=-1, repr=False)  # the heap entry that stands for this beat; others are stale
+    _busy: bool = field(default=False, repr=False)  # a renewal is under way in the worker
 
     def cancel(self) -> None:
+        """Stop renewing (the job is done); a beat cancelled is never reported lost."""
         if not self.cancelled:
             self.cancelled = True
             if self.owner is not None:
                 self.owner._cancelled_one()
 
+    def presumed_lost(self) -> bool:
+        """True if the lock is lost or presumed lost by now, checked against the clock.
+
+        The deadline is checked here too, so a caller asking gets the right
+        answer even before the heartbeat's own threads have noticed.
+        """
+        if self.lost.is_set():
+            return True
+        if self.cancelled or self.owner is None or self.owner.clock() < self.deadline:
+            return False
+        self.owner._presume(self)
+        return self.lost.is_set()
+
+    def explain(self) -> str:
+        """Why the lock is lost, as a phrase for a message ("" while it is not)."""
+        if self.reason == TAKEN:
+            return "it was taken over by another holder"
+        if self.reason == PRESUMED:
+            assert self.lease is not None
+            return (
+                f"it is presumed lost: no renewal confirmed by the store for "
+                f"{self.lost_at - self.confirmed:.1f}s of its {self.lease:g}s lease"
+            )
+        return ""
+
 
 class Heartbeat:
-    """A scheduler thread that calls each :class:`Beat`'s ``renew`` when it falls due."""
+    """A scheduler thread that has each :class:`Beat` renewed when it falls due, and keeps its deadline."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        # Also after fork, in the child: the parent's threads are not there.
         self._heap: list[tuple[float, int, Beat]] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._wake_at = -math.inf  # when the sleeping thread wakes by itself; -inf: it is not asleep
         self._cancelled = 0  # cancelled beats still in the heap, about
-        os.register_at_fork(after_in_child=self._after_fork)
+        self._todo: queue.SimpleQueue[Beat | None] | None = None  # the worker's renewals to make
+        self._worker: threading.Thread | None = None
 
-    def _after_fork(self) -> None:
-        self._heap = []
-        self._cond = threading.Condition()
-        self._thread = None
-        self._wake_at = -math.inf
-        self._cancelled = 0
+    def start(
+        self,
+        renew: Callable[[], bool],
+        interval: float,
+        name: str = "",
+        *,
+        lease: float | None = None,
+        confirmed: float | None = None,
+        on_lost: Callable[[], None] | None = None,
+    ) -> Beat:
+        """Call ``renew`` every ``interval`` seconds from now on, until the beat is cancelled.
 
-    def start(self, renew: Callable[[], bool], interval: float, name: str = "") -> Beat:
-        """Call ``renew`` every ``interval`` seconds from now on, until the beat is cancelled."""
-        beat = Beat(renew, interval, name, owner=self)
+        With ``lease``, the lock is presumed lost ``lease - margin`` after
+        ``confirmed`` (this heartbeat's ``clock()`` just before the request that
+        granted the lock was sent; default now) unless a renewal is confirmed
+        first. ``on_lost`` is called once, on a thread of its own, when the lock
+        is lost or presumed lost.
+        """
+        now = self.clock()
+        beat = Beat(renew, interval, name, owner=self, lease=lease, on_lost=on_lost, due=now + interval)
+        if lease is not None:
+            beat.confirmed = now if confirmed is None else confirmed
+            beat.deadline = beat.confirmed + lease - margin(lease)
         with self._cond:
-            due = self.clock() + interval
-            heapq.heappush(self._heap, (due, next(self._seq), beat))
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="uniqjob-heartbeat", daemon=True)
-                self._thread.start()
-            elif due < self._wake_at:
-                self._cond.notify()
+            self._push(beat, min(beat.due, beat.deadline))
         return beat
+
+    # -- the scheduler ---------------------------------------------------------------
+
+    def _push(self, beat: Beat, at: float) -> None:
+        """Have the scheduler look at ``beat`` at ``at`` (its one live entry from now on). Lock held."""
+        seq = next(self._seq)
+        beat._entry = seq
+        heapq.heappush(self._heap, (at, seq, beat))
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="uniqjob-heartbeat", daemon=True)
+            self._thread.start()
+        elif at < self._wake_at:
+            self._cond.notify()
 
     def _cancelled_one(self) -> None:
         self._cancelled += 1
@@ -103,44 +231,153 @@ class Heartbeat:
         cond = self._cond
         while True:
             with cond:
-                while True:
-                    if not self._heap:
-                        self._sleep(cond, 60.0)
-                        if not self._heap:
-                            self._thread = None
-                            return  # idle: the next start() makes a new thread
-                        continue
-                    due = self._heap[0][0] - self.clock()
-                    if due > 0:
-                        # Even for a cancelled beat: sleeping until it is due, rather than
-                        # dropping it at once, spares the wake-up a newer beat would need.
-                        self._sleep(cond, due)
-                        continue
-                    _, _, beat = heapq.heappop(self._heap)
-                    if not beat.cancelled:
-                        break
-                    self._cancelled = max(0, self._cancelled - 1)
-            self._beat(beat)
+                beat = self._next(cond)
+                if beat is None:
+                    return
+                lost = self._visit(beat)
+            if lost:
+                self._report(beat)
 
-    def _beat(self, beat: Beat) -> None:
+    def _next(self, cond: threading.Condition) -> Beat | None:
+        """Wait for the next live entry to come due and pop its beat; None when idle for a minute."""
+        while True:
+            if not self._heap:
+                self._sleep(cond, 60.0)
+                if not self._heap:
+                    self._retire_worker()
+                    self._thread = None
+                    return None  # idle: the next start() makes a new thread
+                continue
+            due = self._heap[0][0] - self.clock()
+            if due > 0:
+                # Even for a cancelled beat: sleeping until it is due, rather than
+                # dropping it at once, spares the wake-up a newer beat would need.
+                self._sleep(cond, due)
+                continue
+            _, seq, beat = heapq.heappop(self._heap)
+            if beat.cancelled:
+                self._cancelled = max(0, self._cancelled - 1)
+            elif seq == beat._entry and not beat.lost.is_set():
+                return beat
+
+    def _visit(self, beat: Beat) -> bool:
+        """Do what is due for ``beat``: presume it lost, hand its renewal to the worker, or wait. Lock held.
+
+        Returns True if the lock was presumed lost just now (to be reported outside the lock).
+        """
+        now = self.clock()
+        if now >= beat.deadline:
+            return self._mark(beat, PRESUMED, now)
+        if beat._busy:  # its renewal is still under way: the deadline stands
+            if beat.deadline < math.inf:
+                self._push(beat, beat.deadline)
+        elif now >= beat.due:
+            beat._busy = True
+            self._hand_over(beat)
+            if beat.deadline < math.inf:
+                self._push(beat, beat.deadline)
+        else:
+            self._push(beat, min(beat.due, beat.deadline))
+        return False
+
+    # -- the worker ------------------------------------------------------------------
+
+    def _hand_over(self, beat: Beat) -> None:
+        """Queue ``beat``'s renewal for the worker, starting it if need be. Lock held."""
+        if self._todo is None or self._worker is None or not self._worker.is_alive():
+            self._todo = queue.SimpleQueue()
+            self._worker = threading.Thread(
+                target=self._work, args=(self._todo,), name="uniqjob-heartbeat-renew", daemon=True
+            )
+            self._worker.start()
+        self._todo.put(beat)
+
+    def _retire_worker(self) -> None:
+        """Let the worker end once it has made the renewals it was given. Lock held."""
+        if self._todo is not None:
+            self._todo.put(None)
+        self._todo = self._worker = None
+
+    def _work(self, todo: queue.SimpleQueue[Beat | None]) -> None:
+        while True:
+            beat = todo.get()
+            if beat is None:
+                return
+            self._renew(beat)
+
+    def _renew(self, beat: Beat) -> None:
+        """Renew ``beat``'s lease once; on confirmation move its deadline, else retry soon or give up."""
+        sent = self.clock()  # before the request leaves: the store counts the lease from later
+        failed = False
         try:
             mine = beat.renew()
         except Exception as exc:  # a store outage must not kill the thread that serves every job
             # One line per failure: during an outage every job's beat fails each second.
             log.warning("heartbeat of %s failed (%s); retrying", beat.name, exc)
-            mine = True
-            retry = min(beat.interval, 1.0)
-        else:
-            retry = beat.interval
-        if not mine and beat.cancelled:
-            return  # the job released its lock while this renewal was on its way: nothing lost
-        if not mine:
-            log.warning("lost the run lock of %s: another holder took it over", beat.name)
-            beat.lost.set()
-            return
+            mine, failed = True, True
         with self._cond:
-            if not beat.cancelled:
-                heapq.heappush(self._heap, (self.clock() + retry, next(self._seq), beat))
+            beat._busy = False
+            if beat.cancelled or beat.lost.is_set():
+                return  # the job released its lock while this renewal was on its way: nothing lost
+            now = self.clock()
+            if now >= beat.deadline:
+                # Confirmed (if at all) too late: it was presumed lost at the deadline, whoever asked.
+                lost = self._mark(beat, PRESUMED, now)
+            elif not mine:
+                lost = self._mark(beat, TAKEN, now)
+            else:
+                lost = False
+                if not failed and beat.lease is not None:
+                    beat.confirmed = sent
+                    beat.deadline = sent + beat.lease - margin(beat.lease)
+                beat.due = now + (min(beat.interval, RETRY) if failed else beat.interval)
+                self._push(beat, min(beat.due, beat.deadline))
+        if lost:
+            self._report(beat)
+
+    # -- losses ----------------------------------------------------------------------
+
+    def _presume(self, beat: Beat) -> None:
+        """``beat``'s deadline has passed (a caller saw it): presume its lock lost, if not done yet."""
+        with self._cond:
+            lost = not beat.cancelled and self._mark(beat, PRESUMED, self.clock())
+        if lost:
+            self._report(beat)
+
+    @staticmethod
+    def _mark(beat: Beat, reason: str, now: float) -> bool:
+        """Set ``beat`` lost for ``reason`` unless it already is; True if this call did. Lock held."""
+        if beat.lost.is_set():
+            return False
+        beat.reason, beat.lost_at = reason, now
+        beat.lost.set()
+        return True
+
+    def _report(self, beat: Beat) -> None:
+        """Log the loss (once: only the call that marked it comes here); run ``on_lost`` on a new thread."""
+        if beat.reason == TAKEN:
+            log.warning(
+                "lost the run lock of %s: another holder took it over", beat.name, extra={LOST_RECORD: True}
+            )
+        else:
+            log.warning(
+                "presumed the run lock of %s lost: %s; no longer renewing it",
+                beat.name,
+                beat.explain().removeprefix("it is presumed lost: "),
+                extra={LOST_RECORD: True},
+            )
+        if beat.on_lost is not None:
+            # Its own thread: neither the scheduler, which keeps every beat's time, nor
+            # the job's thread (which may be asking `lost`) waits on what it does.
+            threading.Thread(target=_call_on_lost, args=(beat,), name="uniqjob-on-lost", daemon=True).start()
+
+
+def _call_on_lost(beat: Beat) -> None:
+    assert beat.on_lost is not None
+    try:
+        beat.on_lost()
+    except Exception:
+        log.exception("the on_lost callback of %s failed", beat.name)
 
 
 #: The process-wide heartbeat used by jobs.

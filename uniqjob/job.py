@@ -58,6 +58,9 @@ class UniqueJob:
     unique_backend: ClassVar[Backend | str | None] = None
     #: The queue ``enqueue`` hands jobs to; None: run inline, like a queue in eager mode.
     unique_queue: ClassVar[Queue | None] = None
+    #: Called with the JobLock, once, from the heartbeat thread, when a running job's lock is
+    #: lost or presumed lost (``lock.lost``); None: the loss is only logged.
+    unique_on_lost: ClassVar[Callable[[JobLock], None] | None] = None
 
     _perform_signature: ClassVar[inspect.Signature | None] = None
     _perform_binder: ClassVar[Binder | None] = None  # see _calls.binder()
@@ -195,6 +198,7 @@ class UniqueJob:
             adopt=adopt,
             strategy=cls.unique_strategy,
             limit=cls.unique_lock_limit,
+            on_lost=cls.unique_on_lost,
         )
 
     # -- the user's entry points -------------------------------------------------------
@@ -261,7 +265,7 @@ class UniqueJob:
         if cls.concurrency_limit is not None and not _concurrency.holding(lock):
             # a concurrency slot first; it wraps this very call (the slot is always released after)
             body = lambda: cls.execute(lock, args, kwargs, settle=settle)  # noqa: E731
-            return _concurrency.execute(cls, lock, args, kwargs, body)
+            return _concurrency.execute(cls, lock, args, kwargs, body, settle=settle)
         try:
             lock.start()
         except JobNotUnique:
@@ -273,6 +277,9 @@ class UniqueJob:
                 return None
             lock.dequeue()
             return cls._conflict(lock, args, kwargs)
+        except Exception as exc:  # the store failed: give back what the call holds, then say so
+            _settle_failed_start(lock, settle, exc)
+            raise
         if settle is None:
             with lock.running(started=True):
                 return cls.invoke(args, kwargs)
@@ -427,7 +434,24 @@ def _new_lock(cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any
         meta=QueueMeta(name, describe_call(args, kwargs)),
         strategy=cls.unique_strategy,
         limit=cls.unique_lock_limit,
+        on_lost=cls.unique_on_lost,
     )
+
+
+def _settle_failed_start(
+    lock: JobLock, settle: Callable[[BaseException | None, Any], None] | None, exc: Exception
+) -> None:
+    """``lock.start()`` failed: drop an inline call's queued lock; settle a delivery as a failed one.
+
+    Left behind, an inline call's queued lock (no queue can prove it gone, no
+    expiry unless autoexpire) would refuse its key for good.
+    """
+    if _concurrency.is_inline(lock):
+        _concurrency.undo_inline(None, lock)
+    elif settle is not None:
+        settle(exc, None)
+    else:
+        lock.release()
 
 
 def _holder(lock: JobLock) -> dict[str, object]:

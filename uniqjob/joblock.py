@@ -14,11 +14,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Literal
 
+from ._undo import undos
 from .backends.base import Backend, QueueMode
-from .errors import BackendError, JobNotUnique
-from .heartbeat import Beat, heartbeat
+from .errors import BackendError, CorruptRecordError, JobNotUnique
+from .heartbeat import MARGIN_RATIO, Beat, heartbeat
 from .locks import (
     QUEUED,
     RUNNING,
@@ -30,7 +32,7 @@ from .locks import (
     new_token,
 )
 
-__all__ = ["STRATEGIES", "JobLock", "Strategy"]
+__all__ = ["STRATEGIES", "JobLock", "Strategy", "current_lock"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,21 @@ _AT_START: dict[Strategy, QueueMode | None] = {
 
 _ATTEMPTS = 3  # a reclaimed orphan is retried; a lock that keeps changing hands is a conflict
 
+# The share of a lease a holder may count on after the request that confirmed it was sent.
+_TRUSTED = 1 - MARGIN_RATIO
+
+# The lock of the perform running in this thread (or task): see current_lock().
+_current: ContextVar[JobLock | None] = ContextVar("uniqjob_current_lock", default=None)
+
+
+def current_lock() -> JobLock | None:
+    """Return the lock of the ``perform`` running in this thread, or None outside one.
+
+    A job passes ``current_lock().fence`` to the resource it writes, so that
+    the resource can refuse a late write of a holder that lost its lock.
+    """
+    return _current.get()
+
 
 class JobLock:
     """The locks of one job call: ``key``, and ``token``, the proof that they are ours.
@@ -71,6 +88,12 @@ class JobLock:
     hold one key at once (each in its own slot: ``key``, ``key#2``, ...). With
     ``adopt``, :meth:`start` takes over a queued lock of any token, for queues
     that cannot carry the token to the worker.
+
+    While the run lock is held, :attr:`fence` is the integer the store issued
+    with it (strictly greater than any earlier one for the key), and
+    :attr:`lost` turns true once the lock is lost or presumed lost: when a
+    lease's worth of renewals (less a safety margin) has gone unconfirmed.
+    ``on_lost`` is then called once, with the lock, from the heartbeat.
     """
 
     # One is made per enqueue: slots make it one allocation, not an object and its dict.
@@ -79,15 +102,18 @@ class JobLock:
         "_attempt_token",
         "_base",
         "_beat",
+        "_granted_at",
         "_slot_fixed",
         "adopt",
         "backend",
         "conflict",
+        "fence",
         "gone_tokens",
         "key",
         "lease",
         "limit",
         "meta",
+        "on_lost",
         "strategy",
         "token",
         "ttl",
@@ -105,6 +131,7 @@ class JobLock:
         adopt: bool = False,
         strategy: Strategy = "until_executed",
         limit: int = 1,
+        on_lost: Callable[[JobLock], None] | None = None,
     ) -> None:
         self.backend = backend
         self.key = key
@@ -121,6 +148,12 @@ class JobLock:
         # A key travelling with a job names its slot; a fresh lock picks one.
         self._slot_fixed = token is not None and strategy != "while_executing"
         self._beat: Beat | None = None
+        #: The fence of the run lock this call holds (or last held); None before it has one.
+        self.fence: int | None = None
+        self.on_lost = on_lost
+        # Heartbeat clock when the request that granted the run lock was sent; None: not in
+        # this process (the heartbeat then counts from when it starts).
+        self._granted_at: float | None = None
         # Tells this delivery of the job from any other with the same token; made
         # when first needed (an enqueue that only queues never is).
         self._attempt_token: str | None = None
@@ -137,9 +170,15 @@ class JobLock:
         return self._attempt_token
 
     @property
+    def beat(self) -> Beat | None:
+        """The heartbeat registration of the run lock while perform runs, else None."""
+        return self._beat
+
+    @property
     def lost(self) -> bool:
-        """True if the heartbeat found the run lock taken over by someone else."""
-        return self._beat is not None and self._beat.lost.is_set()
+        """True once the run lock is lost (taken over) or presumed lost (renewals unconfirmed too long)."""
+        beat = self._beat
+        return beat is not None and (beat.lost.is_set() or beat.presumed_lost())
 
     def slots(self) -> list[str]:
         """Return the keys this lock may take: its own once taken, else one per allowed holder."""
@@ -162,18 +201,52 @@ class JobLock:
         meta = self.meta
         if meta.job_id:
             meta = QueueMeta(meta.cls, meta.args)  # replace(meta, job_id=""), minus its introspection
+        if undos.pending:
+            undos.flush()  # an earlier step's leftover may be what is in the way
         for slot in self.slots():
             for _ in range(_ATTEMPTS):
-                state = self.backend.claim(slot, self.token, meta=meta, ttl=self.ttl, run=claim)
+                self._granted_at = heartbeat.clock()
+                try:
+                    state = self.backend.claim(slot, self.token, meta=meta, ttl=self.ttl, run=claim)
+                except CorruptRecordError:
+                    raise  # the store answered: nothing was applied
+                except BackendError:
+                    self._undo_claim(slot)
+                    raise
                 if state is None:
                     self.key, self.conflict, self._slot_fixed = slot, None, True
+                    if claim is not None:
+                        self.fence = claim.fence
                     return True
                 self.conflict = state
-                if state.quiet:
+                if state.quiet and not undos.pending:
                     break  # the usual duplicate: queued, nothing running, no job a queue could prove gone
-                if not (self._reclaim_dead(state) or self._reclaim_gone(state, gone)):
+                if not (
+                    self._reclaim_ours(state) or self._reclaim_dead(state) or self._reclaim_gone(state, gone)
+                ):
                     break
         return False
+
+    def _undo_claim(self, slot: str) -> None:
+        """A claim failed but may have been applied: undo it, token-checked, once the store answers.
+
+        The lock then draws a new token, so nothing it takes later carries
+        the one being undone.
+        """
+        backend, token = self.backend, self.token
+        undos.add(
+            lambda: backend.reclaim(slot, token, token), f"the lock {slot!r} of token {token}", (token,)
+        )
+        self.token = new_token()
+
+    def _reclaim_ours(self, state: LockState) -> bool:
+        """Remove a lock left by one of this process's own failed steps (see uniqjob._undo); True if any."""
+        queue, run = state.queue, state.run
+        queue_token = queue.token if queue is not None and undos.owns(queue.token) else None
+        run_token = run.token if run is not None and undos.owns(run.token) else None
+        if queue_token is None and run_token is None:
+            return False
+        return self.backend.reclaim(state.key, queue_token, run_token)
 
     def _reclaim_gone(self, state: LockState, gone: Callable[[str], bool] | None) -> bool:
         queue = state.queue
@@ -219,11 +292,17 @@ class JobLock:
         claim = RunClaim(local_holder(), self.lease, self._attempt)
         for slot in self.slots():
             for _ in range(_ATTEMPTS):
+                self._granted_at = heartbeat.clock()
+                # A start that fails is not undone here: the token is its job's, and a second
+                # delivery may re-take the run lock with it. If it was applied, the lease lapses
+                # and its queue lock is then an orphan; the job layer drops an inline call's
+                # queued lock.
                 state = self.backend.start(
                     slot, self.token, run=claim, meta=self.meta, ttl=self.ttl, adopt=self.adopt, queue=mode
                 )
                 if state is None:
                     self.key, self.conflict, self._slot_fixed = slot, None, True
+                    self.fence = claim.fence
                     return
                 self.conflict = state
                 if not self._reclaim_dead(state):
@@ -247,25 +326,75 @@ class JobLock:
             yield self
             return
         backend, key, token, lease = self.backend, self.key, self.token, self.lease
-        self._beat = heartbeat.start(lambda: backend.renew(key, token, lease), lease / 3, key)
+
+        def renew() -> bool:
+            return backend.renew(key, token, lease)
+
+        granted = self._granted_at
+        if granted is not None and heartbeat.clock() >= granted + lease * _TRUSTED:
+            self._confirm(renew, release)
+        self._beat = heartbeat.start(
+            renew,
+            lease / 3,
+            key,
+            lease=lease,
+            confirmed=self._granted_at,
+            on_lost=self._lost,
+        )
+        outer = _current.set(self)
         try:
             yield self
         finally:
+            _current.reset(outer)
             self._beat.cancel()
             if release:
                 self.release()
 
+    def _confirm(self, renew: Callable[[], bool], release: bool) -> None:
+        """The grant's reply came too late to count on its lease: renew once before perform, or give up.
+
+        (A claim sent just before a stall is granted when the store wakes, and
+        its reply may arrive after the holder's own deadline.) If the renewal
+        is not confirmed, the locks go (unless the caller settles them) and
+        :class:`BackendError` says why: perform does not start.
+        """
+        sent = heartbeat.clock()
+        try:
+            mine = renew()
+        except BackendError:
+            if release:
+                self.release()
+            raise
+        if not mine:
+            if release:
+                self.release()
+            raise BackendError(
+                f"the lock {self.key!r} was granted too late to rely on and was gone when renewed; "
+                "the job did not run",
+                self.backend.name,
+            )
+        self._granted_at = sent
+
+    def _lost(self) -> None:
+        on_lost = self.on_lost
+        if on_lost is not None:
+            on_lost(self)
+
     def release(self) -> None:
         """Release what is still ours (``until_expired`` keeps its queue lock until it expires).
 
-        A store failure here is logged, not raised: the job has already run, and
-        raising would invite a retry, a duplicate. The lock then lapses with its
-        lease and is reclaimed as an orphan.
+        Nothing here raises, whatever the store does: the job has already run,
+        and raising would invite a retry, a duplicate. After a failed release
+        the run lock lapses with its lease, and its queue lock is then an
+        orphan that the next enqueue reclaims. (It is not retried: a second
+        delivery of this job may hold the same token by then.)
         """
         try:
             self.backend.finish(self.key, self.token, keep_queue=self.strategy == "until_expired")
-        except BackendError:
-            log.error("could not release %s; it lapses one lease from now", self.key, exc_info=True)
+        except Exception as exc:  # whatever the client raised: see above
+            # A running lock lapses with its lease; a queued one (while_executing never
+            # has one) needs its queue or autoexpire, as any queued lock does.
+            log.error("could not release %s (%s); its run lock lapses one lease from now", self.key, exc)
 
     def requeue(self, *, delay: float = 0.0) -> bool:
         """Keep the key for a job that will run again (a retry); False if it is no longer ours.

@@ -5,6 +5,12 @@ Pure functions, no I/O. The encoding is type-aware (``1``, ``"1"``, ``1.0`` and
 alike, because queues serialise tuples as lists. Anything it does not know is a
 :class:`~uniqjob.errors.UniqueKeyError` that names the argument's path: a
 ``repr()`` fallback would put memory addresses into keys and silently split them.
+
+Every value of a supported type is keyed, however large (an ``int`` of a
+million digits too, without Python's limit on int-to-text conversion), and two
+kinds of value are refused by name rather than crashing the interpreter: a
+container that contains itself (a cycle), and nesting deeper than
+:data:`MAX_DEPTH` levels of lists, tuples, dicts and sets.
 """
 
 from __future__ import annotations
@@ -21,13 +27,22 @@ from typing import Any
 
 from .errors import UniqueKeyError
 
-__all__ = ["KEY_VERSION", "KeyPlan", "canonical", "digest", "make_key"]
+__all__ = ["KEY_VERSION", "MAX_DEPTH", "KeyPlan", "canonical", "digest", "make_key"]
 
 #: Bumped whenever the encoding changes, so old and new keys can never collide
 #: silently; the version is part of every key.
 KEY_VERSION = 1
 
-_Encoder = Callable[[Any, str, bytearray], None]
+#: How many containers (lists, tuples, dicts, sets) deep an argument may nest:
+#: a value nested deeper is refused with :class:`UniqueKeyError` naming it,
+#: checked before recursing, so even a list nested 100,000 deep fails at once.
+MAX_DEPTH = 100
+
+#: The containers being encoded, outermost first, by ``id()``: each maps to its
+#: path, to name the one a cycle comes back to. Its length is the depth.
+_Open = dict[int, str]
+
+_Encoder = Callable[[Any, str, bytearray, _Open], None]
 
 
 def _str(value: str, out: bytearray) -> None:
@@ -36,29 +51,56 @@ def _str(value: str, out: bytearray) -> None:
     out += raw
 
 
-def _enc_none(value: Any, path: str, out: bytearray) -> None:
+def _enc_none(value: Any, path: str, out: bytearray, open_: _Open) -> None:
     out += b"n"
 
 
-def _enc_bool(value: bool, path: str, out: bytearray) -> None:
+def _enc_bool(value: bool, path: str, out: bytearray, open_: _Open) -> None:
     out += b"T" if value else b"F"
 
 
-def _enc_int(value: int, path: str, out: bytearray) -> None:
-    out += b"i%d;" % value
+def _enc_int(value: int, path: str, out: bytearray, open_: _Open) -> None:
+    try:
+        out += b"i%d;" % value
+    except ValueError:  # beyond this process's int-to-text limit (sys.set_int_max_str_digits)
+        _big_int(int(value), out)
 
 
-def _enc_float(value: float, path: str, out: bytearray) -> None:
+#: Ints below this in magnitude (up to 4300 digits, Python's default limit on
+#: converting an int to text) are keyed in decimal, as they always were; larger
+#: ones in hexadecimal, which takes linear time. Which form an int gets depends
+#: on its value alone, so equal ints still share one key.
+_DECIMAL_BOUND = 10**4300
+_CHUNK_DIGITS = 600  # below the lowest limit a process may set (640 digits)
+_CHUNK = 10**_CHUNK_DIGITS
+
+
+def _big_int(value: int, out: bytearray) -> None:
+    """Encode an int too long for ``%d`` here, never through the int-to-text limit."""
+    magnitude = -value if value < 0 else value
+    if magnitude >= _DECIMAL_BOUND:
+        out += b"I" + (b"-" if value < 0 else b"") + format(magnitude, "x").encode() + b";"
+        return
+    # Within the default limit but past a lowered one: the same decimal digits, in chunks.
+    chunks = []
+    while magnitude >= _CHUNK:
+        magnitude, low = divmod(magnitude, _CHUNK)
+        chunks.append(b"%0*d" % (_CHUNK_DIGITS, low))
+    chunks.append(b"%d" % magnitude)
+    out += b"i" + (b"-" if value < 0 else b"") + b"".join(reversed(chunks)) + b";"
+
+
+def _enc_float(value: float, path: str, out: bytearray, open_: _Open) -> None:
     if math.isnan(value):
         raise UniqueKeyError(path, "NaN is not equal to itself and cannot be part of a lock key")
     out += b"f" + (value + 0.0).hex().encode() + b";"  # + 0.0 folds -0.0 into 0.0
 
 
-def _enc_str(value: str, path: str, out: bytearray) -> None:
+def _enc_str(value: str, path: str, out: bytearray, open_: _Open) -> None:
     _str(value, out)
 
 
-def _enc_bytes(value: bytes | bytearray | memoryview, path: str, out: bytearray) -> None:
+def _enc_bytes(value: bytes | bytearray | memoryview, path: str, out: bytearray, open_: _Open) -> None:
     if isinstance(value, memoryview) and value.format not in ("B", "b", "c"):
         # A view of ints or floats equals only views of the same items, never bytes:
         # as raw bytes it would share a key with values it is not equal to.
@@ -71,38 +113,60 @@ def _enc_bytes(value: bytes | bytearray | memoryview, path: str, out: bytearray)
     out.extend(raw)
 
 
-def _enc_seq(value: list[Any] | tuple[Any, ...], path: str, out: bytearray) -> None:
+def _enter(value: Any, path: str, open_: _Open) -> None:
+    """Open container ``value`` at ``path``, refusing a cycle and nesting past :data:`MAX_DEPTH`."""
+    outer = open_.get(id(value))
+    if outer is not None:
+        raise UniqueKeyError(
+            path,
+            f"this {type(value).__qualname__} contains itself (it is {outer or 'the argument'} again): "
+            "a value with a cycle cannot be part of a lock key",
+        )
+    if len(open_) >= MAX_DEPTH:
+        raise UniqueKeyError(
+            path, f"nests deeper than {MAX_DEPTH} containers, the most a lock key's arguments may nest"
+        )
+    open_[id(value)] = path
+
+
+def _enc_seq(value: list[Any] | tuple[Any, ...], path: str, out: bytearray, open_: _Open) -> None:
+    _enter(value, path, open_)
     out += b"l%d:" % len(value)
     for i, item in enumerate(value):
-        _encode(item, f"{path}[{i}]", out)
+        _encode(item, f"{path}[{i}]", out, open_)
+    del open_[id(value)]
 
 
-def _enc_dict(value: Mapping[Any, Any], path: str, out: bytearray) -> None:
+def _enc_dict(value: Mapping[Any, Any], path: str, out: bytearray, open_: _Open) -> None:
+    _enter(value, path, open_)
     pairs = []
     for k, v in value.items():
         item = bytearray()
-        _encode(k, f"{path} key {_show(k)}", item)
-        _encode(v, f"{path}[{_show(k)}]", item)
+        _encode(k, f"{path} key {_show(k)}", item, open_)
+        _encode(v, f"{path}[{_show(k)}]", item, open_)
         pairs.append(bytes(item))
+    del open_[id(value)]
     pairs.sort()
     out += b"d%d:" % len(pairs)
     for pair in pairs:
         out += pair
 
 
-def _enc_set(value: set[Any] | frozenset[Any], path: str, out: bytearray) -> None:
+def _enc_set(value: set[Any] | frozenset[Any], path: str, out: bytearray, open_: _Open) -> None:
+    _enter(value, path, open_)
     items = []
     for v in value:
         encoded = bytearray()
-        _encode(v, f"{path}{{{_show(v)}}}", encoded)
+        _encode(v, f"{path}{{{_show(v)}}}", encoded, open_)
         items.append(bytes(encoded))
+    del open_[id(value)]
     items.sort()
     out += b"S%d:" % len(items)
     for item in items:
         out += item
 
 
-def _enc_datetime(value: dt.datetime, path: str, out: bytearray) -> None:
+def _enc_datetime(value: dt.datetime, path: str, out: bytearray, open_: _Open) -> None:
     offset = value.utcoffset()
     if offset is None:
         out += b"Dn" + value.isoformat().encode()
@@ -116,11 +180,11 @@ def _enc_datetime(value: dt.datetime, path: str, out: bytearray) -> None:
     out += b";"
 
 
-def _enc_date(value: dt.date, path: str, out: bytearray) -> None:
+def _enc_date(value: dt.date, path: str, out: bytearray, open_: _Open) -> None:
     out += b"Y" + value.isoformat().encode() + b";"
 
 
-def _enc_time(value: dt.time, path: str, out: bytearray) -> None:
+def _enc_time(value: dt.time, path: str, out: bytearray, open_: _Open) -> None:
     offset = value.utcoffset()
     if offset is None:
         out += b"H" + value.isoformat().encode() + b";"
@@ -131,7 +195,12 @@ def _enc_time(value: dt.time, path: str, out: bytearray) -> None:
     out += b"Ha%d.%06d;" % (seconds, value.microsecond)
 
 
-def _enc_decimal(value: Decimal, path: str, out: bytearray) -> None:
+def _enc_timedelta(value: dt.timedelta, path: str, out: bytearray, open_: _Open) -> None:
+    # Equal timedeltas have equal normalised parts: one exact count of microseconds.
+    out += b"t%d;" % ((value.days * 86400 + value.seconds) * 1_000_000 + value.microseconds)
+
+
+def _enc_decimal(value: Decimal, path: str, out: bytearray, open_: _Open) -> None:
     if value.is_nan():
         raise UniqueKeyError(path, "Decimal NaN is not equal to itself and cannot be part of a lock key")
     # Equal Decimals are one key: 1.5 and 1.50 normalise alike, and so do 0 and -0.
@@ -145,11 +214,11 @@ def _enc_decimal(value: Decimal, path: str, out: bytearray) -> None:
 _DECIMAL_CONTEXT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN, capitals=1)
 
 
-def _enc_uuid(value: uuid.UUID, path: str, out: bytearray) -> None:
+def _enc_uuid(value: uuid.UUID, path: str, out: bytearray, open_: _Open) -> None:
     out += b"U" + value.hex.encode() + b";"
 
 
-def _enc_enum(value: enum.Enum, path: str, out: bytearray) -> None:
+def _enc_enum(value: enum.Enum, path: str, out: bytearray, open_: _Open) -> None:
     # A member differs from its value, even an IntEnum's: the class is in the key.
     cls = type(value)
     out += b"E"
@@ -174,6 +243,7 @@ _EXACT: dict[type, _Encoder] = {
     dt.datetime: _enc_datetime,
     dt.date: _enc_date,
     dt.time: _enc_time,
+    dt.timedelta: _enc_timedelta,
     Decimal: _enc_decimal,
     uuid.UUID: _enc_uuid,
 }
@@ -193,6 +263,7 @@ _BY_ISINSTANCE: tuple[tuple[type | tuple[type, ...], _Encoder], ...] = (
     (dt.datetime, _enc_datetime),
     (dt.date, _enc_date),
     (dt.time, _enc_time),
+    (dt.timedelta, _enc_timedelta),
     (Decimal, _enc_decimal),
     (uuid.UUID, _enc_uuid),
 )
@@ -203,11 +274,14 @@ def _show(value: Any) -> str:
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
     if type(value) in (int, bool, float, type(None)):
-        return repr(value)
+        try:
+            return repr(value)
+        except ValueError:  # an int past the int-to-text limit
+            return f"<int of {value.bit_length()} bits>"
     return f"<{type(value).__qualname__}>"
 
 
-def _encode(value: Any, path: str, out: bytearray) -> None:
+def _encode(value: Any, path: str, out: bytearray, open_: _Open) -> None:
     encoder = _EXACT.get(type(value))
     if encoder is None:
         for types, candidate in _BY_ISINSTANCE:
@@ -219,16 +293,16 @@ def _encode(value: Any, path: str, out: bytearray) -> None:
                 path,
                 f"values of type {type(value).__module__}.{type(value).__qualname__} cannot be "
                 "part of a lock key (supported: None, bool, int, float, str, bytes, list, tuple, "
-                "dict, set, datetime, date, time, Decimal, UUID, Enum); "
+                "dict, set, datetime, date, time, timedelta, Decimal, UUID, Enum); "
                 "set unique_args or define unique_key()",
             )
-    encoder(value, path, out)
+    encoder(value, path, out, open_)
 
 
 def canonical(value: Any, path: str = "") -> bytes:
     """Return the canonical encoding of ``value``; equal values encode alike."""
     out = bytearray()
-    _encode(value, path, out)
+    _encode(value, path, out, {})
     return bytes(out)
 
 
@@ -295,9 +369,12 @@ class KeyPlan:
             value = values[i]
             kind = type(value)
             if kind is int:
-                out += b"i%d;" % value
+                try:
+                    out += b"i%d;" % value
+                except ValueError:  # past the int-to-text limit: _enc_int's bytes, the slow way
+                    _big_int(value, out)
             elif kind is str:
                 _str(value, out)
             else:
-                _encode(value, param, out)
+                _encode(value, param, out, {})
         return f"{name}:{KEY_VERSION}:{hashlib.blake2b(out, digest_size=16).hexdigest()}"

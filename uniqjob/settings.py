@@ -35,6 +35,7 @@ SETTINGS = frozenset(
         "unique_strategy",
         "unique_lock_limit",
         "unique_reschedule_delay",
+        "unique_on_lost",
     }
 )
 
@@ -90,6 +91,11 @@ def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
     if rescheduled and queue is not None and type(queue).push_later is queue_base.push_later:
         raise ConfigurationError(
             f"{name}.unique_on_conflict is 'reschedule', but {type(queue).__name__} cannot delay jobs"
+        )
+    on_lost = cls.unique_on_lost
+    if on_lost is not None and not callable(on_lost):
+        raise ConfigurationError(
+            f"{name}.unique_on_lost must be a callable taking the JobLock, got {type(on_lost).__name__}"
         )
     _check_unique_args(cls)
 

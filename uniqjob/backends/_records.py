@@ -8,6 +8,7 @@ transitions as Lua scripts. The shared contract suite holds them to one meaning.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -25,13 +26,149 @@ from .base import Backend, QueueMode
 
 Record = dict[str, Any]
 
+#: Issues a run lock's fence, given the store's clock in whole microseconds (see Backend.start).
+Fences = Callable[[int], int]
+
+#: What a field must be: a description for the error, and the test.
+Kind = tuple[str, Callable[[object], bool]]
+
+
+_LARGEST = 2**53  # an int beyond it would lose digits as a float, or not convert at all
+
+
+def _is_number(value: object) -> bool:
+    """A finite float, or an int a float holds exactly (a time, a lease); never a bool."""
+    # type(), not isinstance(): a bool is an int to Python, never a time to us.
+    # ``x - x == 0.0`` holds for a finite float only (inf - inf and nan - nan are nan).
+    if type(value) is float:
+        return value - value == 0.0
+    return type(value) is int and -_LARGEST <= value <= _LARGEST
+
+
+TEXT: Kind = ("a string", lambda v: type(v) is str)
+NUMBER: Kind = ("a finite number", _is_number)
+COUNT: Kind = ("a whole number >= 0", lambda v: type(v) is int and v >= 0)
+NUMBER_OR_NULL: Kind = ("null or a finite number", lambda v: v is None or _is_number(v))
+
+
+def one_of(*values: str) -> Kind:
+    """A field that holds one of ``values``."""
+    return (" or ".join(map(repr, values)), lambda v: type(v) is str and v in values)
+
+
+#: Field name -> (its kind, whether it may be missing).
+Fields = dict[str, tuple[Kind, bool]]
+
+# A record: {"key": str, "q": queue lock or null, "r": run lock or null}; each lock a flat object.
+_QUEUE_FIELDS: Fields = {
+    "token": (TEXT, False),
+    "state": (one_of(QUEUED, RUNNING), False),
+    "since": (NUMBER, False),
+    "cls": (TEXT, True),
+    "args": (TEXT, True),
+    "job_id": (TEXT, True),
+    "expires": (NUMBER_OR_NULL, True),
+}
+_RUN_FIELDS: Fields = {
+    "token": (TEXT, False),
+    "host": (TEXT, False),
+    "node": (TEXT, False),
+    "pid": (COUNT, False),
+    "pstart": (COUNT, False),
+    "started": (NUMBER, False),
+    "lease": (NUMBER, False),
+    "until": (NUMBER, False),
+    "attempt": (TEXT, True),
+    "f": (COUNT, True),
+}
+
+
+def fields_problem(value: object, what: str, fields: Fields) -> str:
+    """Return what is wrong with ``value``, an object of ``fields`` called ``what``; "" if nothing."""
+    if type(value) is not dict:
+        return f"{what} is {type(value).__name__} {shown(value)}, expected an object"
+    for name, ((expected, fits), optional) in fields.items():
+        if name not in value:
+            if optional:
+                continue
+            return f"{what} has no {name!r}"
+        if not fits(value[name]):
+            return f"{what}'s {name!r} is {shown(value[name])}, expected {expected}"
+    return ""
+
+
+def shown(value: object) -> str:
+    """A short repr of a bad value, for an error message."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def record_problem(record: Record) -> str:
+    """Return what is wrong with a record whose key was read, or "" if every field has its type and shape.
+
+    The transitions index fields freely, so a record is checked once, on read:
+    a bad one is a :class:`~uniqjob.errors.CorruptRecordError`, never a
+    TypeError half-way through a transition.
+    """
+    q, r = record.get("q"), record.get("r")
+    if (q is None or _sound_queue(q)) and (r is None or _sound_run(r)):
+        return ""
+    if q is not None and (problem := fields_problem(q, "its queue lock", _QUEUE_FIELDS)):
+        return problem
+    return "" if r is None else fields_problem(r, "its run lock", _RUN_FIELDS)
+
+
+# The two checks below say the same as the tables above, of a sound lock, in one
+# expression each (a read checks every lock it reads, so this is the hot path);
+# only a lock that fails is walked field by field, to say what is wrong.
+
+
+def _sound_queue(q: Any) -> bool:
+    if type(q) is not dict:
+        return False
+    expires = q.get("expires")
+    return (
+        type(q.get("token")) is str
+        and q.get("state") in (QUEUED, RUNNING)
+        and _is_number(q.get("since"))
+        and (expires is None or _is_number(expires))
+        and type(q.get("cls", "")) is str
+        and type(q.get("args", "")) is str
+        and type(q.get("job_id", "")) is str
+    )
+
+
+def _sound_run(r: Any) -> bool:
+    if type(r) is not dict:
+        return False
+    pid, pstart, fence = r.get("pid"), r.get("pstart"), r.get("f", 0)
+    return (
+        type(r.get("token")) is str
+        and type(r.get("host")) is str
+        and type(r.get("node")) is str
+        and type(pid) is int
+        and pid >= 0
+        and type(pstart) is int
+        and pstart >= 0
+        and type(fence) is int
+        and fence >= 0
+        and _is_number(r.get("started"))
+        and _is_number(r.get("lease"))
+        and _is_number(r.get("until"))
+        and type(r.get("attempt", "")) is str
+    )
+
 
 class Slot:
-    """One key's locks as of ``now``, with lapsed leases and autoexpired locks dropped."""
+    """One key's locks as of ``now``, with lapsed leases and autoexpired locks dropped.
 
-    def __init__(self, key: str, record: Record | None, now: float) -> None:
+    ``fences`` issues the fence of a run lock this slot grants (see :meth:`Backend.start`).
+    """
+
+    def __init__(self, key: str, record: Record | None, now: float, fences: Fences | None = None) -> None:
         self.key = key
         self.now = now
+        self.fences = fences
         self.q: Record | None = None
         self.r: Record | None = None
         self.changed = False
@@ -65,6 +202,7 @@ class Slot:
                 started=r["started"],
                 lease=r["lease"],
                 lease_left=r["until"] - self.now,
+                fence=r.get("f", 0),
             )
         return LockState(self.key, queue, run, self.now)
 
@@ -89,8 +227,15 @@ class Slot:
         self.changed = True
 
     def _set_run(self, token: str, claim: RunClaim) -> None:
+        """Grant (or re-take, for the same token and attempt) the run lock, and set ``claim.fence``."""
         h = claim.holder
-        started = self.r["started"] if self.r is not None and self.r["token"] == token else self.now
+        if self.r is not None and self.r["token"] == token:
+            started, fence = self.r["started"], self.r.get("f", 0)  # a re-take keeps its run's fence
+        else:
+            started, fence = self.now, 0
+        if not fence and self.fences is not None:
+            fence = self.fences(int(self.now * 1_000_000))
+        claim.fence = fence
         self.r = {
             "token": token,
             "host": h.host,
@@ -101,13 +246,28 @@ class Slot:
             "lease": claim.lease,
             "until": self.now + claim.lease,
             "attempt": claim.attempt,
+            "f": fence,
         }
         self.changed = True
+
+    def _retakes(self, token: str, run: RunClaim) -> bool:
+        """Whether ``run`` may take the run lock: none is held, or this token's, by this attempt."""
+        r = self.r
+        return r is None or (r["token"] == token and r.get("attempt", "") in ("", run.attempt))
 
     def claim(self, token: str, meta: QueueMeta, ttl: float | None, run: RunClaim | None) -> LockState | None:
         if self.q is not None:
             if self.q["state"] == RUNNING and self.r is None:
                 self.q, self.changed = None, True  # orphan: its holder stopped beating
+            elif self.q["token"] != token:
+                return self.state()
+            elif run is None:
+                return None  # our own claim, retried after a lost reply: it holds already
+            elif self._retakes(token, run):
+                self._set_run(token, run)  # the same run's fence, or a first one
+                if self.q["state"] != RUNNING:
+                    self.q = {**self.q, "state": RUNNING}
+                return None
             else:
                 return self.state()
         if run is not None:
@@ -129,9 +289,7 @@ class Slot:
         adopt: bool,
         queue: QueueMode,
     ) -> LockState | None:
-        if self.r is not None and (
-            self.r["token"] != token or self.r.get("attempt", "") not in ("", run.attempt)
-        ):
+        if not self._retakes(token, run):
             return self.state()
         self._set_run(token, run)
         mine = self.q is not None and (self.q["token"] == token or adopt)

@@ -1,23 +1,64 @@
 """The Lua scripts behind RedisBackend: one per primitive, each one atomic step.
 
 Every script reads the server's clock (``TIME``), never the client's, and
-touches only the two keys of one lock, which share a hash tag (one cluster slot).
+touches only the keys of one lock key, which share a hash tag (one cluster
+slot): the queue lock, the run lock and the key's last fence.
+
+A script reads everything it needs before it writes anything, so a record of
+the wrong shape stops it before any change: it then answers with an error
+reply ``UNIQJOB_CORRUPT <i> <reason>`` naming ``KEYS[i]``, which RedisBackend
+raises as :class:`~uniqjob.errors.CorruptRecordError`.
 """
 
 from __future__ import annotations
 
-__all__ = ["ATTACH", "CLAIM", "DEQUEUE", "FINISH", "READ", "RECLAIM", "RENEW", "REQUEUE", "START"]
+__all__ = [
+    "ATTACH",
+    "CLAIM",
+    "CORRUPT",
+    "DEQUEUE",
+    "FINISH",
+    "PURGE",
+    "READ",
+    "RECLAIM",
+    "RENEW",
+    "REQUEUE",
+    "START",
+]
 
-# Shared by every script. KEYS[1] is the queue lock (a hash), KEYS[2] the run lock.
+#: The start of the error reply a script gives for a damaged record: then the index of its key, and why.
+CORRUPT = "UNIQJOB_CORRUPT "
+
+# Reads go through redis.pcall, whose error (a table with .err) is checked: a
+# WRONGTYPE raised by redis.call would end the script with an error that does
+# not say which key, and a key of another type is a damaged record, not an outage.
+_CHECKS = """
+local function corrupt(i, why)
+  return redis.error_reply('UNIQJOB_CORRUPT ' .. i .. ' ' .. why)
+end
+local function failed(v) return type(v) == 'table' and v.err ~= nil end
+-- The reply for a read of KEYS[i] that failed (nearly always WRONGTYPE: a key of another type).
+local function unreadable(i, v, want)
+  local kind = redis.call('TYPE', KEYS[i])
+  kind = type(kind) == 'table' and kind.ok or tostring(kind)
+  return corrupt(i, 'a Redis ' .. kind .. ' where a ' .. want .. ' belongs (' .. tostring(v.err) .. ')')
+end
+"""
+
+# Shared by the scripts that take locks. KEYS[1] is the queue lock (a hash),
+# KEYS[2] the run lock (a hash), KEYS[3] the key's last fence (a string).
 # Every held lock is one small hash, so its bytes count: field names are one
 # letter, empty fields are left out, and a class name that the key already
 # starts with is kept as its length (the queue hash then fits a small listpack).
 #   queue lock: t token, s state ('q' queued / 'r' running), a since (µs),
 #               c class or n its length in the key, p arguments preview, j job id
 #   run lock:   t token, h host, o node, i pid, b process start, a started (µs), l lease (ms),
-#               x attempt (tells two deliveries of one token apart)
+#               x attempt (tells two deliveries of one token apart), f fence
 # Times are the server's TIME as whole microseconds, so no float ever rounds them.
-_PRELUDE = """
+# The last fence outlives the run locks (a day after each grant): fences stay increasing across releases.
+_PRELUDE = (
+    _CHECKS
+    + """
 -- Redis < 5 replicates scripts verbatim and refuses a write after TIME; this opts in.
 -- (Redis 7, which names its version here, replicates only effects: no call needed.)
 if not redis.REDIS_VERSION_NUM and redis.replicate_commands then pcall(redis.replicate_commands) end
@@ -25,32 +66,58 @@ local function clock()
   local t = redis.call('TIME')
   return t[1] .. string.sub('00000', #t[2]) .. t[2]  -- the microseconds zero-padded to 6 digits
 end
+local function present(fields)  -- a hash read with HMGET exists if any field we know is set
+  for i = 1, #fields do if fields[i] then return true end end
+  return false
+end
 -- What is in the way, as a mark and one JSON string: [now, queue fields, queue
 -- pttl, run fields, run pttl], a lock's fields false if it is not there. The client parses
--- one string, not a score of replies (a string, where success is the integer 1).
+-- one string, not a score of replies (a string, where success is an integer).
 local function snapshot(now, q)  -- q: the queue lock's fields, if already read
-  q = q or redis.call('HMGET', KEYS[1], 't', 's', 'a', 'c', 'n', 'p', 'j')
-  local r = redis.call('HMGET', KEYS[2], 't', 'h', 'o', 'i', 'b', 'a', 'l')
+  if not q then
+    q = redis.pcall('HMGET', KEYS[1], 't', 's', 'a', 'c', 'n', 'p', 'j')
+    if failed(q) then return unreadable(1, q, 'hash') end
+  end
+  local r = redis.pcall('HMGET', KEYS[2], 't', 'h', 'o', 'i', 'b', 'a', 'l', 'f')
+  if failed(r) then return unreadable(2, r, 'hash') end
   local qttl, rttl = -2, -2
-  if q[1] then qttl = redis.call('PTTL', KEYS[1]) else q = false end
-  if r[1] then rttl = redis.call('PTTL', KEYS[2]) else r = false end
+  if present(q) then qttl = redis.call('PTTL', KEYS[1]) else q = false end
+  if present(r) then rttl = redis.call('PTTL', KEYS[2]) else r = false end
   -- First a mark: 'Q' for the usual duplicate (queued, no job id, no run lock),
   -- whose snapshot the client need not read; 'S' for any other.
   local mark = 'S'
-  if q and q[2] == 'q' and not q[7] and not r then mark = 'Q' end
+  if q and q[1] and q[2] == 'q' and not q[7] and not r then mark = 'Q' end
   return mark .. cjson.encode({now, q, qttl, r, rttl})
+end
+-- The floor for the next fence: the last one issued for this key (0: none), or a reply naming KEYS[3].
+local function last_fence()
+  local last = redis.pcall('GET', KEYS[3])
+  if failed(last) then return nil, unreadable(3, last, 'string') end
+  if not last then return 0 end
+  local n = tonumber(last)
+  if not n or n < 0 or n ~= math.floor(n) then return nil, corrupt(3, 'last fence is not a whole number') end
+  return n
+end
+-- A new fence: now in µs, or one more than the last, whichever is larger; kept as the key's last.
+-- (Whole numbers below 2^53 are exact in Lua's doubles: µs since 1970 stay below until 2255.)
+local function new_fence(now, floor)
+  local n = tonumber(now)
+  if n <= floor then n = floor + 1 end
+  local text = string.format('%.0f', n)
+  redis.call('SET', KEYS[3], text, 'PX', 86400000)
+  return n, text
 end
 -- ARGV[i..i+5]: host, node, pid, pstart, lease_ms, attempt ('' : keep any the lock has).
 -- started: when the token's run began (kept across its renewals and re-takes).
 -- One HSET for all fields: on a cold server each call costs more than its
 -- own work, so the hot paths make as few as they can.
-local function set_run(token, started, i)
+local function set_run(token, started, i, fence)
   if ARGV[i + 5] ~= '' then
     redis.call('HSET', KEYS[2], 't', token, 'h', ARGV[i], 'o', ARGV[i + 1], 'i', ARGV[i + 2],
-               'b', ARGV[i + 3], 'a', started, 'l', ARGV[i + 4], 'x', ARGV[i + 5])
+               'b', ARGV[i + 3], 'a', started, 'l', ARGV[i + 4], 'f', fence, 'x', ARGV[i + 5])
   else
     redis.call('HSET', KEYS[2], 't', token, 'h', ARGV[i], 'o', ARGV[i + 1], 'i', ARGV[i + 2],
-               'b', ARGV[i + 3], 'a', started, 'l', ARGV[i + 4])
+               'b', ARGV[i + 3], 'a', started, 'l', ARGV[i + 4], 'f', fence)
   end
   redis.call('PEXPIRE', KEYS[2], ARGV[i + 4])
 end
@@ -74,48 +141,103 @@ local function set_queue(token, state, now)
   end
   if ARGV[2] ~= '0' then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 end
+-- A run lock of this token whose attempt is this one (or that names none): the caller's own.
+local function own_run(run, token, attempt)
+  return run[1] == token and (not run[2] or run[2] == attempt)
+end
 """
+)
 
+# KEYS: queue lock, run lock, last fence.
 # ARGV: token, ttl_ms, cls, cls_len, args, job_id, mode ('q' or 'r'), host, node, pid, pstart, lease_ms,
 #       attempt
-# Returns 1 when taken, else a snapshot of what is in the way.
+# Returns 1 when the queue lock is taken (mode 'q'), the fence when both are
+# (mode 'r'), else a snapshot of what is in the way. Idempotent for its token:
+# a retry (its reply lost) finds its own lock and succeeds again, with the
+# fence it was given, as long as no other token took the run lock meanwhile.
 CLAIM = (
     _PRELUDE
     + """
 local now = clock()
-local q = redis.call('HMGET', KEYS[1], 't', 's', 'a', 'c', 'n', 'p', 'j')  -- all a conflict reports
-if q[2] then
+local q = redis.pcall('HMGET', KEYS[1], 't', 's', 'a', 'c', 'n', 'p', 'j')  -- all a conflict reports
+if failed(q) then return unreadable(1, q, 'hash') end
+local run, floor, why
+if ARGV[7] == 'r' then  -- read all first: a damaged record must stop the script before any write
+  run = redis.pcall('HMGET', KEYS[2], 't', 'x', 'f')
+  if failed(run) then return unreadable(2, run, 'hash') end
+  floor, why = last_fence()
+  if not floor then return why end
+end
+local mine = false
+if present(q) then
   if q[2] == 'r' and redis.call('EXISTS', KEYS[2]) == 0 then
-    redis.call('DEL', KEYS[1])  -- orphan: its holder stopped beating
+    redis.call('DEL', KEYS[1])  -- orphan: its holder stopped beating (a retry of ours starts afresh)
+    q = false
+  elseif q[1] == ARGV[1] then
+    mine = true  -- a retry whose first reply was lost
   else
     return snapshot(now, q)
   end
-end
-if ARGV[7] == 'r' then
-  if redis.call('EXISTS', KEYS[2]) == 1 then return snapshot(now) end
-  set_queue(ARGV[1], 'r', now)
-  set_run(ARGV[1], now, 8)  -- no run lock: it starts now
 else
-  set_queue(ARGV[1], 'q', now)
+  q = false
 end
-return 1
+if ARGV[7] ~= 'r' then
+  if not mine then set_queue(ARGV[1], 'q', now) end
+  return 1
+end
+local fence
+if present(run) then
+  if not (mine and own_run(run, ARGV[1], ARGV[13])) then return snapshot(now, q) end
+  fence = tonumber(run[3])  -- our own run lock: the fence it was granted
+  if run[3] and not fence then return corrupt(2, 'field f (fence) is not a number') end
+  if fence then redis.call('PEXPIRE', KEYS[2], ARGV[12]) end
+end
+if not fence then
+  local text
+  fence, text = new_fence(now, floor)
+  set_run(ARGV[1], now, 8, text)  -- no run lock: it starts now
+end
+if not q then
+  set_queue(ARGV[1], 'r', now)
+elseif q[2] ~= 'r' then
+  redis.call('HSET', KEYS[1], 's', 'r')
+end
+return fence
 """
 )
 
+# KEYS: queue lock, run lock, last fence.
 # ARGV: token, ttl_ms, cls, cls_len, args, job_id, flags, host, node, pid, pstart, lease_ms, attempt
 # flags: 'a' (adopt) or '-', then the queue mode: 'r' (run), 'x' (release) or 'k' (keep).
 # A run lock of the same token but another attempt is a second delivery: in the way.
-# Returns 1 when the run lock is taken, else a snapshot of what is in the way.
+# Returns the fence when the run lock is taken (a re-take keeps the one it
+# holds), else a snapshot of what is in the way.
 START = (
     _PRELUDE
     + """
 local now = clock()
-local run = redis.call('HMGET', KEYS[2], 't', 'x', 'a')
-if run[1] and (run[1] ~= ARGV[1] or (run[2] and run[2] ~= ARGV[13])) then return snapshot(now) end
-set_run(ARGV[1], run[1] and run[3] or now, 8)
+local run = redis.pcall('HMGET', KEYS[2], 't', 'x', 'a', 'f')
+if failed(run) then return unreadable(2, run, 'hash') end
 local mode = string.sub(ARGV[7], 2, 2)
-if mode == 'k' then return 1 end
-local qtok = redis.call('HGET', KEYS[1], 't')
+local qtok = false
+if mode ~= 'k' then
+  qtok = redis.pcall('HGET', KEYS[1], 't')
+  if failed(qtok) then return unreadable(1, qtok, 'hash') end
+end
+local held = present(run)
+if held and not own_run(run, ARGV[1], ARGV[13]) then return snapshot(now) end
+local fence = held and tonumber(run[4])
+if held and run[4] and not fence then return corrupt(2, 'field f (fence) is not a number') end
+if fence then
+  set_run(ARGV[1], run[3] or now, 8, run[4])  -- a re-take: the same run, its fence
+else
+  local floor, why = last_fence()
+  if not floor then return why end
+  local text
+  fence, text = new_fence(now, floor)
+  set_run(ARGV[1], held and run[3] or now, 8, text)
+end
+if mode == 'k' then return fence end
 local mine = qtok and (qtok == ARGV[1] or string.sub(ARGV[7], 1, 1) == 'a')
 if mode == 'x' then
   if mine then redis.call('DEL', KEYS[1]) end
@@ -124,32 +246,41 @@ elseif not qtok then
 elseif mine then
   redis.call('HSET', KEYS[1], 't', ARGV[1], 's', 'r')
 end
-return 1
+return fence
 """
 )
 
 # KEYS[1]: queue lock. ARGV: token, job_id. Returns 1 if recorded, 0 if the lock is not ours.
-ATTACH = """
-if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
+ATTACH = (
+    _CHECKS
+    + """
+local t = redis.pcall('HGET', KEYS[1], 't')
+if failed(t) then return unreadable(1, t, 'hash') end
+if t ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'j', ARGV[2])
 return 1
 """
+)
 
-# ARGV: token, ttl_ms (0: none), cls, cls_len, args, job_id.
+# KEYS: queue lock, run lock. ARGV: token, ttl_ms (0: none), cls, cls_len, args, job_id.
 # Drops the token's run lock and makes its queue lock queued again (created if
 # missing); returns 0, changing no queue lock, if the key is another's.
 REQUEUE = (
     _PRELUDE
     + """
 local now = clock()
-if redis.call('HGET', KEYS[2], 't') == ARGV[1] then redis.call('DEL', KEYS[2]) end
-local q = redis.call('HMGET', KEYS[1], 't', 's')
+local rtok = redis.pcall('HGET', KEYS[2], 't')
+if failed(rtok) then return unreadable(2, rtok, 'hash') end
+local q = redis.pcall('HMGET', KEYS[1], 't', 's')
+if failed(q) then return unreadable(1, q, 'hash') end
+if rtok == ARGV[1] then redis.call('DEL', KEYS[2]) end
 if q[1] and q[1] ~= ARGV[1] then
   if q[2] ~= 'r' or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
   redis.call('DEL', KEYS[1])  -- an orphan: its holder is gone
   q[1] = false
 end
 if not q[1] then
+  if q[2] then redis.call('DEL', KEYS[1]) end  -- no token: nothing of it may linger in ours
   set_queue(ARGV[1], 'q', now)
   return 1
 end
@@ -160,17 +291,32 @@ return 1
 )
 
 # KEYS[1]: run lock. ARGV: token, lease_ms. Returns 1 if renewed, 0 if not ours.
-RENEW = """
-if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
+RENEW = (
+    _CHECKS
+    + """
+local t = redis.pcall('HGET', KEYS[1], 't')
+if failed(t) then return unreadable(1, t, 'hash') end
+if t ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'l', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 """
+)
 
-# ARGV: token, keep_queue ('1' or '0'). Deletes each lock that is still the token's.
-FINISH = """
-local run = redis.call('HGET', KEYS[2], 't') == ARGV[1]
-local queue = ARGV[2] == '0' and redis.call('HGET', KEYS[1], 't') == ARGV[1]
+# KEYS: queue lock, run lock. ARGV: token, keep_queue ('1' or '0').
+# Deletes each lock that is still the token's (the key's last fence stays).
+FINISH = (
+    _CHECKS
+    + """
+local rtok = redis.pcall('HGET', KEYS[2], 't')
+if failed(rtok) then return unreadable(2, rtok, 'hash') end
+local queue = false
+if ARGV[2] == '0' then
+  local qtok = redis.pcall('HGET', KEYS[1], 't')
+  if failed(qtok) then return unreadable(1, qtok, 'hash') end
+  queue = qtok == ARGV[1]
+end
+local run = rtok == ARGV[1]
 if run and queue then
   redis.call('DEL', KEYS[1], KEYS[2])
 elseif run then
@@ -180,27 +326,45 @@ elseif queue then
 end
 return 1
 """
+)
 
 # KEYS[1]: queue lock. ARGV: token or '' (any). Returns 1 if a queued lock was dropped.
-DEQUEUE = """
-local q = redis.call('HMGET', KEYS[1], 's', 't')
+DEQUEUE = (
+    _CHECKS
+    + """
+local q = redis.pcall('HMGET', KEYS[1], 's', 't')
+if failed(q) then return unreadable(1, q, 'hash') end
 if q[1] ~= 'q' then return 0 end
 if ARGV[1] ~= '' and q[2] ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 return 1
 """
+)
 
-# ARGV: queue token or '', run token or ''. Returns how many locks went.
-RECLAIM = """
+# KEYS: queue lock, run lock. ARGV: queue token or '', run token or ''. Returns how many locks went.
+RECLAIM = (
+    _CHECKS
+    + """
+local qtok, rtok = false, false
+if ARGV[1] ~= '' then
+  qtok = redis.pcall('HGET', KEYS[1], 't')
+  if failed(qtok) then return unreadable(1, qtok, 'hash') end
+end
+if ARGV[2] ~= '' then
+  rtok = redis.pcall('HGET', KEYS[2], 't')
+  if failed(rtok) then return unreadable(2, rtok, 'hash') end
+end
 local gone = 0
-if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 't') == ARGV[1] then
-  gone = gone + redis.call('DEL', KEYS[1])
-end
-if ARGV[2] ~= '' and redis.call('HGET', KEYS[2], 't') == ARGV[2] then
-  gone = gone + redis.call('DEL', KEYS[2])
-end
+if ARGV[1] ~= '' and qtok == ARGV[1] then gone = gone + redis.call('DEL', KEYS[1]) end
+if ARGV[2] ~= '' and rtok == ARGV[2] then gone = gone + redis.call('DEL', KEYS[2]) end
 return gone
 """
+)
 
+# KEYS: queue lock, run lock. Whatever they hold, of any type; the last fence is
+# kept, so fences stay increasing. Returns 1 (queue lock gone) + 2 (run lock gone).
+PURGE = """
+return redis.call('DEL', KEYS[1]) + 2 * redis.call('DEL', KEYS[2])
+"""
 
 READ = _PRELUDE + "\nreturn snapshot(clock())\n"

@@ -19,6 +19,12 @@ blocking, bounded or Sentinel pool, a single-connection client, a connection
 class of its own, RESP3) keeps the ordinary path. A connection is never shared by two threads, and
 never used in a process other than the one that opened it (after ``fork`` the
 child opens its own).
+
+A kept connection heals as the pool's do: one that failed to open or to be
+checked (a server down or stopped, a handshake that timed out) is left
+closed, and one whose call failed (a timeout mid-reply, a reset) is closed,
+so the next call on that thread opens a fresh one. Nothing a failed call
+sent or half read is ever taken for the next call's reply.
 """
 
 from __future__ import annotations
@@ -97,15 +103,25 @@ _OWN_CONNECTIONS = (redis.Connection, redis.SSLConnection, redis.UnixDomainSocke
 _ASCII_SUPERSETS = frozenset({"utf-8", "utf8", "UTF-8", "latin-1", "latin1", "ascii"})
 
 
+# What a lane's ``sock`` is until its connection is open and checked: no socket
+# (``conn._sock`` is a socket or None) is ever this, so every call goes the long way.
+_UNREADY: Any = object()
+
+
 class _Lane:
-    """One thread's connection, its socket and a poller that watches it."""
+    """One thread's connection, its socket and a poller that watches it.
+
+    ``sock`` is the socket ``poller`` watches, and only ever one that was
+    opened and checked in full; otherwise it is ``_UNREADY``, so that a failed
+    connect or check leaves nothing a later call could trust.
+    """
 
     __slots__ = ("conn", "pid", "poller", "sock")
 
     def __init__(self, conn: Any, pid: int) -> None:
         self.conn = conn
         self.pid = pid
-        self.sock: Any = None
+        self.sock: Any = _UNREADY
         self.poller: Any = None
 
 
@@ -155,18 +171,28 @@ class Lanes:
             lane = self._local.lane = _Lane(conn, pid)
         conn = lane.conn
         sock = conn._sock  # private, but the same in every redis-py this package supports (>= 5)
-        if sock is not None and sock is lane.sock:
-            # Between two calls nothing should arrive: anything readable is the
-            # server closing the connection (a restart, an idle timeout) or a
-            # reply we do not expect; the pool would not hand out either.
-            if not lane.poller.poll(0):
-                return lane
-            self._check(conn)
-        elif sock is None:
-            conn.connect()
-        sock = lane.sock = conn._sock
-        lane.poller = select.poll()
-        lane.poller.register(sock, select.POLLIN)
+        # Between two calls nothing should arrive: anything readable is the
+        # server closing the connection (a restart, an idle timeout) or a
+        # reply we do not expect; the pool would not hand out either.
+        if sock is not None and sock is lane.sock and not lane.poller.poll(0):
+            return lane
+        # Until the connection is open and checked again, the lane is unready: should
+        # what follows fail (a server that is down or stalled), the next call starts afresh.
+        lane.sock = _UNREADY
+        try:
+            if sock is None:
+                conn.connect()
+            else:
+                self._check(conn)
+        except BaseException:
+            # A connect cut short (a timeout in the handshake, an interrupt) may leave a
+            # socket with a reply pending on it: never let a later call read it.
+            conn.disconnect()
+            raise
+        sock = conn._sock
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        lane.poller, lane.sock = poller, sock
         return lane
 
     def _check(self, conn: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -10,9 +11,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from ..errors import BackendError, CorruptRecordError
-from ._records import Record, Slot, SlotBackend
-from ._stripes import Stripes
+from ..errors import BackendError, ConfigurationError, CorruptRecordError
+from ._files import RecordFiles, write_all
+from ._records import Record, Slot, SlotBackend, record_problem
+from ._stripes import FILE_MODE, OPEN_FLAGS, Stripes, describe_error, file_problem
 
 __all__ = ["FileBackend"]
 
@@ -25,8 +27,9 @@ class FileBackend(SlotBackend):
     Each key's record is written atomically (a whole file, then ``os.replace``
     onto the record's name) under a ``flock`` that guards a stripe of keys, so
     a process killed mid-write leaves the old record or the new one, never
-    half. A record that cannot be read raises :class:`CorruptRecordError`
-    naming the file; it is never taken for a free lock.
+    half. A record that cannot be read, or whose fields have the wrong type or
+    shape, raises :class:`CorruptRecordError` naming the file; it is never
+    taken for a free lock, and :meth:`purge` removes it.
 
     The file written and then renamed is one of two spares per stripe
     (``.NNa.spare``, ``.NNb.spare``), and a record that is replaced or deleted
@@ -37,6 +40,16 @@ class FileBackend(SlotBackend):
     written while it is no record's other name (its link count is checked).
     Nothing is fsynced, as before: a power cut can leave a record older than
     its last write.
+
+    Fences: each stripe keeps the last fence it issued in ``.NN.fence``, so a
+    fence outlives its key's record (which goes with its last lock) without
+    a file per key: a new one is greater than every fence of any key of the
+    stripe, and so of its own. These files are never deleted.
+
+    The directory must be this user's, and not writable by others unless
+    sticky (see :func:`~uniqjob.backends._stripes.private_directory`); every
+    file is opened with ``O_NOFOLLOW`` and must be a regular file of this
+    user's, and files are made ``0o600``, whatever the umask.
     """
 
     name = "file"
@@ -49,37 +62,28 @@ class FileBackend(SlotBackend):
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.directory = Path(directory)
+        if os.path.realpath(self.directory) == os.path.realpath("/"):
+            raise ConfigurationError(
+                f"the file store cannot be {str(self.directory)!r}, the root directory: its lock files "
+                "would go into / itself; give it a directory of its own, e.g. file:///var/lib/myapp/locks"
+            )
         self.timeout = timeout
         self.clock = clock
         self._dir = str(self.directory)
         self._spare_paths: dict[int, list[str]] = {}
         self._stripes = Stripes(self.directory, timeout, self.name)
+        self._files = RecordFiles(self._stripes, "lock", record_problem, hint_key=True)
 
     def __repr__(self) -> str:
         return f"FileBackend({str(self.directory)!r})"
 
-    def _load(self, path: str, key: str | None) -> Record | None:
+    def _fence(self, stripe: int, now_us: int) -> int:
+        """Issue a fence for a key of ``stripe``, whose lock is held (see :meth:`Stripes.fence`)."""
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
-            return None
+            return self._stripes.fence(stripe, now_us)
         except OSError as exc:
-            raise CorruptRecordError(path, str(exc)) from exc
-        try:
-            raw = _read_all(fd)
-        except OSError as exc:
-            raise CorruptRecordError(path, str(exc)) from exc
-        finally:
-            os.close(fd)
-        try:
-            record = json.loads(raw)
-        except ValueError as exc:
-            raise CorruptRecordError(path, f"not valid JSON ({exc})") from exc
-        if not isinstance(record, dict) or not isinstance(record.get("key"), str):
-            raise CorruptRecordError(path, "not a uniqjob lock record")
-        if key is not None and record["key"] != key:
-            raise CorruptRecordError(path, f"holds key {record['key']!r}, expected {key!r}")
-        return record
+            where = exc.filename if isinstance(exc.filename, str) else f"the fence file of stripe {stripe}"
+            raise BackendError(f"cannot issue a fence: {describe_error(where, exc)}", self.name) from exc
 
     def _spares(self, stripe: int) -> list[str]:
         """The stripe's two spare paths: the one last seen holding an inode first, the vacant one last.
@@ -115,30 +119,33 @@ class FileBackend(SlotBackend):
             raise
         spares.sort(key=lambda spare: spare == filled)  # it is the vacant one now
 
-    @staticmethod
-    def _fill(spares: list[str], data: bytes) -> str:
+    def _fill(self, spares: list[str], data: bytes) -> str:
         """Write ``data`` into a spare (made if there is none) and return its path."""
         for spare in spares:
             try:
-                fd = os.open(spare, os.O_WRONLY | _OPEN_FLAGS)
+                fd = os.open(spare, os.O_WRONLY | os.O_NONBLOCK | OPEN_FLAGS)
             except FileNotFoundError:
                 continue
             try:
                 stat = os.fstat(fd)
+                problem = file_problem(stat)
+                if problem:
+                    raise BackendError(f"spare file {spare} is {problem}: remove it", self.name)
                 if stat.st_nlink != 1:
                     # Still another name of a record: a crash came between the link and the rename.
                     os.unlink(spare)
                     continue
-                _write_all(fd, data)
+                write_all(fd, data)
                 if stat.st_size > len(data):
                     os.ftruncate(fd, len(data))
             finally:
                 os.close(fd)
             return spare
         spare = spares[0]
-        fd = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, 0o666)
+        fd = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, FILE_MODE)
         try:
-            _write_all(fd, data)
+            os.fchmod(fd, FILE_MODE)  # the umask may have taken bits from the mode given to open
+            write_all(fd, data)
         except BaseException:
             os.close(fd)
             with suppress(OSError):
@@ -154,7 +161,7 @@ class FileBackend(SlotBackend):
             if spare == busy:
                 continue
             try:
-                os.link(path, spare)
+                os.link(path, spare, follow_symlinks=False)  # a link to the name, never through it
             except FileExistsError:
                 continue
             except OSError:  # no hard links here (or too many): the inode is simply freed
@@ -166,59 +173,35 @@ class FileBackend(SlotBackend):
     def _slot(self, key: str) -> Iterator[Slot]:
         path, stripe = self._stripes.of(key)
         with self._stripes.locked(stripe):
-            record = self._load(path, key)
-            slot = Slot(key, record, self.clock())
+            record = self._files.load(path, key)
+            slot = Slot(key, record, self.clock(), functools.partial(self._fence, stripe))
             yield slot
             if slot.changed:
                 try:
                     self._store(path, stripe, slot.record(), record is not None)
                 except OSError as exc:
-                    raise BackendError(f"cannot write {path}: {exc}", self.name) from exc
+                    raise self._files.write_error(path, exc) from exc
 
     def close(self) -> None:
         """Close the stripes' lock files (they are opened again on next use)."""
         self._stripes.close()
 
     def scan(self) -> Iterator[str]:
-        try:
-            entries = os.scandir(self.directory)
-        except OSError as exc:
-            raise BackendError(f"cannot list {self.directory}: {exc}", self.name) from exc
-        with entries:
-            for entry in entries:
-                name = entry.name
-                if not name.endswith(".json") or name.startswith("."):
-                    continue
-                try:
-                    # Under its stripe's lock: a spare being rewritten in place may
-                    # still be open to a reader that found it under a record's name.
-                    with self._stripes.locked(Stripes.of_name(name)):
-                        record = self._load(entry.path, None)
-                    if record is not None and self._stripes.of(record["key"])[0] != entry.path:
-                        raise CorruptRecordError(entry.path, f"holds key {record['key']!r} of another file")
-                except (CorruptRecordError, ValueError) as exc:
-                    log.warning("skipping %s", exc)
-                    continue
-                if record is not None:
-                    yield record["key"]
+        """Yield the key of every record, a record with bad fields too (:meth:`read` then raises).
 
+        A record too damaged to name its key is yielded by :meth:`corrupt` instead.
+        """
+        for record in self._files.records():
+            yield record["key"]
 
-_OPEN_FLAGS = getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    def corrupt(self) -> Iterator[CorruptRecordError]:
+        yield from self._files.corrupt()
 
+    def purge(self, key: str) -> list[str]:
+        """Remove ``key``'s record file, whatever it holds; return its path, or ``[]`` if there was none.
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _read_all(fd: int, size: int = 65536) -> bytes:
-    # A regular file returns less than asked only at its end: one read() for a record.
-    chunk = os.read(fd, size)
-    if len(chunk) < size:
-        return chunk
-    chunks = [chunk]
-    while chunk:
-        chunk = os.read(fd, size)
-        chunks.append(chunk)
-    return b"".join(chunks)
+        ``key`` may also be the path of a record file in this directory, as a
+        :class:`CorruptRecordError` names it, for a record that names no key.
+        A symlink is removed, never followed. Fences are kept.
+        """
+        return self._files.purge(key)

@@ -5,9 +5,12 @@ function that registers its parser and sets ``handler`` (``Namespace -> int``,
 the exit status); ``SUBCOMMANDS`` lists them in ``--help`` order. Adding a
 subcommand is one such function and one line here.
 
-Errors are one line on stderr with sysexits codes: 64 usage, 69 store
-unreachable, 78 configuration, 1 nothing to do (e.g. no such lock), and 75
-only for "held elsewhere".
+Errors are one line on stderr with sysexits codes: 64 usage, 65 a lock record
+that cannot be read, 69 store unreachable, 70 an internal error, 78
+configuration, 1 nothing to do (e.g. no such lock), and 75 only for "held
+elsewhere". Never a traceback: whatever a record holds, whatever a client
+raises, the command says what went wrong in one line (control characters
+escaped) and exits with its code.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 
 from .. import __version__
-from ..errors import BackendError, ConfigurationError, UniqJobError
+from ..errors import BackendError, ConfigurationError, CorruptRecordError, UniqJobError
 from ._common import (
     EX_CONFIG,
+    EX_DATAERR,
     EX_SOFTWARE,
     EX_UNAVAILABLE,
     EX_USAGE,
@@ -31,6 +35,7 @@ from ._common import (
     Parser,
     SubParsers,
     UsageError,
+    escape,
     say,
 )
 from ._concurrency import add_discard_parked_parser
@@ -78,10 +83,10 @@ class _OneLine(logging.Formatter):
     """Library warnings (a reclaimed orphan, a failing heartbeat) as one line each, no traceback."""
 
     def format(self, record: logging.LogRecord) -> str:
-        message = f"{PROG}: {record.getMessage()}"
+        message = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             message += f": {record.exc_info[1]}"
-        return message
+        return f"{PROG}: {escape(message)}"  # a key in a message must not steer the terminal
 
 
 @contextlib.contextmanager
@@ -118,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigurationError as exc:
         say(f"configuration error: {exc}")
         return EX_CONFIG
+    except CorruptRecordError as exc:  # a BackendError, but the store answered: its record is damaged
+        say(str(exc))
+        return EX_DATAERR
     except BackendError as exc:
         say(f"lock store unavailable: {exc}")
         return EX_UNAVAILABLE
@@ -131,4 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+    except Exception as exc:  # a bug, or a client's own error: one line, never a traceback
+        say(f"internal error in `{PROG} {args.command_name}`: {type(exc).__qualname__}: {exc}")
+        return EX_SOFTWARE
     return status

@@ -13,13 +13,14 @@ cron tick never overlaps a command that runs on without its lock.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import select
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
@@ -31,15 +32,20 @@ __all__ = ["FORWARDED", "Child", "SignalWaiter", "exit_status", "signal_waiter",
 
 _SI_KERNEL = 0x80  # Linux si_code of a signal the kernel sent, e.g. ^C from the terminal
 _TICK = 0.25  # how often a running command's lock is checked for loss
+# SIGKILL is sent this long before the lease could lapse: the supervisor relays it to the group.
+_KILL_LEAD = 0.05
 
 
-def spawn(argv: Sequence[str]) -> subprocess.Popen[bytes]:
-    """Start ``argv`` (PATH lookup, no shell) with our stdio and inheritable fds, under the supervisor."""
+def spawn(argv: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start ``argv`` (PATH lookup, no shell) with our stdio and inheritable fds, under the supervisor.
+
+    ``env`` is the command's environment (default: ours).
+    """
     # -I -S: no site-packages and no PYTHON* variables: a fast start that runs our file only.
     launcher = [sys.executable, "-I", "-S", _supervisor.__file__, str(os.getpid())]
     # close_fds=False: only fds the caller made inheritable pass (ours are not, PEP 446),
     # so a wrapped command sees exactly what it would see without the wrapper.
-    return subprocess.Popen([*launcher, *argv], close_fds=False)
+    return subprocess.Popen([*launcher, *argv], close_fds=False, env=env)
 
 
 def exit_status(returncode: int) -> int:
@@ -128,9 +134,15 @@ def signal_waiter() -> Iterator[SignalWaiter]:
 class Child:
     """A running command (its supervisor, in ``proc``) and the limits it runs under.
 
-    ``lost`` reports that our lock was taken over: the command must not run on
-    unlocked, so it is stopped like one that ran past ``kill_after``. Every
-    signal goes to the command's whole process group, through the supervisor.
+    ``lost`` reports that our lock is lost or presumed lost: the command must
+    not run on unlocked, so its whole process group is stopped, SIGTERM and
+    then SIGKILL after ``grace``, but no later than ``lapse()`` (monotonic:
+    when the lease could lapse on the store, a lease after the last renewal it
+    confirmed), whatever ``grace`` says. ``why()`` says, in one line, why the
+    lock is lost; ``presume_at()`` is when it will be presumed lost unless a
+    renewal is confirmed first (the lock is checked then, as well as every
+    quarter second). Every signal goes to the command's whole process group,
+    through the supervisor.
     """
 
     proc: subprocess.Popen[bytes]
@@ -138,6 +150,9 @@ class Child:
     kill_after: float | None = None
     grace: float = 10.0
     lost: Callable[[], bool] = lambda: False
+    lapse: Callable[[], float] = lambda: math.inf
+    why: Callable[[], str] = lambda: "lost the lock to another holder"
+    presume_at: Callable[[], float] = lambda: math.inf
 
     def supervise(self, waiter: SignalWaiter) -> int:
         """Forward signals, enforce the deadline, stop on a lost lock; return the command's exit status."""
@@ -145,24 +160,31 @@ class Child:
         started = time.monotonic()
         deadline = started + self.kill_after if self.kill_after is not None else float("inf")
         hard_kill_at = float("inf")
-        stopping = False
+        stopping = quiet_kill = False
         while True:
             status = proc.poll()
             if status is not None:
                 return exit_status(status)
             now = time.monotonic()
-            if not stopping and (self.lost() or now >= deadline):
+            if not stopping and (now >= deadline or self.lost()):
                 if now >= deadline:
                     say(f"{self.name} ran longer than {self.kill_after:g}s: sending SIGTERM")
+                    hard_kill_at = now + self.grace
                 else:
-                    say(f"lost the lock to another holder: stopping {self.name}")
+                    # One line, and the SIGKILL goes unannounced: the why is what matters.
+                    say(f"{self.why()}; stopping {self.name}")
+                    hard_kill_at = min(now + self.grace, self.lapse() - _KILL_LEAD)
+                    quiet_kill = True
                 proc.terminate()
-                stopping, hard_kill_at = True, now + self.grace
-            elif now >= hard_kill_at:
-                say(f"{self.name} still running {self.grace:g}s after SIGTERM: sending SIGKILL")
+                stopping = True
+            if now >= hard_kill_at:
+                if not quiet_kill:
+                    say(f"{self.name} still running {self.grace:g}s after SIGTERM: sending SIGKILL")
                 proc.send_signal(KILL_ALL)  # SIGKILL would end the supervisor, not the group
                 hard_kill_at = float("inf")
             wake = min(now + _TICK, deadline if not stopping else hard_kill_at)
+            if not stopping and now < self.presume_at() < wake:
+                wake = self.presume_at()
             signum = waiter.wait(wake - now)
             if signum is not None:
                 proc.send_signal(signum)  # a no-op once the child has been reaped

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from typing import NoReturn, TypeAlias
 
@@ -15,6 +16,7 @@ from ..errors import ConfigurationError
 EX_OK = 0
 EX_FAILURE = 1  # e.g. no lock on the key given to `release`
 EX_USAGE = 64
+EX_DATAERR = 65  # a lock record cannot be read: it blocks its key until `release --force`
 EX_UNAVAILABLE = 69  # the lock store cannot be reached
 EX_SOFTWARE = 70
 EX_TEMPFAIL = 75  # held elsewhere; no other failure uses it
@@ -103,6 +105,30 @@ def exit_code(text: str) -> int:
     return value
 
 
+# Whatever could steer a terminal or start a line of its own: C0 and C1 controls,
+# line and paragraph separators, bidirectional overrides, lone surrogates (an
+# undecodable Redis key) and zero-width marks that hide text.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def escape(text: str) -> str:
+    """Return ``text`` with every control character written as an escape (``\\x1b``, ``\\n``, ``\\u202e``).
+
+    Keys, hosts and class names are anyone's strings: printed raw, one holding
+    ``ESC ] 0 ; ... BEL`` retitles the terminal and one holding a newline forges
+    a row. Text with nothing to escape comes back as it is (escaping twice is
+    escaping once); ``--json`` output needs none of this, JSON escapes them.
+    """
+    return _UNSAFE.sub(_escaped, text)
+
+
 def say(message: str) -> None:
-    """Write one line to stderr, prefixed with the program name."""
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    """Write one line to stderr, prefixed with the program name, its control characters escaped."""
+    print(f"{PROG}: {escape(message)}", file=sys.stderr, flush=True)

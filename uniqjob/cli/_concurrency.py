@@ -16,7 +16,7 @@ from ..backends.base import Backend
 from ..concurrency import discard_parked, release, store_for
 from ..concurrency.ops import stale
 from ..inspect import KeyReport, Totals, concurrency
-from ._common import EX_FAILURE, EX_OK, HelpFormatter, SubParsers, add_url_option, open_backend
+from ._common import EX_FAILURE, EX_OK, HelpFormatter, SubParsers, add_url_option, escape, open_backend, say
 
 __all__ = [
     "add_concurrency_options",
@@ -71,7 +71,7 @@ _HEADER = f"{'HELD':<7}  {'LEASE':<6}  {'RUN':<4}  {'PARKED':<7}  {'WAITED':<8} 
 def _line(row: KeyReport) -> str:
     held = f"{row.held}/{row.limit}"
     waited = _duration(row.oldest_wait)
-    return f"{held:<7}  {row.lease:<6}  {row.running:<4}  {row.parked:<7}  {waited:<8}  {row.key}"
+    return f"{held:<7}  {row.lease:<6}  {row.running:<4}  {row.parked:<7}  {waited:<8}  {escape(row.key)}"
 
 
 def _totals_line(totals: Totals, shown: int) -> str:
@@ -105,7 +105,7 @@ def concurrency_locks_command(args: argparse.Namespace) -> int:
 
 
 def _warn(message: str) -> None:
-    print(f"uniqjob: {message}", file=sys.stderr)
+    say(message)  # control characters in a key or host escaped
 
 
 def release_concurrency(backend: Backend, key: str, *, force: bool) -> int | None:
@@ -140,7 +140,8 @@ def release_concurrency(backend: Backend, key: str, *, force: bool) -> int | Non
         )
     if not done.released and not done.promoted:
         return EX_FAILURE
-    print(f"released {done.released} slot(s) of {key} (limit {done.limit}); promoted {done.promoted} parked")
+    released = f"released {done.released} slot(s) of {escape(key)} (limit {done.limit})"
+    print(f"{released}; promoted {done.promoted} parked")
     return EX_OK
 
 
@@ -177,5 +178,5 @@ def discard_parked_command(args: argparse.Namespace) -> int:
     if not count:
         _warn(f"nothing parked on {args.key!r}")
         return EX_FAILURE
-    print(f"discarded {count} parked job(s) of {args.key}; they will not run")
+    print(f"discarded {count} parked job(s) of {escape(args.key)}; they will not run")
     return EX_OK

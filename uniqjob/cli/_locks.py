@@ -3,6 +3,10 @@
 A listing is a stream of :class:`LockRow` records, one per held key, rendered
 either as JSON lines or as a table whose columns are listed in ``COLUMNS``: a
 new view adds a field to the record and, if people should see it, a column.
+
+A record the store cannot read is a row in state ``corrupt`` (it blocks its
+key), never skipped: ``locks`` and ``reap`` then exit 65, and ``release
+--force`` removes it. Every field printed has its control characters escaped.
 """
 
 from __future__ import annotations
@@ -10,17 +14,32 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import shlex
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
+from typing import TextIO
 
 from ..backends.base import Backend
+from ..errors import CorruptRecordError
 from ..locks import RUNNING, LockState, holder_is_dead, orphaned
-from ._common import EX_FAILURE, EX_OK, HelpFormatter, SubParsers, add_url_option, open_backend
+from ._common import (
+    EX_DATAERR,
+    EX_FAILURE,
+    EX_OK,
+    EX_SOFTWARE,
+    HelpFormatter,
+    SubParsers,
+    add_url_option,
+    escape,
+    open_backend,
+    say,
+)
 from ._concurrency import add_concurrency_options, concurrency_locks_command, release_concurrency
 
 __all__ = [
     "COLUMNS",
+    "CORRUPT",
     "Column",
     "LockRow",
     "add_locks_parser",
@@ -30,24 +49,39 @@ __all__ = [
 ]
 
 
+#: The state of a row whose record cannot be read: it blocks its key until removed.
+CORRUPT = "corrupt"
+
+
 @dataclass(frozen=True, slots=True)
 class LockRow:
     """One held key as ``uniqjob locks`` reports it; ``json`` metadata renames a field in JSON.
 
     Times are seconds: ``age_s`` since the lock was taken, ``ttl_s`` left
     before the queue lock autoexpires, ``lease_s`` left on the run lock's lease.
+    A ``corrupt`` row has only ``path`` (where the record is), ``reason`` and,
+    when the store can still tell it, ``key``.
     """
 
-    key: str
+    key: str | None
     job_class: str | None = field(default=None, metadata={"json": "class"})
     args: str | None = None
     state: str = RUNNING
     host: str | None = None
     pid: int | None = None
-    age_s: float = 0.0
+    age_s: float | None = 0.0
     ttl_s: float | None = None
     lease_s: float | None = None
     orphaned: bool = False
+    path: str | None = None
+    reason: str | None = None
+
+    @classmethod
+    def from_corrupt(cls, error: CorruptRecordError, key: str | None = None) -> LockRow:
+        """Describe a record that cannot be read, as the store's error names it."""
+        return cls(
+            key=error.key or key or None, state=CORRUPT, age_s=None, path=error.path, reason=error.reason
+        )
 
     @classmethod
     def from_state(cls, state: LockState) -> LockRow:
@@ -74,14 +108,28 @@ class LockRow:
 
 
 def iter_rows(backend: Backend, *, job_class: str | None = None) -> Iterator[LockRow]:
-    """Yield a row per held key, streaming the store's scan; keys freed meanwhile are skipped."""
+    """Yield a row per held key, streaming the store's scan; keys freed meanwhile are skipped.
+
+    A record that cannot be read is a ``corrupt`` row, whatever ``job_class``
+    (its class cannot be read either); those too damaged to name their key
+    come last, from :meth:`Backend.corrupt`.
+    """
+    seen: set[str] = set()
     for key in backend.scan():
-        state = backend.read(key)
+        try:
+            state = backend.read(key)
+        except CorruptRecordError as exc:
+            seen.add(exc.path)
+            yield LockRow.from_corrupt(exc, key)
+            continue
         if state.free:
             continue
         row = LockRow.from_state(state)
         if job_class is None or _class_matches(row.job_class, job_class):
             yield row
+    for error in backend.corrupt():
+        if error.path not in seen:
+            yield LockRow.from_corrupt(error)
 
 
 def _class_matches(cls: str | None, wanted: str) -> bool:
@@ -116,9 +164,21 @@ def _holder(row: LockRow) -> str:
     return f"{row.host}:{row.pid}" if row.host is not None else "-"
 
 
+def _orphan(row: LockRow) -> str:
+    return "-" if row.state == CORRUPT else "yes" if row.orphaned else "no"
+
+
 def _job(row: LockRow) -> str:
-    text = f"{row.job_class or '?'}({row.args or ''})"
+    if row.state == CORRUPT:
+        text = escape(f"unreadable: {row.reason}")
+    else:
+        text = escape(f"{row.job_class or '?'}({row.args or ''})")
     return text if len(text) <= _JOB_WIDTH else text[: _JOB_WIDTH - 3] + "..."
+
+
+def _key(row: LockRow) -> str:
+    """The key, or where the record is when it names none (what ``release --force`` takes)."""
+    return row.key if row.key is not None else row.path or "?"
 
 
 _JOB_WIDTH = 40  # the full arguments are in --json
@@ -129,14 +189,17 @@ COLUMNS: list[Column] = [
     Column("HOLDER", 22, _holder),
     Column("AGE", 8, lambda r: _duration(r.age_s)),
     Column("LEFT", 8, _left),
-    Column("ORPHAN", 7, lambda r: "yes" if r.orphaned else "no"),
+    Column("ORPHAN", 7, _orphan),
     Column("JOB", _JOB_WIDTH, _job),
-    Column("KEY", 0, lambda r: r.key),
+    Column("KEY", 0, _key),
 ]
 
 
 def _table_line(cells: list[str]) -> str:
-    return "  ".join(c.ljust(col.width) if col.width else c for col, c in zip(COLUMNS, cells, strict=True))
+    # Every cell escaped: a key, host or class is anyone's string, and must not steer the terminal.
+    return "  ".join(
+        escape(c).ljust(col.width) if col.width else escape(c) for col, c in zip(COLUMNS, cells, strict=True)
+    )
 
 
 _LOCKS_EPILOG = """\
@@ -144,7 +207,13 @@ LEFT is the run lock's lease left (renewed by its holder's heartbeat) or, for a
 queued lock, the time left before it autoexpires. An orphaned lock is one whose
 holder is dead; `uniqjob reap` reclaims those.
 
---json fields: key, class, args, state, host, pid, age_s, ttl_s, lease_s, orphaned
+A record the store cannot read is listed in state "corrupt" (whatever --class
+says: its class cannot be read), with its path and why; it blocks its key until
+removed with `uniqjob release --force KEY` (or the path, if it names no key).
+The exit status is then 65.
+
+--json fields: key, class, args, state, host, pid, age_s, ttl_s, lease_s, orphaned,
+path, reason (the last two only set, and key may be null, for a corrupt record)
 
 --concurrency lists concurrency keys instead: HELD slots / limit, their LEASE
 (fresh, stale: lapsed or its holder dead, mixed), RUN(ning), PARKED jobs and how
@@ -186,23 +255,51 @@ def locks_command(args: argparse.Namespace) -> int:
     if args.concurrency:
         return concurrency_locks_command(args)
     rows = iter_rows(open_backend(args.url), job_class=args.job_class)
-    out = sys.stdout
-    if isinstance(out, io.TextIOWrapper):
-        # A key is any string (Redis keys may not even be UTF-8): show it, never crash on it.
-        out.reconfigure(errors="backslashreplace")
-    if args.json:
-        for row in rows:
-            out.write(json.dumps(row.to_json()) + "\n")
-        return EX_OK
+    out = _stdout()
+    corrupt: list[LockRow] = []
     header_written = False
     for row in rows:
+        if row.state == CORRUPT:
+            corrupt.append(row)
+        if args.json:
+            out.write(json.dumps(row.to_json()) + "\n")
+            continue
         if not header_written:
             out.write(_table_line([c.header for c in COLUMNS]) + "\n")
             header_written = True
         out.write(_table_line([c.cell(row) for c in COLUMNS]) + "\n")
-    if not header_written:
+    if not header_written and not args.json:
         print("no locks held", file=sys.stderr)
+    if corrupt:
+        out.flush()
+        for row in corrupt:
+            say(f"{_corrupt_line(row)}; it blocks its key until removed with: {_fix(row)}")
+        return EX_DATAERR
     return EX_OK
+
+
+def _stdout() -> TextIO:
+    out = sys.stdout
+    if isinstance(out, io.TextIOWrapper):
+        # A key is any string (Redis keys may not even be UTF-8): show it, never crash on it.
+        out.reconfigure(errors="backslashreplace")
+    return out
+
+
+def _corrupt_line(row: LockRow) -> str:
+    what = f"record {row.path}" + (f" of key {row.key!r}" if row.key is not None else "")
+    return f"corrupt lock {what}: {row.reason}"
+
+
+def _fix(row: LockRow) -> str:
+    return f"uniqjob release --force {_shell_word(_key(row))}"
+
+
+def _shell_word(text: str) -> str:
+    """``text`` as one shell word; with control characters, in ``$'...'`` quotes that spell them out."""
+    if escape(text) == text:
+        return shlex.quote(text)
+    return "$'" + escape(text.replace("\\", "\\\\").replace("'", "\\'")) + "'"
 
 
 _RELEASE_EPILOG = """\
@@ -210,6 +307,10 @@ A lock whose run holder is alive (its lease is fresh) is kept unless --force:
 its command would then run on unlocked. A `uniqjob run` whose lock is taken
 away notices at its next heartbeat and stops its command. A queued lock, or
 one whose holder is dead, is released. Exit status 1 if nothing was released.
+
+A record the store cannot read (state "corrupt" in `uniqjob locks`) blocks its
+key; it is removed only with --force, given its key or, if it names none, the
+path `uniqjob locks` shows. Without --force the exit status is then 65.
 
 A concurrency key (as `uniqjob locks --concurrency` shows it) has its stale
 slots released and the oldest parked jobs promoted into them, never past its
@@ -241,27 +342,58 @@ def release_command(args: argparse.Namespace) -> int:
     """Handle ``uniqjob release``."""
     backend = open_backend(args.url)
     key: str = args.key
-    state = backend.read(key)
+    try:
+        state = backend.read(key)
+    except CorruptRecordError as exc:
+        return _release_corrupt(backend, key, exc, key=key, force=args.force)
     if state.free:
         status = release_concurrency(backend, key, force=args.force)  # a key of `locks --concurrency`
         if status is not None:
             return status
-        print(f"uniqjob: no lock on {key!r}", file=sys.stderr)
+        damaged = _corrupt_at(backend, key)  # the path of a record too damaged to name its key
+        if damaged is not None:
+            return _release_corrupt(backend, key, damaged, key=None, force=args.force)
+        say(f"no lock on {key!r}")
         return EX_FAILURE
     row = LockRow.from_state(state)
     run = state.run
     if run is not None and not args.force and not holder_is_dead(run.holder):
-        print(
-            f"uniqjob: not releasing {key!r}: its holder, pid {run.holder.pid} on {run.holder.host}, "
-            f"is alive (its lease has {run.lease_left:.1f}s left); use --force to release it anyway",
-            file=sys.stderr,
+        say(
+            f"not releasing {key!r}: its holder, pid {run.holder.pid} on {run.holder.host}, "
+            f"is alive (its lease has {run.lease_left:.1f}s left); use --force to release it anyway"
         )
         return EX_FAILURE
     queue_token = state.queue.token if state.queue is not None else None
     if not backend.reclaim(key, queue_token, run.token if run is not None else None):
-        print(f"uniqjob: {key!r} changed hands while releasing; nothing released", file=sys.stderr)
+        say(f"{key!r} changed hands while releasing; nothing released")
         return EX_FAILURE
-    print(f"released {key} ({_describe(row)})")
+    print(f"released {escape(key)} ({escape(_describe(row))})")
+    return EX_OK
+
+
+def _corrupt_at(backend: Backend, path: str) -> CorruptRecordError | None:
+    """The store's error for the unreadable record at ``path``, if one is there."""
+    return next((error for error in backend.corrupt() if error.path == path), None)
+
+
+def _release_corrupt(
+    backend: Backend, target: str, error: CorruptRecordError, *, key: str | None, force: bool
+) -> int:
+    """``release TARGET`` of an unreadable record (``target``: its key or path); refused unless ``force``."""
+    row = LockRow.from_corrupt(error, key)
+    if not force:
+        say(f"not releasing: {_corrupt_line(row)}; it blocks its key: remove it with {_fix(row)}")
+        return EX_DATAERR
+    try:
+        removed = backend.purge(target)
+    except NotImplementedError:
+        say(f"the {backend.name} store cannot remove records by force; remove {error.path} by hand")
+        return EX_SOFTWARE
+    if not removed:
+        say(f"{target!r}: its corrupt record was gone already; nothing removed")
+        return EX_FAILURE
+    what = ("of " + escape(row.key) + ": " if row.key is not None else "") + escape(", ".join(removed))
+    print(f"removed corrupt record {what} (it was unreadable: {escape(error.reason)})")
     return EX_OK
 
 
@@ -278,7 +410,9 @@ _REAP_EPILOG = """\
 Applies exactly the library's orphan rule: a lock in state "running" whose run
 lock lapsed, or whose holder on this host is provably dead (pid gone or
 reused). Queued locks and live holders are never touched, and a lock taken
-again meanwhile is left alone (reclaim checks its token).
+again meanwhile is left alone (reclaim checks its token). A record that
+cannot be read is skipped, named on stderr with the command that removes it,
+and the exit status is then 65.
 
 examples:
   uniqjob reap --dry-run
@@ -306,8 +440,14 @@ def reap_command(args: argparse.Namespace) -> int:
     """Handle ``uniqjob reap``."""
     backend = open_backend(args.url)
     seen = reaped = 0
+    damaged: set[str] = set()
     for key in backend.scan():
-        state = backend.read(key)
+        try:
+            state = backend.read(key)
+        except CorruptRecordError as exc:
+            damaged.add(exc.path)
+            _skip(LockRow.from_corrupt(exc, key))
+            continue
         if state.free:
             continue
         seen += 1
@@ -315,15 +455,25 @@ def reap_command(args: argparse.Namespace) -> int:
             continue
         row = LockRow.from_state(state)
         if args.dry_run:
-            print(f"would reclaim {key} ({_describe(row)})")
+            print(f"would reclaim {escape(key)} ({escape(_describe(row))})")
             reaped += 1
             continue
         # An orphan's queue lock (if any) is in state "running": the rule never frees a queued one.
         queue_token = state.queue.token if state.queue is not None else None
         run_token = state.run.token if state.run is not None else None
         if backend.reclaim(key, queue_token, run_token):
-            print(f"reclaimed {key} ({_describe(row)})")
+            print(f"reclaimed {escape(key)} ({escape(_describe(row))})")
             reaped += 1
+    for error in backend.corrupt():
+        if error.path not in damaged:
+            damaged.add(error.path)
+            _skip(LockRow.from_corrupt(error))
     verb = "would reclaim" if args.dry_run else "reclaimed"
-    print(f"{verb} {reaped} orphaned lock(s) of {seen} held", file=sys.stderr)
-    return EX_OK
+    skipped = f"; skipped {len(damaged)} corrupt record(s)" if damaged else ""
+    print(f"{verb} {reaped} orphaned lock(s) of {seen} held{skipped}", file=sys.stderr)
+    return EX_DATAERR if damaged else EX_OK
+
+
+def _skip(row: LockRow) -> None:
+    sys.stdout.flush()  # its line after the reclaims already printed, when both go to one terminal
+    say(f"skipping {_corrupt_line(row)}; remove it with {_fix(row)}")

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import math
+import os
 import random
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+from ..heartbeat import LOST_RECORD, TAKEN
 from ..joblock import JobLock
 from ..keys import make_key
 from ..locks import LockState, QueueMeta
@@ -35,8 +40,14 @@ The default key is derived from the command and its arguments exactly as
 given (not the working directory or environment): the same command line is the
 same key, on every host that uses the same store.
 
+The command gets UNIQJOB_KEY (its lock key) and UNIQJOB_FENCE (the lock's fence: an
+integer greater than that of any earlier run of the key) in its environment. If
+the lock is lost, or presumed lost because the store confirmed no renewal for
+two thirds of --lease, the command's process group gets SIGTERM, and SIGKILL
+before the lease could lapse on the store (sooner than --grace if need be).
+
 exit status:
-  the command's own status; 128+N if it died of signal N;
+  the command's own status; 128+N if it died of signal N (also when stopped on a lost lock);
   75 (or --conflict-exit) if the lock is held elsewhere; 64 bad usage;
   69 lock store unreachable; 78 bad store URL; 126/127 command not executable/found
 
@@ -131,12 +142,69 @@ def run_command(args: argparse.Namespace) -> int:
         if not got:
             say(_conflict_message(key, lock.conflict, name))
             return int(args.conflict_exit)
-        with lock.running(started=True):
+        with _loss_said_by_us(), lock.running(started=True):
             signum = waiter.wait(0)
             if signum is not None:
                 return 128 + signum
-            child = Child(spawn(argv), name, args.kill_after, args.grace, lambda: lock.lost)
+            child = Child(
+                spawn(argv, _command_env(lock)),
+                name,
+                args.kill_after,
+                args.grace,
+                lost=lambda: lock.lost,
+                lapse=lambda: _lapse(lock),
+                presume_at=lambda: lock.beat.deadline if lock.beat is not None else math.inf,
+                why=lambda: _why(lock),
+            )
             return child.supervise(waiter)
+
+
+def _command_env(lock: JobLock) -> dict[str, str]:
+    """Our environment, plus the lock's key and fence for the command (a fence only once issued)."""
+    env = dict(os.environ)
+    env["UNIQJOB_KEY"] = lock.key
+    env.pop("UNIQJOB_FENCE", None)  # an outer run's fence is not this lock's
+    if lock.fence is not None:
+        env["UNIQJOB_FENCE"] = str(lock.fence)
+    return env
+
+
+def _lapse(lock: JobLock) -> float:
+    """When, on the heartbeat's (monotonic) clock, the lease could lapse on the store: +inf if unknown."""
+    beat = lock.beat
+    if beat is None or beat.lease is None:
+        return math.inf
+    return beat.confirmed + beat.lease
+
+
+def _why(lock: JobLock) -> str:
+    """One line on why the lock is lost, for stderr."""
+    beat = lock.beat
+    if beat is None or beat.reason in ("", TAKEN) or beat.lease is None:
+        return f"lost the lock to another holder (key {lock.key!r})"
+    unconfirmed = beat.lost_at - beat.confirmed
+    return (
+        f"lock {lock.key!r} presumed lost: the store confirmed no renewal for {unconfirmed:.1f}s"
+        f" of its {beat.lease:g}s lease"
+    )
+
+
+class _NotLoss(logging.Filter):
+    """Leaves out the heartbeat's own report of a lost lock: the run says it, with what it does about it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, LOST_RECORD, False)
+
+
+@contextlib.contextmanager
+def _loss_said_by_us() -> Iterator[None]:
+    logger = logging.getLogger("uniqjob.heartbeat")
+    quiet = _NotLoss()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def _acquire(lock: JobLock, wait: float, waiter: SignalWaiter) -> tuple[bool, int | None]:

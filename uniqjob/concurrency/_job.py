@@ -7,6 +7,9 @@ comes first (a duplicate is refused at once, it never waits in line), then the
 slot; the slot is released after the uniqueness locks, so a promoted job never
 meets its predecessor's run lock. Queue integrations call :func:`settle_slot`
 with their verdict on a delivery: a job the queue retries keeps its slot.
+A step that fails undoes, token-checked, what the call took before it (a
+failed slot step never strands the call's uniqueness lock; a failed
+uniqueness step frees the slot), and its error reaches the caller.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import inspect
 import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
+from .._undo import undos
 from ..errors import ConcurrencyLimitExceeded, ConfigurationError
 from ..keys import digest
 from ..locks import local_holder, new_token
@@ -208,7 +213,13 @@ def push(
         # its slot, if it held one on this key. Freed first, so its place is promoted in order.
         semaphore.release(gone)
     delay = queue.pending_delay()
-    outcome = semaphore.acquire(lock.token, running=False, park=park, args=lock.meta.args, delay=delay)
+    try:
+        outcome = semaphore.acquire(lock.token, running=False, park=park, args=lock.meta.args, delay=delay)
+    except BaseException:
+        # Its reply may be what was lost: a slot or a place taken for a job never pushed goes
+        # now (token-checked), not a lease later. The caller drops the uniqueness lock.
+        semaphore.abandon(lock.token)
+        raise
     if outcome.status == "taken":
         if not lock.meta.job_id:
             lock.meta = replace(lock.meta, job_id=queue.new_job_id())
@@ -247,6 +258,11 @@ def mark_inline(lock: JobLock) -> None:
     _inline.add(lock)
 
 
+def is_inline(lock: JobLock) -> bool:
+    """True if ``lock``'s call is performed by this process (see :func:`mark_inline`)."""
+    return lock in _inline
+
+
 def holding(lock: JobLock) -> bool:
     """True while this context holds ``lock``'s slot (so the hook has already run)."""
     return id(lock) in _holding.get()
@@ -282,8 +298,18 @@ def free(cls: type[UniqueJob], token: str, args: Sequence[Any], kwargs: dict[str
     return semaphore_of(cls, args, kwargs).release(token)
 
 
+#: A queue's settling of a delivery (see ``UniqueJob.execute``): given how it ended, release or keep.
+Settle = Callable[[BaseException | None, Any], None]
+
+
 def execute(
-    cls: type[UniqueJob], lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any], body: Callable[[], Any]
+    cls: type[UniqueJob],
+    lock: JobLock,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    body: Callable[[], Any],
+    *,
+    settle: Settle | None = None,
 ) -> Any:
     """Perform side: run ``body`` (the uniqueness locks and perform) holding a slot; release it after.
 
@@ -291,54 +317,139 @@ def execute(
     copy of it runs or ran already (a duplicate delivery: skipped). If its
     lease lapsed before it started, it takes a slot again like a new call.
     Inline, the call takes a slot now; under "block" it parks and waits here.
+
+    A slot step that fails (the store is away, denies the keys, or holds a
+    corrupt record) undoes what the call took before it, and its error
+    reaches the caller: inline, the call's queued uniqueness lock is dropped
+    and any slot or place the step may have taken is given up; on a worker,
+    the delivery is settled as a failed one (``settle``, given by a queue
+    that may retry it; else the lock is released).
     """
-    semaphore = semaphore_of(cls, args, kwargs)
-    token = lock.token
-    if lock in _inline:
-        park = (
-            Park("inline", holder=local_holder(), lease=semaphore.lease)
-            if cls.concurrency_on_conflict == "block"
-            else None
-        )
-        outcome = semaphore.acquire(token, running=True, park=park, args=lock.meta.args)
-        if outcome.status == "parked":
-            timeout = cls.concurrency_wait_timeout
-            waited = semaphore.wait(token, None if timeout is None else float(timeout))
-            if waited == "timeout":
-                lock.dequeue()
-                raise ConcurrencyLimitExceeded(semaphore.key, semaphore.limit, float(timeout or 0))
-            if waited != "run":
-                lock.dequeue()
-                why = (
-                    "an operator discarded it"
-                    if waited == "discarded"
-                    else f"this process did not poll for a whole lease ({semaphore.lease:.0f}s), so it was"
-                    " taken for a dead waiter's"
-                )
-                log.warning(
-                    "%s not run: its place in line on %s is gone: %s", cls.job_name(), semaphore.key, why
-                )
+    inline = lock in _inline
+    semaphore: Semaphore | None = None
+    with ExitStack() as stack:
+        try:
+            semaphore = semaphore_of(cls, args, kwargs)
+            if inline:
+                go = _take_inline(cls, semaphore, lock)
+            else:
+                go = _take_delivered(cls, semaphore, lock, args, kwargs)
+            if not go:
                 return None
-        elif outcome.status == "full":
-            return _refuse(cls, semaphore, lock)
-    else:
-        outcome = semaphore.start(token)
-        if outcome.status in ("busy", "done", "parked"):
-            state = {"busy": "running", "done": "done", "parked": "parked"}[outcome.status]
-            log.info("%s skipped: a copy of job %s on %s is %s", cls.job_name(), token, semaphore.key, state)
-            return _detach(lock)
-        if outcome.status == "missing":
-            where = (cls.job_name(), token, semaphore.key)
-            log.info("%s: slot of job %s on %s lapsed before it started; taking one again", *where)
-            park = _queue_park(cls, lock, args, kwargs)
-            outcome = semaphore.acquire(token, running=True, park=park, args=lock.meta.args)
-            if outcome.status == "parked":
-                return _detach(lock)  # pushed again when its turn comes
-            if outcome.status == "full":
-                return _refuse(cls, semaphore, lock)
-    with semaphore.running(token) as hold:
+            hold = stack.enter_context(semaphore.running(lock.token))
+        except ConcurrencyLimitExceeded:
+            raise  # a refusal, not a failure: the call's lock was dropped on the way
+        except BaseException as exc:
+            if inline:
+                undo_inline(semaphore, lock)
+            else:
+                _undo_delivery(semaphore, lock, settle, exc)
+            raise
         entered = _holding.set({**_holding.get(), id(lock): hold})
         try:
             return body()
         finally:
             _holding.reset(entered)
+
+
+def _take_inline(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> bool:
+    """Take a running slot for an inline call, waiting in line under "block"; False: do not run it."""
+    park = (
+        Park("inline", holder=local_holder(), lease=semaphore.lease)
+        if cls.concurrency_on_conflict == "block"
+        else None
+    )
+    outcome = semaphore.acquire(lock.token, running=True, park=park, args=lock.meta.args)
+    if outcome.status == "parked":
+        return _wait_turn(cls, semaphore, lock)
+    if outcome.status == "full":
+        _refuse(cls, semaphore, lock)
+        return False
+    return True
+
+
+def _wait_turn(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> bool:
+    """Wait in line for the parked inline call; True once it holds a running slot."""
+    timeout = cls.concurrency_wait_timeout
+    waited = semaphore.wait(lock.token, None if timeout is None else float(timeout))
+    if waited == "run":
+        return True
+    lock.dequeue()
+    if waited == "timeout":
+        raise ConcurrencyLimitExceeded(semaphore.key, semaphore.limit, float(timeout or 0))
+    why = (
+        "an operator discarded it"
+        if waited == "discarded"
+        else f"this process did not poll for a whole lease ({semaphore.lease:.0f}s), so it was"
+        " taken for a dead waiter's"
+    )
+    log.warning("%s not run: its place in line on %s is gone: %s", cls.job_name(), semaphore.key, why)
+    return False
+
+
+def _take_delivered(
+    cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]
+) -> bool:
+    """Start a delivered job's slot (taking one again if it lapsed); False: skip this delivery."""
+    token = lock.token
+    outcome = semaphore.start(token)
+    if outcome.status in ("busy", "done", "parked"):
+        state = {"busy": "running", "done": "done", "parked": "parked"}[outcome.status]
+        log.info("%s skipped: a copy of job %s on %s is %s", cls.job_name(), token, semaphore.key, state)
+        _detach(lock)
+        return False
+    if outcome.status == "missing":
+        where = (cls.job_name(), token, semaphore.key)
+        log.info("%s: slot of job %s on %s lapsed before it started; taking one again", *where)
+        park = _queue_park(cls, lock, args, kwargs)
+        outcome = semaphore.acquire(token, running=True, park=park, args=lock.meta.args)
+        if outcome.status == "parked":
+            _detach(lock)  # pushed again when its turn comes
+            return False
+        if outcome.status == "full":
+            _refuse(cls, semaphore, lock)
+            return False
+    return True
+
+
+def undo_inline(semaphore: Semaphore | None, lock: JobLock) -> None:
+    """An inline call's slot step failed: drop its queued uniqueness lock, then what the step took.
+
+    The uniqueness lock goes first, as after a perform. An inline call has no
+    queue that could ever prove it gone, and no expiry unless autoexpire is
+    set: left behind, it would refuse the key for good.
+    """
+    try:
+        lock.dequeue()  # token-checked: only this call's lock, and only while it is queued
+    except Exception as exc:
+        log.warning("could not drop the lock of %s yet (%s); retrying until the store answers", lock.key, exc)
+        undos.add(lock.dequeue, f"queue lock of {lock.key}", (lock.token,))
+    if semaphore is not None:
+        semaphore.abandon(lock.token)
+
+
+def _undo_delivery(
+    semaphore: Semaphore | None, lock: JobLock, settle: Settle | None, exc: BaseException
+) -> None:
+    """A delivery's slot step failed: settle it as a failed delivery, the slot following the lock.
+
+    With ``settle`` the queue decides, as for a failed perform: released for
+    good, or kept for its retry (the slot too, if it ran here). Without it the
+    lock is released, as a worker's ``execute`` does after any failed perform.
+    """
+    if settle is None:
+        lock.release()
+        if semaphore is not None:
+            semaphore.release(lock.token)
+        return
+    hold = Hold(semaphore, lock.token, None) if semaphore is not None else None
+    entered = _holding.set({**_holding.get(), id(lock): hold}) if hold is not None else None
+    try:
+        settle(exc, None)
+    except Exception:
+        log.error("could not settle the failed delivery of %s", lock.key, exc_info=True)
+    finally:
+        if entered is not None:
+            _holding.reset(entered)
+    if semaphore is not None and hold is not None and not hold.kept:
+        semaphore.release(lock.token)

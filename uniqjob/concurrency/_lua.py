@@ -31,6 +31,45 @@ local function clock()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- A record of the wrong shape stops the script: the caller gets it as a CorruptRecordError naming
+-- the structure (1-6, as in KEYS), never a Lua error halfway through a step.
+local function corrupt(part, reason)
+  error({err = 'UNIQJOB_CORRUPT ' .. part .. '\t' .. reason .. '\t'})
+end
+local STATES = {reserved = true, promoted = true, running = true}
+local VIAS = {queue = true, inline = true}
+local function decoded(part, what, raw)
+  local ok, v = pcall(cjson.decode, raw)
+  if not ok or type(v) ~= 'table' then corrupt(part, what .. ' is not a JSON object') end
+  return v
+end
+local function texts(v, names)
+  for _, n in ipairs(names) do if type(v[n]) ~= 'string' then return n end end
+end
+local function numbers(v, names)
+  for _, n in ipairs(names) do if type(v[n]) ~= 'number' then return n end end
+end
+local function slot_of(token, raw)
+  local s = decoded(1, 'slot ' .. token, raw)
+  local bad = texts(s, {'st', 'via', 'h', 'args', 'p'}) or numbers(s, {'dl', 'ls', 'since', 'redo'})
+  if bad then corrupt(1, 'slot ' .. token .. ': field ' .. bad .. ' is missing or mistyped') end
+  if not STATES[s.st] then corrupt(1, 'slot ' .. token .. ': unknown status ' .. s.st) end
+  if not VIAS[s.via] then corrupt(1, 'slot ' .. token .. ': unknown via ' .. s.via) end
+  if s.redo ~= math.floor(s.redo) then corrupt(1, 'slot ' .. token .. ': field redo is not whole') end
+  return s
+end
+local function entry_of(token, raw)
+  local e = decoded(3, 'parked call ' .. token, raw)
+  local bad = texts(e, {'via', 'h', 'args', 'p'}) or numbers(e, {'ls', 'since'})
+  if bad then corrupt(3, 'parked call ' .. token .. ': field ' .. bad .. ' is missing or mistyped') end
+  if not VIAS[e.via] then corrupt(3, 'parked call ' .. token .. ': unknown via ' .. e.via) end
+  return e
+end
+local function place_of(token)
+  local at = redis.call('LPOS', PARKED, token)
+  if not at then corrupt(2, 'parked call ' .. token .. ' is missing from the line') end
+  return at + 1
+end
 local function new_slot(st, via, h, dl, ls, since, args)
   return {st = st, via = via, h = h, dl = dl, ls = ls, since = since, redo = 0, args = args, p = ''}
 end
@@ -47,13 +86,14 @@ local function unpark(token)
 end
 local function promote(now, caller, handoff, promos)
   local limit = tonumber(redis.call('HGET', META, 'limit') or '1')
+  if not limit then corrupt(5, 'field limit is not a number') end
   local held = redis.call('HLEN', SLOTS)
   while held < limit do
     local token = redis.call('LPOP', PARKED)
     if not token then break end
     local raw = redis.call('HGET', ENTRIES, token)
     if raw then
-      local e = cjson.decode(raw)
+      local e = entry_of(token, raw)
       local s
       if e.via == 'inline' then
         local dl = tonumber(redis.call('ZSCORE', WAITERS, token) or now)
@@ -75,7 +115,7 @@ local function settle(now, caller, handoff)
   redis.call('ZREMRANGEBYSCORE', DONE, '-inf', now)
   local all = redis.call('HGETALL', SLOTS)
   for i = 1, #all, 2 do
-    local s = cjson.decode(all[i + 1])
+    local s = slot_of(all[i], all[i + 1])
     if s.dl <= now then
       if s.st == 'promoted' and s.via == 'queue' then
         claim_again(all[i], s, now, caller, handoff, promos)
@@ -107,7 +147,7 @@ redis.call('HSET', META, 'limit', limit, 'cls', ARGV[10])
 local promos = settle(now, ARGV[12], tonumber(ARGV[13]))
 if redis.call('HEXISTS', SLOTS, token) == 1 then return {'taken', promos, 0, {}, now} end
 if redis.call('HEXISTS', ENTRIES, token) == 1 then
-  return {'parked', promos, redis.call('LPOS', PARKED, token) + 1, redis.call('HGETALL', SLOTS), now}
+  return {'parked', promos, place_of(token), redis.call('HGETALL', SLOTS), now}
 end
 if redis.call('HLEN', SLOTS) < limit then  -- then nothing is parked: settling promoted it
   local st, via = 'reserved', 'queue'
@@ -138,7 +178,7 @@ local token, lease = ARGV[1], tonumber(ARGV[3])
 local promos = settle(now, ARGV[5], tonumber(ARGV[6]))
 local raw = redis.call('HGET', SLOTS, token)
 if raw then
-  local s = cjson.decode(raw)
+  local s = slot_of(token, raw)
   if s.st == 'running' and s.h ~= ARGV[4] then return {'busy', promos, 0, s.h} end
   s.st = 'running'; s.h = ARGV[2]; s.dl = now + lease; s.ls = lease; s.p = ''
   redis.call('HSET', SLOTS, token, cjson.encode(s))
@@ -146,9 +186,9 @@ if raw then
 end
 raw = redis.call('HGET', ENTRIES, token)
 if raw then
-  local e = cjson.decode(raw)
+  local e = entry_of(token, raw)
   if e.via == 'inline' and e.h == ARGV[2] then redis.call('ZADD', WAITERS, now + lease, token) end
-  return {'parked', promos, redis.call('LPOS', PARKED, token) + 1, ''}
+  return {'parked', promos, place_of(token), ''}
 end
 tidy()
 if redis.call('ZSCORE', DONE, token) then return {'done', promos, 0, ''} end
@@ -165,14 +205,14 @@ local token, lease = ARGV[1], tonumber(ARGV[2])
 local promos = settle(now, ARGV[3], tonumber(ARGV[4]))
 local raw = redis.call('HGET', SLOTS, token)
 if raw then
-  local s = cjson.decode(raw)
+  local s = slot_of(token, raw)
   s.dl = now + lease; s.ls = lease
   redis.call('HSET', SLOTS, token, cjson.encode(s))
   return {'ok', promos}
 end
 raw = redis.call('HGET', ENTRIES, token)
 if not raw then tidy(); return {'gone', promos} end
-if cjson.decode(raw).via == 'inline' then redis.call('ZADD', WAITERS, now + lease, token) end
+if entry_of(token, raw).via == 'inline' then redis.call('ZADD', WAITERS, now + lease, token) end
 return {'ok', promos}
 """
 )
@@ -188,7 +228,7 @@ local status = 'gone'
 if raw then
   redis.call('HDEL', SLOTS, token)
   status = 'released'
-  if cjson.decode(raw).redo > 0 then  -- pushed twice: remember it, so the other copy never runs
+  if slot_of(token, raw).redo > 0 then  -- pushed twice: remember it, so the other copy never runs
     redis.call('ZADD', DONE, now + tonumber(ARGV[4]), token)
     redis.call('PEXPIRE', DONE, ARGV[4])
   end
@@ -208,7 +248,7 @@ local token, lease = ARGV[1], tonumber(ARGV[2])
 local promos = settle(now, ARGV[4], tonumber(ARGV[5]))
 local raw = redis.call('HGET', SLOTS, token)
 if not raw then tidy(); return {'gone', promos} end
-local s = cjson.decode(raw)
+local s = slot_of(token, raw)
 if s.st ~= 'running' or s.h ~= ARGV[3] then return {'gone', promos} end
 s.st = 'reserved'; s.via = 'queue'; s.h = ''; s.dl = now + lease; s.ls = lease; s.p = ''
 redis.call('HSET', SLOTS, token, cjson.encode(s))
@@ -223,7 +263,7 @@ HANDED = (
 local now = clock()
 local raw = redis.call('HGET', SLOTS, ARGV[1])
 if not raw then return 0 end
-local s = cjson.decode(raw)
+local s = slot_of(ARGV[1], raw)
 if s.st ~= 'promoted' or s.h ~= ARGV[2] then return 0 end
 s.st = 'reserved'; s.h = ''; s.dl = now + s.ls; s.p = ''
 redis.call('HSET', SLOTS, ARGV[1], cjson.encode(s))
@@ -256,7 +296,7 @@ for i = 3, #ARGV, 2 do
   local token, h = ARGV[i], ARGV[i + 1]
   local raw = redis.call('HGET', SLOTS, token)
   if raw then
-    local s = cjson.decode(raw)
+    local s = slot_of(token, raw)
     if s.h == h then
       if s.st == 'promoted' and s.via == 'queue' then
         claim_again(token, s, now, caller, handoff, promos)
@@ -268,7 +308,7 @@ for i = 3, #ARGV, 2 do
   else
     raw = redis.call('HGET', ENTRIES, token)
     if raw then
-      local e = cjson.decode(raw)
+      local e = entry_of(token, raw)
       if e.via == 'inline' and e.h == h then unpark(token); count = count + 1 end
     end
   end
@@ -287,7 +327,8 @@ local dropped = {}
 for _, token in ipairs(redis.call('LRANGE', PARKED, 0, -1)) do
   local raw = redis.call('HGET', ENTRIES, token)
   dropped[#dropped + 1] = token
-  dropped[#dropped + 1] = raw and cjson.decode(raw).p or ''
+  local ok, e = pcall(cjson.decode, raw or '')
+  dropped[#dropped + 1] = (ok and type(e) == 'table' and type(e.p) == 'string') and e.p or ''
 end
 redis.call('DEL', PARKED, ENTRIES, WAITERS)
 tidy()
@@ -312,6 +353,12 @@ return {count, promos}
 READ = (
     PRELUDE
     + """
+-- a read shows what every other step would meet: a structure of the wrong kind is named here too
+local KINDS = {'hash', 'list', 'hash', 'zset', 'hash', 'zset'}
+for i, k in ipairs(KEYS) do
+  local t = redis.call('TYPE', k).ok
+  if t ~= 'none' and t ~= KINDS[i] then corrupt(i, 'holds a ' .. t .. ', not a ' .. KINDS[i]) end
+end
 local n = tonumber(ARGV[1])
 local head = {}
 if n > 0 then head = redis.call('LRANGE', PARKED, 0, n - 1) end

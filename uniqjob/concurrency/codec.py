@@ -241,6 +241,8 @@ def decode_call(text: str) -> StoredCall:
         data = json.loads(text)
     except ValueError as exc:
         raise _bad("", f"not JSON ({exc})") from None
+    except RecursionError:
+        raise _bad("", "nested too deeply to read") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         found = data.get("format") if isinstance(data, dict) else None
         raise _bad("", f"format {found!r}, this version reads {FORMAT}")
@@ -253,10 +255,9 @@ def decode_call(text: str) -> StoredCall:
     args, kwargs = data.get("args", []), data.get("kwargs", {})
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise _bad("", "args must be a list and kwargs an object")
-    args = decode_value(args, "args")
-    return StoredCall(
-        cls,
-        tuple(args),
-        {name: decode_value(v, f"kwargs[{name!r}]") for name, v in kwargs.items()},
-        str(data.get("lock", "")),
-    )
+    try:
+        args = decode_value(args, "args")
+        kwargs = {name: decode_value(v, f"kwargs[{name!r}]") for name, v in kwargs.items()}
+    except RecursionError:
+        raise _bad("", "arguments nested too deeply to read") from None
+    return StoredCall(cls, tuple(args), kwargs, str(data.get("lock", "")))

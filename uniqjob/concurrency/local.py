@@ -9,20 +9,19 @@ import threading
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 
-from ..backends._stripes import Stripes
-from ..errors import BackendError, CorruptRecordError
+from ..backends._files import RecordFiles, write_all
+from ..backends._stripes import FILE_MODE, OPEN_FLAGS, Stripes
+from ..errors import CorruptRecordError
 from ..locks import Holder
-from ._machine import Machine, Record
+from ._machine import Machine, Record, record_problem
 from .base import HANDOFF, Outcome, Park, SemaphoreState, SemaphoreStore, encode_holder
 
 __all__ = ["FileSemaphores", "MemorySemaphores"]
 
 log = logging.getLogger(__name__)
-
-_STRIPES = 64  # lock files guarding the records; bounded, never deleted
 
 
 class MachineStore(SemaphoreStore):
@@ -164,16 +163,25 @@ class MemorySemaphores(MachineStore):
             keys = [k for k, r in self._records.items() if r["slots"] or r["parked"]]
         yield from keys
 
+    def purge(self, key: str) -> list[str]:
+        """Remove ``key``'s record whatever it holds; return ``[key]`` if there was one, else ``[]``."""
+        with self._mutex:
+            return [key] if self._records.pop(key, None) is not None else []
+
 
 class FileSemaphores(MachineStore):
     """Semaphores as JSON files under ``directory``, safe across processes on one host.
 
     One record per key, written atomically (temporary file, then
     ``os.replace``) under a ``flock`` guarding a stripe of keys (the file
-    backend's stripe lock, kept open); an unreadable record raises
-    :class:`CorruptRecordError` naming the file. The temporary file is one per
-    stripe (``.NN.tmp``), written only under its stripe's lock, so one that a
-    crash left behind is simply written over by the next write.
+    backend's stripe lock, kept open); a record that cannot be read, or whose
+    fields have the wrong type or shape, raises :class:`CorruptRecordError`
+    naming the file, and :meth:`purge` removes it. The temporary file is one
+    per stripe (``.NN.tmp``), written only under its stripe's lock, so one
+    that a crash left behind is simply made again by the next write.
+
+    The directory is kept as private as the file backend's: this user's,
+    files opened with ``O_NOFOLLOW``, modes ``0o700`` / ``0o600`` whatever the umask.
     """
 
     name = "file"
@@ -189,6 +197,8 @@ class FileSemaphores(MachineStore):
         self.timeout = timeout
         self.clock = clock
         self._stripes = Stripes(self.directory, timeout, self.name)
+        # An unreadable record's error names no key: a purge by key (its hint) is for lock records.
+        self._files = RecordFiles(self._stripes, "concurrency", record_problem, hint_key=False)
 
     def __repr__(self) -> str:
         return f"FileSemaphores({str(self.directory)!r})"
@@ -197,63 +207,69 @@ class FileSemaphores(MachineStore):
         """Close the stripes' lock files (they are opened again on next use)."""
         self._stripes.close()
 
-    def _load(self, path: Path, key: str | None) -> Record | None:
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise CorruptRecordError(str(path), str(exc)) from exc
-        try:
-            record = json.loads(raw)
-        except ValueError as exc:
-            raise CorruptRecordError(str(path), f"not valid JSON ({exc})") from exc
-        if not isinstance(record, dict) or not isinstance(record.get("key"), str) or "slots" not in record:
-            raise CorruptRecordError(str(path), "not a uniqjob concurrency record")
-        if key is not None and record["key"] != key:
-            raise CorruptRecordError(str(path), f"holds key {record['key']!r}, expected {key!r}")
-        return record
-
-    def _store(self, path: Path, stripe: int, record: Record | None) -> None:
+    def _store(self, path: str, stripe: int, record: Record | None) -> None:
         if record is None:
-            path.unlink(missing_ok=True)
+            with suppress(FileNotFoundError):
+                os.unlink(path)
             return
-        tmp = path.with_name(f".{stripe:02d}.tmp")  # ours alone while we hold the stripe
+        tmp = os.path.join(os.path.dirname(path), f".{stripe:02d}.tmp")  # ours alone while we hold the stripe
+        fd = self._create(tmp)
         try:
-            tmp.write_text(json.dumps(record, separators=(",", ":")), encoding="utf-8")
+            try:
+                write_all(fd, json.dumps(record, separators=(",", ":")).encode("utf-8"))
+            finally:
+                os.close(fd)
             os.replace(tmp, path)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            with suppress(OSError):
+                os.unlink(tmp)
             raise
+
+    @staticmethod
+    def _create(tmp: str) -> int:
+        """Make ``tmp`` afresh, ``0o600``, never through whatever already has that name."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | OPEN_FLAGS
+        try:
+            fd = os.open(tmp, flags, FILE_MODE)
+        except FileExistsError:
+            os.unlink(tmp)  # a crash's leftover (or a planted link): the name goes, nothing it points to
+            fd = os.open(tmp, flags, FILE_MODE)
+        try:
+            os.fchmod(fd, FILE_MODE)  # the umask may have taken bits from the mode given to open
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     @contextmanager
     def _machine(self, key: str, *, write: bool = True) -> Iterator[Machine]:
-        where, stripe = self._stripes.of(key)
-        path = Path(where)
+        path, stripe = self._stripes.of(key)
         with self._stripes.locked(stripe):
-            m = Machine(key, self._load(path, key), self.clock())
+            m = Machine(key, self._files.load(path, key), self.clock())
             yield m
             if write and m.changed:
                 try:
                     self._store(path, stripe, m.record())
                 except OSError as exc:
-                    raise BackendError(f"cannot write {path}: {exc}", self.name) from exc
+                    raise self._files.write_error(path, exc) from exc
 
     def scan(self) -> Iterator[str]:
-        try:
-            entries = os.scandir(self.directory)
-        except OSError as exc:
-            raise BackendError(f"cannot list {self.directory}: {exc}", self.name) from exc
-        with entries:
-            for entry in entries:
-                if not entry.name.endswith(".json") or entry.name.startswith("."):
-                    continue
-                try:
-                    # under its stripe's lock: never a record half written over
-                    with self._stripes.locked(Stripes.of_name(entry.name)):
-                        record = self._load(Path(entry.path), None)
-                except CorruptRecordError as exc:
-                    log.warning("skipping %s", exc)
-                    continue
-                if record is not None and (record["slots"] or record["parked"]):
-                    yield record["key"]
+        """Yield every key that holds a slot or a parked call, and every key whose record has bad fields.
+
+        For the latter :meth:`read` raises :class:`CorruptRecordError`; a record
+        too damaged to name its key is yielded by :meth:`corrupt` instead.
+        """
+        for record in self._files.records():
+            if record_problem(record) or record["slots"] or record.get("parked"):
+                yield record["key"]
+
+    def corrupt(self) -> Iterator[CorruptRecordError]:
+        """Yield an error for each record file that cannot be read as far as its key."""
+        yield from self._files.corrupt()
+
+    def purge(self, key: str) -> list[str]:
+        """Remove ``key``'s record file whatever it holds (or the record file at the path ``key``); return it.
+
+        A symlink is removed, never followed; ``[]`` when there was nothing.
+        """
+        return self._files.purge(key)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 from .. import config
+from .._undo import undos
 from ..backends.base import Backend
 from ..locks import holder_is_dead, local_holder
 from ._stores import store_for
@@ -86,6 +88,20 @@ def discard_parked(key: str, backend: Backend | None = None) -> int:
             lock_key = ""
         if lock_key:
             # the parked job held its uniqueness lock, queued and without a job id, until it ran
-            backend.dequeue(lock_key, token)
+            _dequeue(backend, lock_key, token)
     log.info("discarded %d parked job(s) of %s", len(dropped), key)
     return len(dropped)
+
+
+def _dequeue(backend: Backend, lock_key: str, token: str) -> None:
+    """Drop a discarded job's queued uniqueness lock; if the store fails, keep trying until it answers.
+
+    The job is already off the line: a lock left behind would refuse its key
+    for good (it names no job a queue could prove gone), and one failure must
+    not leave the other discarded jobs' locks behind either.
+    """
+    try:
+        backend.dequeue(lock_key, token)
+    except Exception as exc:
+        log.warning("could not drop the lock of discarded job %s yet (%s); retrying", lock_key, exc)
+        undos.add(partial(backend.dequeue, lock_key, token), f"queue lock of {lock_key}", (token,))

@@ -12,19 +12,27 @@ cluster slot::
     <ns>:c:{K}:done     zset   tokens released after a second push, by expiry
 
 Times inside are integer milliseconds of the server's ``TIME``.
+
+Every record is checked as it is read, by the scripts and again here: a field
+of the wrong type, a record that is not JSON, or a structure of the wrong kind
+is a :class:`~uniqjob.errors.CorruptRecordError` naming its Redis key, never
+a Lua error or a TypeError. Any other exception from the client (a cluster
+client, a valkey client, a bug in a wire path) is a
+:class:`~uniqjob.errors.BackendError` carrying it as its cause.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from typing import Any, TypeVar
 
 import redis
 from redis.commands.core import Script
 
-from ..errors import BackendError
+from ..errors import BackendError, CorruptRecordError
 from ..locks import Holder
 from . import _lua as lua
 from .base import (
@@ -46,12 +54,41 @@ __all__ = ["RedisSemaphores"]
 T = TypeVar("T")
 
 
+_PARTS = ("slots", "parked", "entries", "waiters", "meta", "done")
+_TYPES = ("hash", "list", "hash", "zset", "hash", "zset")  # what each of _PARTS must be
+_CORRUPT = "UNIQJOB_CORRUPT "  # how the scripts' corrupt() starts its error (see _lua.PRELUDE)
+_STATES = frozenset({"reserved", "promoted", "running"})
+_VIAS = frozenset({"queue", "inline"})
+_NUMBER = (int, float)
+
+
+class _Malformed(Exception):
+    """A record read back from Redis has the wrong shape; turned into a CorruptRecordError naming it."""
+
+    def __init__(self, part: int, reason: str) -> None:
+        super().__init__(reason)
+        self.part = part  # index into _PARTS
+        self.reason = reason
+
+
 def _text(value: Any) -> str:
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
 
 
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
+
+
+def _where(client: Any) -> str:
+    """The server a client talks to, for messages; never raises, whatever the client is."""
+    try:
+        kwargs = client.connection_pool.connection_kwargs
+        return str(kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}")
+    except Exception:  # a cluster client, a valkey client, a stand-in: no pool to describe
+        try:
+            return repr(client)
+        except Exception:
+            return type(client).__name__
 
 
 def _promotions(flat: Sequence[Any]) -> tuple[Promotion, ...]:
@@ -64,16 +101,49 @@ def _promotions(flat: Sequence[Any]) -> tuple[Promotion, ...]:
     return tuple(out)
 
 
+def _record(part: int, what: str, raw: Any, texts: Sequence[str], numbers: Sequence[str]) -> dict[str, Any]:
+    """Parse one JSON record of ``_PARTS[part]``, checking that its fields have their types."""
+    try:
+        data = json.loads(_text(raw))
+    except ValueError:
+        raise _Malformed(part, f"{what} is not JSON") from None
+    if not isinstance(data, dict):
+        raise _Malformed(part, f"{what} is not a JSON object")
+    for name in texts:
+        if not isinstance(data.get(name), str):
+            raise _Malformed(part, f"{what}: field {name} is missing or not text")
+    for name in numbers:
+        value = data.get(name)
+        if not isinstance(value, _NUMBER) or isinstance(value, bool):
+            raise _Malformed(part, f"{what}: field {name} is missing or not a number")
+    if data.get("via") not in _VIAS:
+        raise _Malformed(part, f"{what}: unknown via {data.get('via')!r}")
+    return data
+
+
+def _holder(part: int, what: str, text: str) -> Holder | None:
+    try:
+        return decode_holder(text)
+    except (ValueError, TypeError):
+        raise _Malformed(part, f"{what}: holder {text!r} is not a holder") from None
+
+
 def _slots(flat: Sequence[Any], now_ms: int) -> tuple[SlotInfo, ...]:
     out = []
     for i in range(0, len(flat), 2):
-        s = json.loads(_text(flat[i + 1]))
+        token = _text(flat[i])
+        what = f"slot {token}"
+        s = _record(0, what, flat[i + 1], ("st", "via", "h", "args"), ("dl", "ls", "since", "redo"))
+        if s["st"] not in _STATES:
+            raise _Malformed(0, f"{what}: unknown status {s['st']!r}")
+        if s["redo"] != int(s["redo"]):
+            raise _Malformed(0, f"{what}: field redo is not whole")
         out.append(
             SlotInfo(
-                token=_text(flat[i]),
+                token=token,
                 status=s["st"],
                 via=s["via"],
-                holder=decode_holder(s["h"]),
+                holder=_holder(0, what, s["h"]),
                 since=s["since"] / 1000,
                 lease=s["ls"] / 1000,
                 lease_left=(s["dl"] - now_ms) / 1000,
@@ -82,6 +152,12 @@ def _slots(flat: Sequence[Any], now_ms: int) -> tuple[SlotInfo, ...]:
             )
         )
     return tuple(out)
+
+
+def _parked(token: str, raw: Any) -> ParkedInfo:
+    what = f"parked call {token}"
+    e = _record(2, what, raw, ("via", "h", "args"), ("since",))
+    return ParkedInfo(token, e["via"], _holder(2, what, e["h"]), e["since"] / 1000, e["args"])
 
 
 class RedisSemaphores(SemaphoreStore):
@@ -106,22 +182,72 @@ class RedisSemaphores(SemaphoreStore):
         self._read = register(lua.READ)
 
     def __repr__(self) -> str:
-        kwargs = self.client.connection_pool.connection_kwargs
-        where = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
-        return f"RedisSemaphores({where!r}, namespace={self.namespace!r})"
+        return f"RedisSemaphores({_where(self.client)!r}, namespace={self.namespace!r})"
 
     def _keys(self, key: str) -> list[str]:
         base = f"{self.namespace}:c:{{{key}}}:"
-        return [base + part for part in ("slots", "parked", "entries", "waiters", "meta", "done")]
+        return [base + part for part in _PARTS]
+
+    def _failed(self, exc: Exception) -> BackendError:
+        """Any exception from the client, as the BackendError that callers are promised."""
+        if isinstance(exc, BackendError):
+            return exc
+        what = str(exc) if isinstance(exc, redis.RedisError) else f"{type(exc).__name__}: {exc}"
+        return BackendError(f"{what} ({self!r})", self.name)
 
     def _call(self, fn: Callable[[], T]) -> T:
         try:
             return fn()
-        except redis.RedisError as exc:
-            raise BackendError(f"{exc} ({self!r})", self.name) from exc
+        except Exception as exc:  # a cluster or valkey client, a bug in a wire path: all BackendErrors
+            raise self._failed(exc) from exc
+
+    def _corrupt(self, key: str, part: int, reason: str) -> CorruptRecordError:
+        return CorruptRecordError(self._keys(key)[part], reason, key=key, backend=self.name)
+
+    def _explain(self, key: str, exc: redis.ResponseError) -> BackendError:
+        """A script's error: a corrupt record by name if a record caused it, else a BackendError."""
+        message = str(exc)
+        if message.startswith(_CORRUPT):
+            part, _, rest = message[len(_CORRUPT) :].partition("\t")
+            reason = rest.rpartition("\t")[0] or rest
+            if part.isdigit() and 1 <= int(part) <= len(_PARTS):
+                return self._corrupt(key, int(part) - 1, reason)
+        if message.startswith("WRONGTYPE"):
+            found = self._wrong_type(key)
+            if found is not None:
+                return found
+        return self._failed(exc)
+
+    def _wrong_type(self, key: str) -> CorruptRecordError | None:
+        """Name the structure of ``key`` that holds the wrong kind of value; None if none does (now)."""
+        names = self._keys(key)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for name in names:
+                pipe.type(name)
+            kinds = [_text(kind) for kind in pipe.execute()]
+        except Exception:
+            return None
+        for part, (kind, expected) in enumerate(zip(kinds, _TYPES, strict=True)):
+            if kind not in ("none", expected):
+                return self._corrupt(key, part, f"holds a {kind}, not a {expected}")
+        return None
+
+    @contextmanager
+    def _reading(self, key: str) -> Iterator[None]:
+        """Turn a malformed record met while reading a script's reply into a CorruptRecordError."""
+        try:
+            yield
+        except _Malformed as bad:
+            raise self._corrupt(key, bad.part, bad.reason) from None
 
     def _eval(self, script: Script, key: str, args: Sequence[Any]) -> Any:
-        return self._call(lambda: script(keys=self._keys(key), args=list(args)))
+        try:
+            return script(keys=self._keys(key), args=list(args))
+        except redis.ResponseError as exc:
+            raise self._explain(key, exc) from exc
+        except Exception as exc:
+            raise self._failed(exc) from exc
 
     def acquire(
         self,
@@ -145,11 +271,13 @@ class RedisSemaphores(SemaphoreStore):
             job_class, args, encode_holder(caller), _ms(handoff),
         ]  # fmt: skip
         status, promos, position, flat, now_ms = self._eval(self._acquire, key, argv)
+        with self._reading(key):
+            slots = _slots(flat, int(now_ms))
         return Outcome(
             _text(status),  # type: ignore[arg-type]
             _promotions(promos),
             position=int(position),
-            slots=_slots(flat, int(now_ms)),
+            slots=slots,
         )
 
     def start(
@@ -172,11 +300,13 @@ class RedisSemaphores(SemaphoreStore):
             _ms(handoff),
         ]
         status, promos, position, busy = self._eval(self._start, key, argv)
+        with self._reading(key):
+            runner = _holder(0, f"slot {token}", _text(busy))
         return Outcome(
             _text(status),  # type: ignore[arg-type]
             _promotions(promos),
             position=int(position),
-            holder=decode_holder(_text(busy)),
+            holder=runner,
         )
 
     def renew(
@@ -232,19 +362,17 @@ class RedisSemaphores(SemaphoreStore):
     def read(self, key: str, *, head: int = 5) -> SemaphoreState:
         now_ms, meta_flat, slot_flat, parked, tokens, entries = self._eval(self._read, key, [head])
         meta = {_text(meta_flat[i]): _text(meta_flat[i + 1]) for i in range(0, len(meta_flat), 2)}
-        infos = []
-        for token, raw in zip(tokens, entries, strict=True):
-            if not raw:
-                continue
-            e = json.loads(_text(raw))
-            infos.append(
-                ParkedInfo(_text(token), e["via"], decode_holder(e["h"]), e["since"] / 1000, e["args"])
-            )
+        with self._reading(key):
+            limit = meta.get("limit", "1")
+            if not limit.isdigit():
+                raise _Malformed(4, f"field limit is {limit!r}, not a whole number")
+            infos = [_parked(_text(token), raw) for token, raw in zip(tokens, entries, strict=True) if raw]
+            slots = _slots(slot_flat, int(now_ms))
         return SemaphoreState(
             key=key,
-            limit=int(meta.get("limit", "1")),
+            limit=int(limit),
             job_class=meta.get("cls", ""),
-            slots=_slots(slot_flat, int(now_ms)),
+            slots=slots,
             parked=int(parked),
             head=tuple(infos),
             now=int(now_ms) / 1000,

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Literal
 
-from ..errors import BackendError
+from ..errors import BackendError, CorruptRecordError
 from ..heartbeat import Beat, heartbeat
 from ..locks import Holder, holder_is_dead, local_holder
 from ._courier import Courier
@@ -103,7 +103,7 @@ def _push(store: SemaphoreStore, key: str, promotion: Promotion, caller: Holder)
     store.handed(key, promotion.token, caller)
     try:
         lock.attach()  # the queue holds the job now: from here on it may prove it gone
-    except BackendError:
+    except Exception:  # pushed and handed: only the job id is missing from its lock
         log.warning("could not record job id %s in the lock of %s", lock.meta.job_id, lock.key, exc_info=True)
 
 
@@ -132,9 +132,15 @@ def sweep_key(store: SemaphoreStore, key: str, *, handoff: float = HANDOFF) -> i
 
     Every store call settles the key (lapsed leases, a lost handoff); this adds
     the liveness check that needs no wait. Returns how many slots and places went.
+    A key whose records are corrupt is logged (with how to clear it) and skipped.
     """
     me = local_holder()
-    state = store.read(key, head=_SWEEP_HEAD)
+    try:
+        state = store.read(key, head=_SWEEP_HEAD)
+    except CorruptRecordError as exc:
+        # One damaged key must not stop the upkeep of every other: it stays blocked, and says so.
+        log.error("%s", exc)
+        return 0
     held = [(s.token, s.holder) for s in state.slots if s.holder is not None]
     waiting = [(p.token, p.holder) for p in state.head if p.holder is not None]
     dead = [(token, holder) for token, holder in held + waiting if holder_is_dead(holder)]
@@ -150,10 +156,10 @@ class Hold:
     retry has the same token, and holds the key's place while it waits.
     """
 
-    def __init__(self, semaphore: Semaphore, token: str, beat: Beat) -> None:
+    def __init__(self, semaphore: Semaphore, token: str, beat: Beat | None) -> None:
         self.semaphore = semaphore
         self.token = token
-        self.beat = beat
+        self.beat = beat  # None: a delivery that failed before its slot ran (nothing beats)
         #: True once the slot went to the job's retry: it is not released when the body ends.
         self.kept = False
 
@@ -163,7 +169,8 @@ class Hold:
         Called before the retry is sent, so the retry can never find the slot
         still running here. False (and released as usual) if it is not ours.
         """
-        self.beat.cancel()
+        if self.beat is not None:
+            self.beat.cancel()
         self.kept = self.semaphore.requeue(self.token, delay)
         return self.kept
 
@@ -304,21 +311,22 @@ class Semaphore:
         lease = self.lease + max(delay, 0.0)
         try:
             outcome = self.store.requeue(self.key, token, lease, holder=me, caller=me, handoff=self.handoff)
-        except BackendError:
+        except Exception:  # whatever the client throws: the job's own outcome must reach its queue
             log.error("could not keep concurrency slot of %s for a retry", self.key, exc_info=True)
             return False
         self._deliver(outcome.promotions)
         return outcome.status == "ok"
 
     def release(self, token: str) -> bool:
-        """Free ``token``'s slot and deliver what it promoted; False if it held none.
+        """Free ``token``'s slot and deliver what it promoted; False if it held none. Never raises.
 
-        A store failure is logged, not raised (the job already ran): the slot
-        then lapses with its lease and the next settle promotes behind it.
+        A store failure of any kind is logged, not raised (the job already
+        ran, and raising would invite a retry, a duplicate): the slot then
+        lapses with its lease and the next settle promotes behind it.
         """
         try:
             outcome = self.store.release(self.key, token, caller=local_holder(), handoff=self.handoff)
-        except BackendError:
+        except Exception:
             log.error(
                 "could not release concurrency slot of %s; it lapses with its lease", self.key, exc_info=True
             )
@@ -326,19 +334,35 @@ class Semaphore:
         self._deliver(outcome.promotions)
         return outcome.status == "released"
 
+    def abandon(self, token: str) -> None:
+        """Give up whatever ``token`` may hold on the key, a place in line or a slot, after a failed step.
+
+        Token-checked and never raising: a step whose reply was lost may have
+        taken either on the store. What cannot be undone now (the store is
+        away) lapses with its lease, as every concurrency record does.
+        """
+        try:
+            self.store.withdraw(self.key, token)
+        except Exception:
+            log.warning("could not withdraw call %s from the line of %s", token, self.key, exc_info=True)
+        self.release(token)
+
     @contextmanager
     def running(self, token: str) -> Iterator[Hold]:
         """Keep ``token``'s slot alive with the heartbeat for the body; release it (and promote) after.
 
         Unless the body hands the slot to the job's retry with :meth:`Hold.keep`.
         """
-        beat = heartbeat.start(lambda: self.renew(token), self.interval, f"concurrency {self.key}")
-        hold = Hold(self, token, beat)
+        hold: Hold | None = None
         try:
+            # inside the try: a heartbeat that cannot start must not keep the slot for a lease
+            beat = heartbeat.start(lambda: self.renew(token), self.interval, f"concurrency {self.key}")
+            hold = Hold(self, token, beat)
             yield hold
         finally:
-            beat.cancel()
-            if not hold.kept:
+            if hold is not None and hold.beat is not None:
+                hold.beat.cancel()
+            if hold is None or not hold.kept:
                 self.release(token)
 
     # -- waiting inline ----------------------------------------------------------------

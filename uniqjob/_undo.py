@@ -1,0 +1,137 @@
+"""Undo what a step whose reply was lost may have left in the store.
+
+A claim, start or release that fails with :class:`BackendError` may still
+have been applied: the store took the request and only its reply was lost
+(a timeout mid-reply, a stall). The caller then believes it holds nothing,
+and a lock left behind would refuse the key to everyone. So the step's
+token-checked undo is registered here, tried at once, and retried until the
+store answers: on a thread of its own, about twice a second, and by the next
+lock call in this process. Tokens are never reused, so an undo can be
+repeated safely; one that found nothing is repeated once more a second
+later, because the lost request may still be on its way to the store (it
+was sent on another connection than the undo).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["Undos", "undos"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two rounds of tries; doubled after a round the store did not answer, up to MAX_RETRY.
+RETRY = 0.5
+MAX_RETRY = 30.0
+#: Seconds after an undo that found nothing before it is tried a last time.
+SETTLE = 1.0
+
+
+@dataclass(eq=False)
+class _Undo:
+    """One pending undo: ``act()`` returns True if it removed something."""
+
+    act: Callable[[], bool]
+    what: str
+    tokens: frozenset[str]
+    found_nothing_at: float | None = None  # monotonic time of a try that found nothing
+
+
+class Undos:
+    """The pending undos of this process."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        #: The undos not yet done (read it to ask "any?": it costs no call).
+        self.pending: list[_Undo] = []
+        self._mutex = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        # The parent keeps retrying its own undos; a child starts with none.
+        self.pending = []
+        self._mutex = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
+
+    def __bool__(self) -> bool:
+        return bool(self.pending)
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def add(self, act: Callable[[], bool], what: str, tokens: tuple[str, ...]) -> None:
+        """Register ``act``, the token-checked undo of ``what``, tried from now on until it is done.
+
+        The tries run on a thread: the caller has just waited for a store that
+        did not answer, and should not wait for it again.
+        """
+        undo = _Undo(act, what, frozenset(tokens))
+        with self._mutex:
+            self.pending.append(undo)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="uniqjob-undo", daemon=True)
+                self._thread.start()
+
+    def owns(self, token: str) -> bool:
+        """True if ``token`` belongs to a step this process is undoing (its lock is a leftover)."""
+        return any(token in undo.tokens for undo in self.pending)
+
+    def flush(self) -> bool:
+        """Try every pending undo once, until one fails (the store is still away); keep the rest.
+
+        Returns False if the store failed.
+        """
+        with self._mutex:
+            pending = list(self.pending)
+        for undo in pending:
+            done = self._try(undo)
+            if done is None:
+                return False
+            if done:
+                with self._mutex:
+                    if undo in self.pending:
+                        self.pending.remove(undo)
+        return True
+
+    def clear(self) -> None:
+        """Forget every pending undo (tests: each starts with a store of its own)."""
+        with self._mutex:
+            self.pending.clear()
+
+    def _try(self, undo: _Undo) -> bool | None:
+        """Run ``undo`` once; True when it is done, None if the store failed."""
+        try:
+            removed = undo.act()
+        except Exception as exc:  # the store is still away: retried on the next round
+            log.debug("undo of %s failed again (%s)", undo.what, exc)
+            return None
+        if removed:
+            log.warning("removed %s, left by a step whose reply was lost", undo.what)
+            return True
+        now = self.clock()
+        if undo.found_nothing_at is None:
+            undo.found_nothing_at = now
+            return False
+        return now - undo.found_nothing_at >= SETTLE
+
+    def _loop(self) -> None:
+        delay = RETRY
+        while True:
+            delay = RETRY if self.flush() else min(2 * delay, MAX_RETRY)
+            self._wake.wait(delay)
+            with self._mutex:
+                if not self.pending:
+                    self._thread = None
+                    return
+
+
+#: The process-wide pending undos, used by :class:`uniqjob.JobLock`.
+undos = Undos()
