@@ -394,3 +394,89 @@ def test_purge_removes_a_held_lock_and_the_fence_still_increases(backend: Backen
     assert backend.purge("k") == []  # nothing left to remove
     assert _grant(backend, "t2") > run.fence  # fences stay increasing past a purge
     assert not backend.read("other").free
+
+
+# Attempts: two deliveries of one job share its token; each settles only its own run.
+
+
+def _deliver(b: Backend, attempt: str, lease: float = LEASE, token: str = "t1") -> None:
+    """Start delivery ``attempt`` of the job ``token`` (its queue lock moves to running)."""
+    assert b.start("k", token, run=RunClaim(ME, lease, attempt), meta=META) is None
+
+
+def _held_by(b: Backend, attempt_lease: float, token: str = "t1") -> None:
+    """Assert that ``token`` still holds both locks: its run (lease ``attempt_lease``) and the queue lock."""
+    state = b.read("k")
+    assert state.run is not None and state.run.token == token and state.run.lease == attempt_lease
+    assert state.queue is not None and (state.queue.token, state.queue.state) == (token, "running")
+    assert claim(b, "t-new", run=RunClaim(OTHER, LEASE, "n")) is not None  # no other run can start
+
+
+def test_a_second_delivery_leaves_the_first_deliverys_locks(store: Store) -> None:
+    b = store.backend
+    assert claim(b, "t1") is None
+    _deliver(b, "a1", lease=30.0)
+    assert b.start("k", "t1", run=RunClaim(ME, LEASE, "a2"), meta=META) is not None  # a2 is refused
+    # a2 settles its failed start every way it may: a1's locks stay, untouched.
+    assert not b.renew("k", "t1", 90.0, attempt="a2")
+    assert not b.requeue("k", "t1", meta=META, ttl=None, attempt="a2")
+    b.finish("k", "t1", attempt="a2")
+    b.finish("k", "t1", keep_queue=True, attempt="a2")
+    _held_by(b, 30.0)
+    assert b.renew("k", "t1", 60.0, attempt="a1")  # a1's own renewal still works
+    _held_by(b, 60.0)
+    b.finish("k", "t1", attempt="a1")  # and a1's own finish releases both
+    assert b.read("k").free
+
+
+def test_the_delivery_that_retook_a_lapsed_run_keeps_it_when_the_first_ends(store: Store) -> None:
+    b = store.backend
+    assert claim(b, "t1") is None
+    _deliver(b, "a1")
+    store.advance(LEASE * 1.5)  # a1's beat stalled: its lease lapsed on the store
+    _deliver(b, "a2", lease=30.0)  # the queue redelivered the job
+    b.finish("k", "t1", attempt="a1")  # a1's perform ends late
+    assert not b.renew("k", "t1", LEASE, attempt="a1")
+    assert not b.requeue("k", "t1", meta=META, ttl=None, attempt="a1")
+    _held_by(b, 30.0)
+    b.finish("k", "t1", attempt="a2")
+    assert b.read("k").free
+
+
+def test_an_attempt_settles_its_own_run(store: Store) -> None:
+    b = store.backend
+    assert claim(b, "t1") is None
+    _deliver(b, "a1")
+    b.finish("k", "t1", keep_queue=True, attempt="a1")  # until_expired: the queue lock stays
+    state = b.read("k")
+    assert state.run is None and state.queue is not None and state.queue.token == "t1"
+    _deliver(b, "a2")
+    assert b.requeue("k", "t1", meta=META, ttl=None, attempt="a2")  # a retry of a2's own run
+    state = b.read("k")
+    assert state.run is None and state.queue is not None and state.queue.state == "queued"
+    b.finish("k", "t1", attempt="a2")  # no run lock left: the token's queue lock goes, as before
+    assert b.read("k").free
+
+
+def test_a_run_lock_that_names_no_attempt_is_every_attempts(store: Store) -> None:
+    b = store.backend
+    assert claim(b, "t1") is None
+    _deliver(b, "", lease=30.0)  # taken by a caller with no attempt
+    assert b.renew("k", "t1", 60.0, attempt="a1")
+    _held_by(b, 60.0)
+    b.finish("k", "t1", attempt="a1")
+    assert b.read("k").free
+
+
+def test_without_an_attempt_the_token_alone_decides(store: Store) -> None:
+    b = store.backend
+    assert claim(b, "t1") is None
+    _deliver(b, "a1", lease=30.0)
+    assert b.renew("k", "t1", 60.0)  # any run lock of the token, whichever attempt took it
+    assert b.requeue("k", "t1", meta=META, ttl=None)
+    state = b.read("k")
+    assert state.run is None and state.queue is not None and state.queue.state == "queued"
+    _deliver(b, "a2")
+    b.finish("k", "t1")
+    assert b.read("k").free
+    assert not b.renew("k", "t2", LEASE, attempt="a1")  # and another token is never ours

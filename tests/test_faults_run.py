@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration_workers import wait_until
 from tests.redis_server import RedisServer
 from tests.support import (
     module_redis_server,  # noqa: F401 - the `server` fixture
@@ -195,3 +196,60 @@ def test_a_taken_lock_stops_the_command_with_one_line(url: str, tmp_path: Path) 
     assert status == 143, err
     lines = [line for line in err.splitlines() if "another holder" in line]
     assert lines == [line for line in err.splitlines() if "nightly" in line] and len(lines) == 1, err
+
+
+def test_a_lock_lost_after_the_time_limits_sigterm_still_brings_the_sigkill_forward(tmp_path: Path) -> None:
+    """--kill-after's SIGTERM came first; a later loss must still end the command before the lease lapses."""
+    import fcntl
+
+    from uniqjob.backends.file import FileBackend
+
+    store = tmp_path / "store"
+    log = tmp_path / "log"
+    url = f"file://{store}"
+    stubborn = f'trap "" TERM; while true; do date +%s.%N >> {log}; sleep 0.1; done'
+    run = [
+        *UNIQJOB,
+        "run",
+        "--url",
+        url,
+        "--key",
+        "k",
+        "--lease",
+        "3",
+        "--kill-after",
+        "0.5",
+        "--grace",
+        "30",
+    ]
+    first = subprocess.Popen([*run, "--", "sh", "-c", stubborn], stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(log.exists, "the command to start", 10)
+        time.sleep(0.8)  # past --kill-after: SIGTERM sent, and ignored
+        _path, stripe = FileBackend(store)._stripes.of("k")
+        fd = os.open(store / ".locks" / f"{stripe:02d}.lock", os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the store stalls: renewals hang, the lock is presumed lost
+        stalled = time.time()
+        time.sleep(4.0)  # past the lease (3 s) from the last renewal
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        assert first.wait(30) == 137  # SIGKILLed: it ignored SIGTERM, and --grace is 30 s
+    finally:
+        if first.poll() is None:
+            first.kill()
+    last = float(log.read_text().split()[-1])
+    assert last < stalled + 3.0  # nothing of it ran once the lease could lapse
+    assert first.stderr is not None
+    assert "presumed lost" in first.stderr.read()
+
+
+def test_a_key_that_is_not_text_is_bad_usage_not_an_outage(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [*UNIQJOB, "run", "--url", f"file://{tmp_path / 'store'}", "--key", "\udcff\udcfe", "--", "true"],
+        capture_output=True,
+        text=True,
+        errors="surrogateescape",
+        check=False,
+    )
+    assert done.returncode == 64
+    assert "--key must be text" in done.stderr

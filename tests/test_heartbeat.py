@@ -184,7 +184,7 @@ def test_past_the_deadline_the_lock_is_presumed_lost_when_asked(timed: Heartbeat
     assert "no renewal confirmed by the store for 6.0s of its 9s lease" in beat.explain()
 
 
-def test_failing_renewals_are_retried_every_second_until_the_deadline(
+def test_failing_renewals_are_retried_every_second_past_the_deadline(
     timed: Heartbeat, clock: FakeClock
 ) -> None:
     tries: list[float] = []
@@ -198,14 +198,16 @@ def test_failing_renewals_are_retried_every_second_until_the_deadline(
     for _ in range(5):  # 3 s to the first renewal, then one try a second
         seen = len(tries)
         advance(timed, clock, 3.0 if not tries else RETRY)
-        assert wait_for(partial(_tried_again, tries, seen, beat))
-        assert wait_for(lambda: settled(timed) or beat.lost.is_set())
-    assert [t - start for t in tries] == pytest.approx([3.0, 4.0, 5.0])
-    assert beat.lost.is_set() and beat.reason == PRESUMED  # at 6 s: lease 9 less its margin of 3
+        assert wait_for(partial(_tried_again, tries, seen))
+        assert wait_for(lambda: settled(timed))
+    # Presumed lost at 6 s (lease 9 less its margin of 3); the tries go on, token-checked,
+    # so a perform that does not stop keeps its lock if the store comes back in time.
+    assert [t - start for t in tries] == pytest.approx([3.0, 4.0, 5.0, 6.0, 7.0])
+    assert beat.lost.is_set() and beat.reason == PRESUMED
 
 
-def _tried_again(tries: list[float], seen: int, beat: Beat) -> bool:
-    return len(tries) > seen or beat.lost.is_set()
+def _tried_again(tries: list[float], seen: int) -> bool:
+    return len(tries) > seen
 
 
 def test_a_renewal_confirmed_after_the_deadline_does_not_revive_the_lock(
@@ -311,7 +313,7 @@ def test_short_jobs_with_a_lease_do_not_wake_the_thread(beats: Heartbeat) -> Non
     for n in range(50):
         beats.start(lambda: True, 10.0, f"job {n}", lease=30.0).cancel()
     assert beats._cond.notified == before
-    assert beats._worker is None  # no renewal fell due: no worker thread either
+    assert beats._workers == {}  # no renewal fell due: no worker thread either
 
 
 def test_a_beat_made_by_hand_is_never_presumed() -> None:

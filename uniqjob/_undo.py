@@ -7,13 +7,21 @@ and a lock left behind would refuse the key to everyone. So the step's
 token-checked undo is registered here, tried at once, and retried until the
 store answers: on a thread of its own, about twice a second, and by the next
 lock call in this process. Tokens are never reused, so an undo can be
-repeated safely; one that found nothing is repeated once more a second
-later, because the lost request may still be on its way to the store (it
-was sent on another connection than the undo).
+repeated safely; one that found nothing is repeated for a while longer
+(``SETTLE``), because the lost request may still be on its way to the store
+(it was sent on another connection than the undo, and TCP may deliver it
+late). A process that exits with undos pending tries each once more on its
+way out (``atexit``).
+
+What this cannot cover: a process killed (SIGKILL, a crash) before the store
+answered again. Its claim, if applied, stays: a queued lock until its queue
+proves the job gone or ``unique_lock_autoexpire`` passes, and ``uniqjob
+locks`` shows it; a running one lapses with its lease.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -28,8 +36,8 @@ log = logging.getLogger(__name__)
 #: Seconds between two rounds of tries; doubled after a round the store did not answer, up to MAX_RETRY.
 RETRY = 0.5
 MAX_RETRY = 30.0
-#: Seconds after an undo that found nothing before it is tried a last time.
-SETTLE = 1.0
+#: Seconds for which an undo that found nothing goes on being tried.
+SETTLE = 15.0
 
 
 @dataclass(eq=False)
@@ -52,6 +60,7 @@ class Undos:
         self._mutex = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._at_exit = False
         os.register_at_fork(after_in_child=self._after_fork)
 
     def _after_fork(self) -> None:
@@ -76,6 +85,9 @@ class Undos:
         undo = _Undo(act, what, frozenset(tokens))
         with self._mutex:
             self.pending.append(undo)
+            if not self._at_exit:
+                self._at_exit = True
+                atexit.register(self.flush)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="uniqjob-undo", daemon=True)
                 self._thread.start()

@@ -11,10 +11,11 @@ thread for it anyway would make it fight the job for the GIL on every perform.
 So cancelled beats stay in the heap, and the thread sleeps until they come up,
 until they are half of it: then it is rebuilt without them.
 
-Renewals are made by a second thread, the worker, started when the first one
-falls due (a short job never needs it). The scheduler never waits on the store,
-so it keeps time even while a renewal hangs on a stalled server for a whole
-socket timeout: that is what lets it presume a lock lost on time.
+Renewals are made by worker threads, one per store (``group``), each started
+when its first renewal falls due (a short job never needs one). The scheduler
+never waits on a store, so it keeps time even while a renewal hangs on a
+stalled server for a whole socket timeout: that is what lets it presume a lock
+lost on time; and a store that hangs delays no other store's renewals.
 
 Holder-side lease discipline
 ----------------------------
@@ -24,12 +25,16 @@ then each successful renew). The store counts the lease from when it
 *handled* that request, which is no earlier, so on our clock the lease cannot
 lapse before ``confirmed + lease``. Once ``deadline = confirmed + lease -
 margin`` passes with no renewal confirmed, the lock is **presumed lost**: the
-beat sets ``lost`` (``reason`` ``"presumed"``), logs it once, calls its
-``on_lost`` once and renews no more; the holder then has ``margin`` seconds
-to stop acting before anyone else could be given the key. ``margin`` is
-``lease * MARGIN_RATIO`` (a third of the lease; renewals come every third, so
-one renewal may fail outright and the next still confirm in time). A failing
-renewal is retried every second (``RETRY``) until the deadline.
+beat sets ``lost`` (``reason`` ``"presumed"``), logs it once and calls its
+``on_lost`` once; the holder then has ``margin`` seconds to stop acting
+before anyone else could be given the key. ``margin`` is ``lease *
+MARGIN_RATIO`` (a third of the lease; renewals come every third, so one
+renewal may fail outright and the next still confirm in time). A failing
+renewal is retried every second (``RETRY``). ``lost`` stays set, but the
+renewals go on (token-checked: a renewal never takes a lock that is someone
+else's), so a perform that does not stop keeps its lock if the store answers
+again before the lease lapses; only the store saying that the lock is
+another's (``reason`` ``"taken"``) ends them.
 
 This rests on one assumption: the holder's and the store's clocks advance at
 about the same rate (a drift far smaller than the margin; real clocks drift by
@@ -69,7 +74,7 @@ log = logging.getLogger(__name__)
 #: The safety margin, as a share of the lease: a lock is presumed lost this long before its lease could lapse.
 MARGIN_RATIO = 1 / 3
 
-#: Seconds between tries of a renewal that failed (the store did not answer).
+#: Seconds between tries of a renewal that failed (the store did not answer); half an interval if less.
 RETRY = 1.0
 
 #: ``Beat.reason`` when the store said the lock is no longer ours (another holder took it over).
@@ -117,6 +122,7 @@ class Beat:
     lost_at: float = math.nan
     on_lost: Callable[[], None] | None = field(default=None, repr=False)
     due: float = 0.0  # when the next renewal is due
+    group: int = 0  # which worker renews it: one per store
     _entry: int = field(default=-1, repr=False)  # the heap entry that stands for this beat; others are stale
     _busy: bool = field(default=False, repr=False)  # a renewal is under way in the worker
 
@@ -126,6 +132,10 @@ class Beat:
             self.cancelled = True
             if self.owner is not None:
                 self.owner._cancelled_one()
+
+    def _watch(self) -> float:
+        """The deadline still to keep: none once the lock is presumed (or known) lost."""
+        return math.inf if self.lost.is_set() else self.deadline
 
     def presumed_lost(self) -> bool:
         """True if the lock is lost or presumed lost by now, checked against the clock.
@@ -169,8 +179,8 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         self._wake_at = -math.inf  # when the sleeping thread wakes by itself; -inf: it is not asleep
         self._cancelled = 0  # cancelled beats still in the heap, about
-        self._todo: queue.SimpleQueue[Beat | None] | None = None  # the worker's renewals to make
-        self._worker: threading.Thread | None = None
+        # Per group (a store): the worker's renewals to make, and the worker.
+        self._workers: dict[int, tuple[queue.SimpleQueue[Beat | None], threading.Thread]] = {}
 
     def start(
         self,
@@ -181,6 +191,7 @@ class Heartbeat:
         lease: float | None = None,
         confirmed: float | None = None,
         on_lost: Callable[[], None] | None = None,
+        group: object = None,
     ) -> Beat:
         """Call ``renew`` every ``interval`` seconds from now on, until the beat is cancelled.
 
@@ -188,13 +199,18 @@ class Heartbeat:
         ``confirmed`` (this heartbeat's ``clock()`` just before the request that
         granted the lock was sent; default now) unless a renewal is confirmed
         first. ``on_lost`` is called once, on a thread of its own, when the lock
-        is lost or presumed lost.
+        is lost or presumed lost. Beats of one ``group`` (their store) are
+        renewed by one worker thread, so a store that hangs holds up no other.
         """
         now = self.clock()
         beat = Beat(renew, interval, name, owner=self, lease=lease, on_lost=on_lost, due=now + interval)
+        beat.group = id(group)
         if lease is not None:
-            beat.confirmed = now if confirmed is None else confirmed
+            beat.confirmed = now if confirmed is None else min(confirmed, now)
             beat.deadline = beat.confirmed + lease - margin(lease)
+            # Due one interval after the grant was sent, not after its (maybe slow) reply:
+            # else a slow grant's first renewal could fall due after its deadline.
+            beat.due = beat.confirmed + interval
         with self._cond:
             self._push(beat, min(beat.due, beat.deadline))
         return beat
@@ -257,7 +273,7 @@ class Heartbeat:
             _, seq, beat = heapq.heappop(self._heap)
             if beat.cancelled:
                 self._cancelled = max(0, self._cancelled - 1)
-            elif seq == beat._entry and not beat.lost.is_set():
+            elif seq == beat._entry and beat.reason != TAKEN:
                 return beat
 
     def _visit(self, beat: Beat) -> bool:
@@ -266,37 +282,39 @@ class Heartbeat:
         Returns True if the lock was presumed lost just now (to be reported outside the lock).
         """
         now = self.clock()
-        if now >= beat.deadline:
-            return self._mark(beat, PRESUMED, now)
-        if beat._busy:  # its renewal is still under way: the deadline stands
-            if beat.deadline < math.inf:
-                self._push(beat, beat.deadline)
+        lost = now >= beat.deadline and self._mark(beat, PRESUMED, now)
+        watch = beat._watch()
+        if beat._busy:  # its renewal is still under way: the deadline stands (it re-pushes when done)
+            if watch < math.inf:
+                self._push(beat, watch)
         elif now >= beat.due:
             beat._busy = True
             self._hand_over(beat)
-            if beat.deadline < math.inf:
-                self._push(beat, beat.deadline)
+            if watch < math.inf:
+                self._push(beat, watch)
         else:
-            self._push(beat, min(beat.due, beat.deadline))
-        return False
+            self._push(beat, min(beat.due, watch))
+        return lost
 
     # -- the worker ------------------------------------------------------------------
 
     def _hand_over(self, beat: Beat) -> None:
-        """Queue ``beat``'s renewal for the worker, starting it if need be. Lock held."""
-        if self._todo is None or self._worker is None or not self._worker.is_alive():
-            self._todo = queue.SimpleQueue()
-            self._worker = threading.Thread(
-                target=self._work, args=(self._todo,), name="uniqjob-heartbeat-renew", daemon=True
+        """Queue ``beat``'s renewal for its group's worker, starting it if need be. Lock held."""
+        worker = self._workers.get(beat.group)
+        if worker is None or not worker[1].is_alive():
+            todo: queue.SimpleQueue[Beat | None] = queue.SimpleQueue()
+            thread = threading.Thread(
+                target=self._work, args=(todo,), name="uniqjob-heartbeat-renew", daemon=True
             )
-            self._worker.start()
-        self._todo.put(beat)
+            thread.start()
+            worker = self._workers[beat.group] = (todo, thread)
+        worker[0].put(beat)
 
     def _retire_worker(self) -> None:
-        """Let the worker end once it has made the renewals it was given. Lock held."""
-        if self._todo is not None:
-            self._todo.put(None)
-        self._todo = self._worker = None
+        """Let the workers end once they have made the renewals they were given. Lock held."""
+        for todo, _thread in self._workers.values():
+            todo.put(None)
+        self._workers = {}
 
     def _work(self, todo: queue.SimpleQueue[Beat | None]) -> None:
         while True:
@@ -312,26 +330,29 @@ class Heartbeat:
         try:
             mine = beat.renew()
         except Exception as exc:  # a store outage must not kill the thread that serves every job
-            # One line per failure: during an outage every job's beat fails each second.
-            log.warning("heartbeat of %s failed (%s); retrying", beat.name, exc)
+            # One line per failure: during an outage every job's beat fails each second. Once
+            # the loss has been reported, the tries that go on are no news.
+            level = logging.DEBUG if beat.lost.is_set() else logging.WARNING
+            log.log(level, "heartbeat of %s failed (%s); retrying", beat.name, exc)
             mine, failed = True, True
         with self._cond:
             beat._busy = False
-            if beat.cancelled or beat.lost.is_set():
+            if beat.cancelled or beat.reason == TAKEN:
                 return  # the job released its lock while this renewal was on its way: nothing lost
             now = self.clock()
-            if now >= beat.deadline:
-                # Confirmed (if at all) too late: it was presumed lost at the deadline, whoever asked.
-                lost = self._mark(beat, PRESUMED, now)
-            elif not mine:
+            if not mine:
                 lost = self._mark(beat, TAKEN, now)
+                beat.reason = TAKEN  # also if presumed lost before: now it is known, and renewals end
             else:
-                lost = False
+                # Confirmed (if at all) too late: it was presumed lost at the deadline, whoever
+                # asked; the renewals go on all the same (see the module docstring).
+                lost = now >= beat.deadline and self._mark(beat, PRESUMED, now)
                 if not failed and beat.lease is not None:
                     beat.confirmed = sent
                     beat.deadline = sent + beat.lease - margin(beat.lease)
-                beat.due = now + (min(beat.interval, RETRY) if failed else beat.interval)
-                self._push(beat, min(beat.due, beat.deadline))
+                # Counted from the send, like the lease: a slow reply must not push the next one past it.
+                beat.due = now + min(beat.interval / 2, RETRY) if failed else min(now, sent) + beat.interval
+                self._push(beat, min(beat.due, beat._watch()))
         if lost:
             self._report(beat)
 
@@ -361,7 +382,7 @@ class Heartbeat:
             )
         else:
             log.warning(
-                "presumed the run lock of %s lost: %s; no longer renewing it",
+                "presumed the run lock of %s lost: %s; stop acting on it (renewals go on, token-checked)",
                 beat.name,
                 beat.explain().removeprefix("it is presumed lost: "),
                 extra={LOST_RECORD: True},

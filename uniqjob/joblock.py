@@ -201,8 +201,6 @@ class JobLock:
         meta = self.meta
         if meta.job_id:
             meta = QueueMeta(meta.cls, meta.args)  # replace(meta, job_id=""), minus its introspection
-        if undos.pending:
-            undos.flush()  # an earlier step's leftover may be what is in the way
         for slot in self.slots():
             for _ in range(_ATTEMPTS):
                 self._granted_at = heartbeat.clock()
@@ -326,9 +324,10 @@ class JobLock:
             yield self
             return
         backend, key, token, lease = self.backend, self.key, self.token, self.lease
+        attempt = self._attempt  # a second delivery of this job (same token) is another attempt's
 
         def renew() -> bool:
-            return backend.renew(key, token, lease)
+            return backend.renew(key, token, lease, attempt)
 
         granted = self._granted_at
         if granted is not None and heartbeat.clock() >= granted + lease * _TRUSTED:
@@ -340,6 +339,7 @@ class JobLock:
             lease=lease,
             confirmed=self._granted_at,
             on_lost=self._lost,
+            group=backend,
         )
         outer = _current.set(self)
         try:
@@ -390,7 +390,9 @@ class JobLock:
         delivery of this job may hold the same token by then.)
         """
         try:
-            self.backend.finish(self.key, self.token, keep_queue=self.strategy == "until_expired")
+            self.backend.finish(
+                self.key, self.token, keep_queue=self.strategy == "until_expired", attempt=self._attempt
+            )
         except Exception as exc:  # whatever the client raised: see above
             # A running lock lapses with its lease; a queued one (while_executing never
             # has one) needs its queue or autoexpire, as any queued lock does.
@@ -408,10 +410,10 @@ class JobLock:
             self._beat.cancel()
         if self.strategy in ("while_executing", "until_expired"):
             # nothing to hold while waiting / a queue lock that perform never touches
-            self.backend.reclaim(self.key, None, self.token)
+            self.backend.finish(self.key, self.token, keep_queue=True, attempt=self._attempt)
             return True
         ttl = None if self.ttl is None else self.ttl + delay
-        if self.backend.requeue(self.key, self.token, meta=self.meta, ttl=ttl):
+        if self.backend.requeue(self.key, self.token, meta=self.meta, ttl=ttl, attempt=self._attempt):
             return True
         log.warning("%s was taken by another enqueue while its job waited for a retry", self.key)
         return False

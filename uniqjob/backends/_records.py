@@ -255,6 +255,16 @@ class Slot:
         r = self.r
         return r is None or (r["token"] == token and r.get("attempt", "") in ("", run.attempt))
 
+    def _other_delivery(self, token: str, attempt: str) -> bool:
+        """Whether the run lock is ``token``'s but not ``attempt``'s: a second, live delivery of one job.
+
+        A lock that names no attempt, or a caller that has none (""), is never another's.
+        """
+        r = self.r
+        if not attempt or r is None or r["token"] != token:
+            return False
+        return r.get("attempt", "") not in ("", attempt)
+
     def claim(self, token: str, meta: QueueMeta, ttl: float | None, run: RunClaim | None) -> LockState | None:
         if self.q is not None:
             if self.q["state"] == RUNNING and self.r is None:
@@ -309,7 +319,9 @@ class Slot:
         self.changed = True
         return True
 
-    def requeue(self, token: str, meta: QueueMeta, ttl: float | None) -> bool:
+    def requeue(self, token: str, meta: QueueMeta, ttl: float | None, attempt: str = "") -> bool:
+        if self._other_delivery(token, attempt):
+            return False  # the run, and its queue lock, are a live delivery's: not ours to settle
         if self.r is not None and self.r["token"] == token:
             self.r, self.changed = None, True
         if self.q is not None and self.q["token"] != token:
@@ -324,14 +336,16 @@ class Slot:
         self.changed = True
         return True
 
-    def renew(self, token: str, lease: float) -> bool:
-        if self.r is None or self.r["token"] != token:
+    def renew(self, token: str, lease: float, attempt: str = "") -> bool:
+        if self.r is None or self.r["token"] != token or self._other_delivery(token, attempt):
             return False
         self.r = {**self.r, "lease": lease, "until": self.now + lease}
         self.changed = True
         return True
 
-    def finish(self, token: str, keep_queue: bool) -> None:
+    def finish(self, token: str, keep_queue: bool, attempt: str = "") -> None:
+        if self._other_delivery(token, attempt):
+            return  # both locks are a live delivery's: see Backend.finish
         if self.r is not None and self.r["token"] == token:
             self.r, self.changed = None, True
         if not keep_queue and self.q is not None and self.q["token"] == token:
@@ -395,17 +409,17 @@ class SlotBackend(Backend):
         with self._slot(key) as slot:
             return slot.attach(token, job_id)
 
-    def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None) -> bool:
+    def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = "") -> bool:
         with self._slot(key) as slot:
-            return slot.requeue(token, meta, ttl)
+            return slot.requeue(token, meta, ttl, attempt)
 
-    def renew(self, key: str, token: str, lease: float) -> bool:
+    def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
         with self._slot(key) as slot:
-            return slot.renew(token, lease)
+            return slot.renew(token, lease, attempt)
 
-    def finish(self, key: str, token: str, *, keep_queue: bool = False) -> None:
+    def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
         with self._slot(key) as slot:
-            slot.finish(token, keep_queue)
+            slot.finish(token, keep_queue, attempt)
 
     def dequeue(self, key: str, token: str | None = None) -> bool:
         with self._slot(key) as slot:

@@ -37,6 +37,11 @@ local function corrupt(i, why)
   return redis.error_reply('UNIQJOB_CORRUPT ' .. i .. ' ' .. why)
 end
 local function failed(v) return type(v) == 'table' and v.err ~= nil end
+-- A run lock's attempt x (false: none recorded) is another delivery's than the caller's
+-- attempt ('' : the caller has none, so the token alone decides).
+local function other_attempt(x, attempt)
+  return attempt ~= '' and x and x ~= '' and x ~= attempt
+end
 -- The reply for a read of KEYS[i] that failed (nearly always WRONGTYPE: a key of another type).
 local function unreadable(i, v, want)
   local kind = redis.call('TYPE', KEYS[i])
@@ -90,12 +95,17 @@ local function snapshot(now, q)  -- q: the queue lock's fields, if already read
   return mark .. cjson.encode({now, q, qttl, r, rttl})
 end
 -- The floor for the next fence: the last one issued for this key (0: none), or a reply naming KEYS[3].
+-- A last fence that cannot be read (another type, not a whole number) is no floor: the new one
+-- then comes from the clock alone and is written over it (as the file store does), rather than
+-- blocking the key behind a record that no lock listing shows.
 local function last_fence()
   local last = redis.pcall('GET', KEYS[3])
-  if failed(last) then return nil, unreadable(3, last, 'string') end
   if not last then return 0 end
-  local n = tonumber(last)
-  if not n or n < 0 or n ~= math.floor(n) then return nil, corrupt(3, 'last fence is not a whole number') end
+  local n = not failed(last) and tonumber(last)
+  if not n or n < 0 or n ~= math.floor(n) then
+    redis.log(redis.LOG_WARNING, 'uniqjob: writing over an unreadable last fence ' .. KEYS[3])
+    return 0
+  end
   return n
 end
 -- A new fence: now in µs, or one more than the last, whichever is larger; kept as the key's last.
@@ -161,12 +171,11 @@ CLAIM = (
 local now = clock()
 local q = redis.pcall('HMGET', KEYS[1], 't', 's', 'a', 'c', 'n', 'p', 'j')  -- all a conflict reports
 if failed(q) then return unreadable(1, q, 'hash') end
-local run, floor, why
+local run, floor
 if ARGV[7] == 'r' then  -- read all first: a damaged record must stop the script before any write
   run = redis.pcall('HMGET', KEYS[2], 't', 'x', 'f')
   if failed(run) then return unreadable(2, run, 'hash') end
-  floor, why = last_fence()
-  if not floor then return why end
+  floor = last_fence()
 end
 local mine = false
 if present(q) then
@@ -231,8 +240,7 @@ if held and run[4] and not fence then return corrupt(2, 'field f (fence) is not 
 if fence then
   set_run(ARGV[1], run[3] or now, 8, run[4])  -- a re-take: the same run, its fence
 else
-  local floor, why = last_fence()
-  if not floor then return why end
+  local floor = last_fence()
   local text
   fence, text = new_fence(now, floor)
   set_run(ARGV[1], held and run[3] or now, 8, text)
@@ -262,18 +270,22 @@ return 1
 """
 )
 
-# KEYS: queue lock, run lock. ARGV: token, ttl_ms (0: none), cls, cls_len, args, job_id.
+# KEYS: queue lock, run lock. ARGV: token, ttl_ms (0: none), cls, cls_len, args, job_id, attempt ('': any).
 # Drops the token's run lock and makes its queue lock queued again (created if
-# missing); returns 0, changing no queue lock, if the key is another's.
+# missing); returns 0, changing no queue lock, if the key is another's, and
+# changing nothing if the run lock is the token's but another attempt's (a live delivery).
 REQUEUE = (
     _PRELUDE
     + """
 local now = clock()
-local rtok = redis.pcall('HGET', KEYS[2], 't')
-if failed(rtok) then return unreadable(2, rtok, 'hash') end
+local run = redis.pcall('HMGET', KEYS[2], 't', 'x')
+if failed(run) then return unreadable(2, run, 'hash') end
 local q = redis.pcall('HMGET', KEYS[1], 't', 's')
 if failed(q) then return unreadable(1, q, 'hash') end
-if rtok == ARGV[1] then redis.call('DEL', KEYS[2]) end
+if run[1] == ARGV[1] then
+  if other_attempt(run[2], ARGV[7]) then return 0 end
+  redis.call('DEL', KEYS[2])
+end
 if q[1] and q[1] ~= ARGV[1] then
   if q[2] ~= 'r' or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
   redis.call('DEL', KEYS[1])  -- an orphan: its holder is gone
@@ -290,36 +302,39 @@ return 1
 """
 )
 
-# KEYS[1]: run lock. ARGV: token, lease_ms. Returns 1 if renewed, 0 if not ours.
+# KEYS[1]: run lock. ARGV: token, lease_ms, attempt ('': any). Returns 1 if renewed, 0 if not ours.
 RENEW = (
     _CHECKS
     + """
-local t = redis.pcall('HGET', KEYS[1], 't')
-if failed(t) then return unreadable(1, t, 'hash') end
-if t ~= ARGV[1] then return 0 end
+local run = redis.pcall('HMGET', KEYS[1], 't', 'x')
+if failed(run) then return unreadable(1, run, 'hash') end
+if run[1] ~= ARGV[1] or other_attempt(run[2], ARGV[3]) then return 0 end
 redis.call('HSET', KEYS[1], 'l', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 """
 )
 
-# KEYS: queue lock, run lock. ARGV: token, keep_queue ('1' or '0').
-# Deletes each lock that is still the token's (the key's last fence stays).
+# KEYS: queue lock, run lock. ARGV: token, keep_queue ('1' or '0'), attempt ('': any).
+# Deletes each lock that is still the token's (the key's last fence stays);
+# returns 0, deleting neither, if the run lock is the token's but another
+# attempt's: a live delivery, which holds the queue lock too.
 FINISH = (
     _CHECKS
     + """
-local rtok = redis.pcall('HGET', KEYS[2], 't')
-if failed(rtok) then return unreadable(2, rtok, 'hash') end
+local run = redis.pcall('HMGET', KEYS[2], 't', 'x')
+if failed(run) then return unreadable(2, run, 'hash') end
+local mine = run[1] == ARGV[1]
+if mine and other_attempt(run[2], ARGV[3]) then return 0 end
 local queue = false
 if ARGV[2] == '0' then
   local qtok = redis.pcall('HGET', KEYS[1], 't')
   if failed(qtok) then return unreadable(1, qtok, 'hash') end
   queue = qtok == ARGV[1]
 end
-local run = rtok == ARGV[1]
-if run and queue then
+if mine and queue then
   redis.call('DEL', KEYS[1], KEYS[2])
-elseif run then
+elseif mine then
   redis.call('DEL', KEYS[2])
 elseif queue then
   redis.call('DEL', KEYS[1])

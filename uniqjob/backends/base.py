@@ -100,21 +100,41 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None) -> bool:
+    def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = "") -> bool:
         """Turn ``token``'s run into a wait for a retry, in one step; False if the key is another's.
 
         ``token``'s run lock goes. Its queue lock becomes ``queued`` again (ttl
         counted afresh), or is created if missing; a queue lock of another token
         is kept, unless it is an orphan (``running`` with no run lock).
+
+        With ``attempt``, a run lock of ``token`` taken by another attempt is
+        another live delivery's (see :meth:`start`): nothing changes and the
+        answer is False. See :meth:`finish` for which run locks an attempt owns.
         """
 
     @abstractmethod
-    def renew(self, key: str, token: str, lease: float) -> bool:
-        """Extend ``token``'s run lock to ``lease`` seconds from now; False if it is no longer ours."""
+    def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
+        """Extend ``token``'s run lock to ``lease`` seconds from now; False if it is no longer ours.
+
+        With ``attempt``, a run lock of ``token`` taken by another attempt is
+        not ours either (see :meth:`finish`): it is left as it is.
+        """
 
     @abstractmethod
-    def finish(self, key: str, token: str, *, keep_queue: bool = False) -> None:
-        """Release ``key``'s run lock and (unless ``keep_queue``) its queue lock, each only if ``token``'s."""
+    def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
+        """Release ``key``'s run lock and (unless ``keep_queue``) its queue lock, each only if ``token``'s.
+
+        **Attempts.** Two deliveries of one job share its token and differ by
+        attempt (``RunClaim.attempt``). Given ``attempt``, the run lock is
+        ``token``'s own only if it records the same attempt or none (a lock
+        taken without one). A run lock of ``token`` and another attempt is a
+        second delivery that is still running: it is left, and so is the queue
+        lock, which that delivery holds (``running``) too. With no run lock
+        held (its lease lapsed), the queue lock goes if it is ``token``'s, as
+        without an attempt. Without ``attempt`` (""), the token alone decides,
+        for callers that have none: this, :meth:`renew` and :meth:`requeue`
+        then act on any run lock of ``token``.
+        """
 
     @abstractmethod
     def dequeue(self, key: str, token: str | None = None) -> bool:

@@ -364,16 +364,18 @@ class RedisBackend(Backend):
     def attach(self, key: str, token: str, job_id: str) -> bool:
         return bool(self._eval(self._attach, 1, [self._keys(key)[0], token, job_id]))
 
-    def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None) -> bool:
-        items = self._items(key, token, meta, ttl, flag="", run=None)
+    def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = "") -> bool:
+        # The attempt takes the place of the flag, the last of REQUEUE's ARGV.
+        items = self._items(key, token, meta, ttl, flag=attempt, run=None)
         del items[2]  # REQUEUE touches no fence: its keys are the two locks only
-        return bool(self._eval(self._requeue, 2, items[:8]))
+        return bool(self._eval(self._requeue, 2, items))
 
-    def renew(self, key: str, token: str, lease: float) -> bool:
-        return bool(self._eval(self._renew, 1, [self._keys(key)[1], token, _ms(lease)]))
+    def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
+        return bool(self._eval(self._renew, 1, [self._keys(key)[1], token, _ms(lease), attempt]))
 
-    def finish(self, key: str, token: str, *, keep_queue: bool = False) -> None:
-        self._eval(self._finish, 2, [*self._keys(key)[:2], token, "1" if keep_queue else "0"])
+    def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
+        items = [*self._keys(key)[:2], token, "1" if keep_queue else "0", attempt]
+        self._eval(self._finish, 2, items)
 
     def dequeue(self, key: str, token: str | None = None) -> bool:
         return bool(self._eval(self._dequeue, 1, [self._keys(key)[0], token or ""]))

@@ -160,21 +160,24 @@ class Child:
         started = time.monotonic()
         deadline = started + self.kill_after if self.kill_after is not None else float("inf")
         hard_kill_at = float("inf")
-        stopping = quiet_kill = False
+        stopping = quiet_kill = lost = False
         while True:
             status = proc.poll()
             if status is not None:
                 return exit_status(status)
             now = time.monotonic()
-            if not stopping and (now >= deadline or self.lost()):
-                if now >= deadline:
-                    say(f"{self.name} ran longer than {self.kill_after:g}s: sending SIGTERM")
-                    hard_kill_at = now + self.grace
-                else:
-                    # One line, and the SIGKILL goes unannounced: the why is what matters.
-                    say(f"{self.why()}; stopping {self.name}")
-                    hard_kill_at = min(now + self.grace, self.lapse() - _KILL_LEAD)
-                    quiet_kill = True
+            if not lost and self.lost():
+                # Also after --kill-after's SIGTERM: the SIGKILL must then come before the lease lapses.
+                # One line, and the SIGKILL goes unannounced: the why is what matters.
+                say(f"{self.why()}; stopping {self.name}")
+                hard_kill_at = min(hard_kill_at, now + self.grace, self.lapse() - _KILL_LEAD)
+                quiet_kill = lost = True
+                if not stopping:
+                    proc.terminate()
+                    stopping = True
+            elif not stopping and now >= deadline:
+                say(f"{self.name} ran longer than {self.kill_after:g}s: sending SIGTERM")
+                hard_kill_at = now + self.grace
                 proc.terminate()
                 stopping = True
             if now >= hard_kill_at:
@@ -183,7 +186,7 @@ class Child:
                 proc.send_signal(KILL_ALL)  # SIGKILL would end the supervisor, not the group
                 hard_kill_at = float("inf")
             wake = min(now + _TICK, deadline if not stopping else hard_kill_at)
-            if not stopping and now < self.presume_at() < wake:
+            if not lost and now < self.presume_at() < wake:
                 wake = self.presume_at()
             signum = waiter.wait(wake - now)
             if signum is not None:

@@ -127,6 +127,8 @@ def run_command(args: argparse.Namespace) -> int:
         raise UsageError("no command given: uniqjob run [options] -- CMD [ARG...]")
     if args.key is not None and not args.key.strip():
         raise UsageError("--key must not be empty")
+    if args.key is not None and not _is_text(args.key):
+        raise UsageError("--key must be text (UTF-8): it holds bytes that are not")
     key = args.key if args.key is not None else command_key(argv)
     name = _preview(shlex.join(argv))
     # Signals are taken over before the lock, so one that arrives while we wait
@@ -239,6 +241,15 @@ def _conflict_message(key: str, state: LockState | None, name: str) -> str:
     else:
         holder = "another holder"
     return f"lock {key!r} is held by {holder}; not running: {name}"
+
+
+def _is_text(value: str) -> bool:
+    """False for a string with lone surrogates (bytes of argv that are not UTF-8): no store can key it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _preview(text: str) -> str:
