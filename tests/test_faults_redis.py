@@ -24,9 +24,9 @@ from redis.backoff import ConstantBackoff, NoBackoff
 from redis.retry import Retry
 
 from tests.redis_server import RedisServer, find_redis_server
-from uniqjob.backends.redis import RedisBackend
 from uniqjob.errors import BackendError
 from uniqjob.locks import LockState, QueueMeta, RunClaim, local_holder
+from uniqjob.stores.redis import RedisBackend
 
 TIMEOUT = 0.5  # the client's socket timeout: each stall below outlasts it
 HOLDER = local_holder()

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import SplitResult, unquote, unquote_plus, urlsplit
 
-from .backends.base import Backend
 from .errors import ConfigurationError
+from .stores.base import Backend
 
 if TYPE_CHECKING:
     import redis
@@ -287,7 +287,7 @@ def _file_backend(url: str) -> Backend:
         timeout = _seconds("timeout", options["timeout"]) if "timeout" in options else None
     except _Invalid as exc:
         raise _bad("file", url, exc) from None
-    from .backends.file import FileBackend
+    from .stores.file import FileBackend
 
     return FileBackend(path) if timeout is None else FileBackend(path, timeout=timeout)
 
@@ -301,7 +301,7 @@ def _memory_backend(url: str) -> Backend:
         raise _bad("memory", url, exc) from None
     if parts.netloc or parts.path:
         raise _bad("memory", url, "memory:// takes no host or path")
-    from .backends.memory import MemoryBackend
+    from .stores.memory import MemoryBackend
 
     return MemoryBackend()
 
@@ -318,7 +318,7 @@ def backend_from_url(url: str) -> Backend:
     scheme = _scheme(url)
     if scheme in ("redis", "rediss", "unix"):
         client = redis_client_from_url(url, timeout=REDIS_TIMEOUT)
-        from .backends.redis import RedisBackend
+        from .stores.redis import RedisBackend
 
         return RedisBackend(client, timeout=REDIS_TIMEOUT)
     if scheme == "file":
@@ -367,7 +367,7 @@ def default_backend() -> Backend:
     with _mutex:
         if _default is None:
             if chosen is None:
-                from .backends.file import FileBackend
+                from .stores.file import FileBackend
 
                 chosen = FileBackend(default_directory())
             _default = chosen

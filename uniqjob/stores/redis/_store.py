@@ -6,7 +6,7 @@ one lock key share a hash tag, ``<namespace>:{<key>}:q`` (queue lock),
 ``...:r`` (run lock) and ``...:f`` (its last fence), so every script touches
 one cluster slot. Listing uses ``SCAN``, never ``KEYS``.
 
-The scripts are called on a connection each thread keeps (``_wire.Lanes``),
+The scripts are called on a connection each thread keeps (``_transport.Lanes``),
 not through ``execute_command``, whose own Python is a sixth of a round trip
 on loopback; a success is an integer (1, or the fence of a run lock), so the
 common reply is the cheapest.
@@ -29,18 +29,18 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from ..errors import BackendError, ConfigurationError, CorruptRecordError
-from ..locks import QUEUED, RUNNING, Holder, LockState, Parts, QueueMeta, QueueRecord, RunClaim, RunRecord
-from . import _redis_lua as lua
-from ._wire import Lanes, evalsha_head, pack_after
-from .base import Backend, QueueMode
+from ...errors import BackendError, ConfigurationError, CorruptRecordError
+from ...locks import QUEUED, RUNNING, Holder, LockState, Parts, QueueMeta, QueueRecord, RunClaim, RunRecord
+from ..base import Backend, QueueMode
+from . import _lua as lua
+from ._transport import Lanes, evalsha_head, pack_after
 
 __all__ = ["RedisBackend"]
 
 T = TypeVar("T")
 
 _QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k"}
-_QUIET = (b"Q", "Q")  # the mark of a snapshot that need not be read: see _redis_lua's snapshot()
+_QUIET = (b"Q", "Q")  # the mark of a snapshot that need not be read: see _lua's snapshot()
 _SCAN_PAGE = 1000
 
 
@@ -285,7 +285,7 @@ class RedisBackend(Backend):
             text = reply.decode("utf-8", "surrogatepass") if isinstance(reply, bytes) else reply
             if text[:1] not in ("Q", "S"):
                 raise ValueError("no mark")
-            now, q, qttl, r, rttl = _scan_json(text, 1)[0]  # q, r: the fields named in _redis_lua
+            now, q, qttl, r, rttl = _scan_json(text, 1)[0]  # q, r: the fields named in _lua
             clock = int(now) / 1_000_000
             if type(qttl) is not int or type(rttl) is not int:
                 raise ValueError("ttl")
@@ -308,7 +308,7 @@ class RedisBackend(Backend):
     def _items(
         self, key: str, token: str, meta: QueueMeta, ttl: float | None, *, flag: str, run: RunClaim | None
     ) -> list[Any]:
-        """The keys of ``key`` and what a claim or start says: see the ARGV of _redis_lua.CLAIM."""
+        """The keys of ``key`` and what a claim or start says: see the ARGV of _lua.CLAIM."""
         cls, cls_len = meta.cls, ""
         if cls and key.startswith(cls):
             cls, cls_len = "", str(len(cls))  # the key already holds it
@@ -435,7 +435,7 @@ def _take(items: Iterator[T], count: int) -> list[T]:
 
 def _client_from_url(url: str, timeout: float) -> redis.Redis:
     """A client for ``url``, checked by config's URL rules (ConfigurationError naming what is wrong)."""
-    from ..config import redis_client_from_url  # lazily: config imports the backends
+    from ...config import redis_client_from_url  # lazily: config imports the backends
 
     return redis_client_from_url(url, timeout=timeout)
 

@@ -47,7 +47,7 @@ class FileBackend(SlotBackend):
     stripe, and so of its own. These files are never deleted.
 
     The directory must be this user's, and not writable by others unless
-    sticky (see :func:`~uniqjob.backends._stripes.private_directory`); every
+    sticky (see :func:`~uniqjob.stores._stripes.private_directory`); every
     file is opened with ``O_NOFOLLOW`` and must be a regular file of this
     user's, and files are made ``0o600``, whatever the umask.
     """
