@@ -10,13 +10,20 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from urllib.parse import unquote
 
 from ..errors import BackendError, ConfigurationError, CorruptRecordError
 from ._files import RecordFiles, write_all
 from ._records import Record, Slot, SlotBackend, record_problem
 from ._stripes import FILE_MODE, OPEN_FLAGS, Stripes, describe_error, file_problem
+from ._urls import Invalid, bad, options, seconds, split
 
-__all__ = ["FileBackend"]
+__all__ = ["FILE_URL_OPTIONS", "FileBackend", "from_url"]
+
+#: The query options a ``file://`` URL may carry.
+FILE_URL_OPTIONS: dict[str, str] = {
+    "timeout": "seconds to wait for the file lock of a key's stripe (default 30)",
+}
 
 log = logging.getLogger(__name__)
 
@@ -205,3 +212,29 @@ class FileBackend(SlotBackend):
         A symlink is removed, never followed. Fences are kept.
         """
         return self._files.purge(key)
+
+
+def from_url(url: str) -> FileBackend:
+    """The FileBackend of a ``file:///dir`` URL, checked first (options: :data:`FILE_URL_OPTIONS`)."""
+    try:
+        parts = split(url)
+        given = options(parts, FILE_URL_OPTIONS)
+    except Invalid as exc:
+        raise bad("file", url, exc) from None
+    if parts.netloc not in ("", "localhost") or not parts.path:
+        raise bad("file", url, "use file:///absolute/path/to/directory")
+    path = unquote(parts.path)
+    if "\x00" in path:
+        raise bad("file", url, "the path holds a NUL byte (%00)")
+    if os.path.normpath(path).strip("/") == "":
+        raise bad(
+            "file",
+            url,
+            "refusing / as a lock store (its .locks directory would go into the root directory); "
+            "name a directory of its own, e.g. file:///var/lib/myapp/locks",
+        )
+    try:
+        timeout = seconds("timeout", given["timeout"]) if "timeout" in given else None
+    except Invalid as exc:
+        raise bad("file", url, exc) from None
+    return FileBackend(path) if timeout is None else FileBackend(path, timeout=timeout)

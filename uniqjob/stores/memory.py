@@ -8,8 +8,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ._records import Record, Slot, SlotBackend
+from ._urls import Invalid, bad, options, split
 
-__all__ = ["MemoryBackend"]
+__all__ = ["MEMORY_URL_OPTIONS", "MemoryBackend", "from_url"]
+
+#: A ``memory://`` URL carries none.
+MEMORY_URL_OPTIONS: dict[str, str] = {}
 
 
 class MemoryBackend(SlotBackend):
@@ -57,3 +61,15 @@ class MemoryBackend(SlotBackend):
 
     def __repr__(self) -> str:
         return f"MemoryBackend(<{len(self._records)} keys>)"
+
+
+def from_url(url: str) -> MemoryBackend:
+    """A new MemoryBackend for ``memory://``, which takes no host, path or option."""
+    try:
+        parts = split(url)
+        options(parts, MEMORY_URL_OPTIONS)
+    except Invalid as exc:
+        raise bad("memory", url, exc) from None
+    if parts.netloc or parts.path:
+        raise bad("memory", url, "memory:// takes no host or path")
+    return MemoryBackend()

@@ -34,6 +34,7 @@ from ...locks import QUEUED, RUNNING, Holder, LockState, Parts, QueueMeta, Queue
 from ..base import Backend, QueueMode
 from . import _lua as lua
 from ._transport import Lanes, evalsha_head, pack_after
+from ._url import redis_client_from_url
 
 __all__ = ["RedisBackend"]
 
@@ -155,7 +156,7 @@ class RedisBackend(Backend):
 
     ``client`` is a redis-py client (``decode_responses`` on or off) or a URL
     (``redis://``, ``rediss://``, ``unix://``; checked by
-    :func:`uniqjob.config.redis_client_from_url`). A URL gets bounded socket
+    :func:`uniqjob.stores.redis.redis_client_from_url`). A URL gets bounded socket
     timeouts (``timeout`` seconds), so an unreachable server fails the call
     with :class:`BackendError` in bounded time; the job is then not run.
 
@@ -174,7 +175,7 @@ class RedisBackend(Backend):
         timeout: float = 5.0,
     ) -> None:
         if isinstance(client, str):
-            client = _client_from_url(client, timeout)
+            client = redis_client_from_url(client, timeout=timeout)
         self.client: redis.Redis = client
         self.namespace = namespace
         self._prefix = namespace + ":{"
@@ -431,13 +432,6 @@ class RedisBackend(Backend):
 
 def _take(items: Iterator[T], count: int) -> list[T]:
     return list(itertools.islice(items, count))
-
-
-def _client_from_url(url: str, timeout: float) -> redis.Redis:
-    """A client for ``url``, checked by config's URL rules (ConfigurationError naming what is wrong)."""
-    from ...config import redis_client_from_url  # lazily: config imports the backends
-
-    return redis_client_from_url(url, timeout=timeout)
 
 
 def _ms(seconds: float) -> int:
