@@ -12,8 +12,8 @@ from benchmarks.redis_bench import LABELS, LAYERS
 from benchmarks.report import Report, Row, Target
 from benchmarks.sampling import Op, interleaved
 from benchmarks.workload import Workload
-from uniqjob.backends.file import FileBackend
-from uniqjob.backends.memory import MemoryBackend
+from uniqjob.stores.file import FileBackend
+from uniqjob.stores.memory import MemoryBackend
 
 __all__ = ["run_file", "run_memory"]
 

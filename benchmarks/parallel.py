@@ -33,7 +33,7 @@ def _worker(task: tuple[str, str, int, float]) -> tuple[float, float]:
     import redis
 
     from benchmarks.workload import Workload
-    from uniqjob.backends.redis import RedisBackend
+    from uniqjob.stores.redis import RedisBackend
 
     if _state.get("url") != url:
         client = redis.Redis.from_url(url)

@@ -12,9 +12,9 @@ import redis
 from benchmarks.report import Report, Row, Target
 from benchmarks.sampling import Op, Paired, interleaved
 from benchmarks.workload import Workload, job_class
-from uniqjob.backends._wire import pack
-from uniqjob.backends.redis import RedisBackend
 from uniqjob.locks import RunClaim, local_holder
+from uniqjob.stores.redis import RedisBackend
+from uniqjob.stores.redis._transport import pack
 
 __all__ = ["LABELS", "LAYERS", "load_locks", "run_redis", "run_scale"]
 
@@ -136,7 +136,7 @@ def _floors(client: redis.Redis, backend: RedisBackend) -> list[tuple[str, str, 
         ("redis.ping", "Redis · PING (the floor, timed against itself)", client.ping),
         ("redis.evalsha", "Redis · EVALSHA of an empty script, a claim's keys and arguments", evalsha),
     ]
-    lanes = backend._lanes  # the short path the backend's calls take (see uniqjob/backends/_wire.py)
+    lanes = backend._lanes  # the short path the backend's calls take (see uniqjob/stores/redis/_transport.py)
     if lanes is not None:
         ping, empty = pack(["PING"]), pack(request)
         rows += [

@@ -14,8 +14,8 @@ from typing import Any
 
 from benchmarks.sampling import Op
 from uniqjob import JobLock, Queue, UniqueJob
-from uniqjob.backends.base import Backend
 from uniqjob.locks import QueueMeta
+from uniqjob.stores.base import Backend
 
 __all__ = ["NullQueue", "SendReport", "Workload"]
 

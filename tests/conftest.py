@@ -17,10 +17,10 @@ import redis
 import uniqjob
 from tests.redis_server import RedisServer
 from uniqjob._undo import undos
-from uniqjob.backends.base import Backend
-from uniqjob.backends.file import FileBackend
-from uniqjob.backends.memory import MemoryBackend
-from uniqjob.backends.redis import RedisBackend
+from uniqjob.stores.base import Backend
+from uniqjob.stores.file import FileBackend
+from uniqjob.stores.memory import MemoryBackend
+from uniqjob.stores.redis import RedisBackend
 
 
 class FakeClock:

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FakeClock
-from uniqjob.backends.base import Backend
-from uniqjob.backends.file import FileBackend
-from uniqjob.backends.memory import MemoryBackend
-from uniqjob.backends.redis import RedisBackend
 from uniqjob.locks import Holder, LockState, QueueMeta, RunClaim
+from uniqjob.stores.base import Backend
+from uniqjob.stores.file import FileBackend
+from uniqjob.stores.memory import MemoryBackend
+from uniqjob.stores.redis import RedisBackend
 
 ME = Holder("host-a", "node-a", os.getpid(), 1)
 OTHER = Holder("host-b", "node-b", 4242, 7)

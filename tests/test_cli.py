@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from tests.redis_server import RedisServer
-from uniqjob.backends.base import Backend
 from uniqjob.cli import main
 from uniqjob.cli._run import command_key
 from uniqjob.config import backend_from_url
+from uniqjob.stores.base import Backend
 
 PY = sys.executable
 UNIQJOB = (PY, "-m", "uniqjob")

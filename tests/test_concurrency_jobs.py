@@ -36,9 +36,6 @@ from tests.concurrency_jobs import (
 )
 from tests.conftest import FakeClock
 from uniqjob import UniqueJob
-from uniqjob.backends.base import Backend
-from uniqjob.backends.file import FileBackend
-from uniqjob.backends.memory import MemoryBackend
 from uniqjob.concurrency import Park, Parked, Promotion, Semaphore, discard_parked, store_for, sweep
 from uniqjob.concurrency._courier import Courier
 from uniqjob.concurrency._job import key_of
@@ -46,6 +43,9 @@ from uniqjob.concurrency.semaphore import courier
 from uniqjob.errors import ConcurrencyLimitExceeded, ConfigurationError, UniqueKeyError, UnstorableCallError
 from uniqjob.integrations import perform
 from uniqjob.locks import Holder, local_holder
+from uniqjob.stores.base import Backend
+from uniqjob.stores.file import FileBackend
+from uniqjob.stores.memory import MemoryBackend
 
 
 @pytest.fixture(autouse=True)

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FakeClock
-from uniqjob.backends._stripes import _StripeLock
-from uniqjob.backends.file import FileBackend
-from uniqjob.backends.memory import MemoryBackend
-from uniqjob.backends.redis import RedisBackend
 from uniqjob.concurrency import Outcome, Park, SemaphoreStore, store_for
 from uniqjob.concurrency.local import FileSemaphores
 from uniqjob.errors import CorruptRecordError
 from uniqjob.locks import Holder
+from uniqjob.stores._stripes import _StripeLock
+from uniqjob.stores.file import FileBackend
+from uniqjob.stores.memory import MemoryBackend
+from uniqjob.stores.redis import RedisBackend
 
 ME = Holder("here", "node-1", 100, 1)
 OTHER = Holder("there", "node-2", 200, 2)

@@ -9,10 +9,10 @@ import pytest
 import uniqjob
 from tests.redis_server import RedisServer
 from uniqjob import ConfigurationError
-from uniqjob.backends.file import FileBackend
-from uniqjob.backends.memory import MemoryBackend
-from uniqjob.backends.redis import RedisBackend
 from uniqjob.config import backend_from_url, default_directory
+from uniqjob.stores.file import FileBackend
+from uniqjob.stores.memory import MemoryBackend
+from uniqjob.stores.redis import RedisBackend
 
 
 def test_default_is_a_file_store_in_the_state_directory(tmp_path: Path) -> None:

@@ -22,9 +22,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from tests.redis_server import RedisServer
-from uniqjob.backends.redis import RedisBackend
 from uniqjob.errors import BackendError
 from uniqjob.locks import Holder, LockState, QueueMeta, RunClaim, local_holder
+from uniqjob.stores.redis import RedisBackend
 
 TIMEOUT = 0.5  # the client's socket timeout: each stall below outlasts it
 HOLDER = local_holder()

@@ -19,12 +19,12 @@ import uniqjob
 from tests.test_cli import Store, kill_leftovers, store
 from tests.test_cli import uniqjob as run_uniqjob
 from tests.test_cli_locks import orphan, queued
-from uniqjob.backends.file import FileBackend
 from uniqjob.cli import main
 from uniqjob.cli._common import EX_DATAERR, escape
 from uniqjob.concurrency import store_for
 from uniqjob.errors import BackendError, CorruptRecordError, JobNotUnique
 from uniqjob.locks import Holder, LockState, QueueMeta, RunClaim, local_holder
+from uniqjob.stores.file import FileBackend
 
 __all__ = ["kill_leftovers", "store"]  # fixtures shared with test_cli
 

@@ -27,7 +27,6 @@ from tests.concurrency_jobs import RecordingQueue
 from tests.redis_server import RedisServer
 from uniqjob import UniqueJob
 from uniqjob._undo import undos
-from uniqjob.backends.redis import RedisBackend
 from uniqjob.concurrency import Park, Parked, _job, discard_parked, store_for, sweep
 from uniqjob.concurrency._job import ConcurrencyPolicy
 from uniqjob.concurrency.base import SemaphoreStore
@@ -37,6 +36,7 @@ from uniqjob.errors import BackendError, ConcurrencyLimitExceeded, CorruptRecord
 from uniqjob.heartbeat import heartbeat
 from uniqjob.integrations import settle
 from uniqjob.locks import local_holder
+from uniqjob.stores.redis import RedisBackend
 
 RAN: list[Any] = []
 QUEUE = RecordingQueue()

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import FakeClock
-from uniqjob.backends.file import FileBackend
-from uniqjob.backends.memory import MemoryBackend
 from uniqjob.concurrency.local import FileSemaphores, MemorySemaphores
 from uniqjob.config import backend_from_url
 from uniqjob.errors import BackendError, ConfigurationError, CorruptRecordError
 from uniqjob.locks import Holder, QueueMeta, RunClaim
+from uniqjob.stores.file import FileBackend
+from uniqjob.stores.memory import MemoryBackend
 
 ME = Holder("host-a", "node-a", os.getpid(), 1)
 META = QueueMeta("tests.Job", "(1,)")
@@ -106,7 +106,7 @@ def test_a_damaged_fence_file_is_written_over_and_fences_still_follow_the_clock(
     (fence_file,) = backend.directory.glob(".*.fence")
     fence_file.write_bytes(b"garbage")
     clock.advance(1)
-    with caplog.at_level(logging.WARNING, logger="uniqjob.backends._stripes"):
+    with caplog.at_level(logging.WARNING, logger="uniqjob.stores._stripes"):
         assert grant(backend, "t2") == first + 1_000_000
     assert "not a fence" in caplog.text
     assert int(fence_file.read_bytes()) == first + 1_000_000

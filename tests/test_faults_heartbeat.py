@@ -25,9 +25,9 @@ from tests.support import (
 )
 from tests.support.proxy import FaultProxy
 from uniqjob import heartbeat as heartbeat_module
-from uniqjob.backends.redis import RedisBackend
 from uniqjob.heartbeat import PRESUMED, TAKEN, Beat, Heartbeat
 from uniqjob.locks import QueueMeta, RunClaim, local_holder
+from uniqjob.stores.redis import RedisBackend
 
 _TIMEOUT = 0.2
 

@@ -22,11 +22,11 @@ from tests.redis_server import RedisServer
 from tests.support import module_redis_server  # noqa: F401 - the `server` fixture
 from uniqjob import BackendError, JobLock, UniqueJob
 from uniqjob._undo import undos
-from uniqjob.backends.base import Backend
-from uniqjob.backends.memory import MemoryBackend
-from uniqjob.backends.redis import RedisBackend
 from uniqjob.locks import LockState, QueueMeta, RunClaim
 from uniqjob.queue import Queue
+from uniqjob.stores.base import Backend
+from uniqjob.stores.memory import MemoryBackend
+from uniqjob.stores.redis import RedisBackend
 
 
 @pytest.fixture
@@ -514,7 +514,7 @@ def test_a_store_that_hangs_holds_up_no_other_stores_renewals() -> None:
 _EXITING_CLIENT = """
 import sys
 from uniqjob import BackendError, JobLock
-from uniqjob.backends.redis import RedisBackend
+from uniqjob.stores.redis import RedisBackend
 
 store = RedisBackend(sys.argv[1], timeout=0.5)
 JobLock(store, "warm").acquire()  # the connection open, the claim and reclaim scripts loaded

@@ -21,12 +21,12 @@ from hypothesis import strategies as st
 import uniqjob
 from tests.redis_server import RedisServer
 from uniqjob import ConfigurationError, UniqueJob, UniqueKeyError
-from uniqjob.backends.file import FileBackend
-from uniqjob.backends.redis import RedisBackend
 from uniqjob.cli import main
 from uniqjob.config import REDIS_URL_OPTIONS, backend_from_url, redis_client_from_url
 from uniqjob.keys import MAX_DEPTH, KeyPlan, canonical, make_key
 from uniqjob.locks import QueueMeta
+from uniqjob.stores.file import FileBackend
+from uniqjob.stores.redis import RedisBackend
 
 
 class Job(UniqueJob):

@@ -24,9 +24,9 @@ from redis.backoff import ConstantBackoff, NoBackoff
 from redis.retry import Retry
 
 from tests.redis_server import RedisServer, find_redis_server
-from uniqjob.backends.redis import RedisBackend
 from uniqjob.errors import BackendError
 from uniqjob.locks import LockState, QueueMeta, RunClaim, local_holder
+from uniqjob.stores.redis import RedisBackend
 
 TIMEOUT = 0.5  # the client's socket timeout: each stall below outlasts it
 HOLDER = local_holder()
@@ -159,9 +159,19 @@ def test_a_renew_or_finish_retried_after_a_lost_reply_is_harmless(server: RedisS
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port whose cluster bus port (+10000) is free too: Redis refuses a port above 55535."""
+    for _ in range(1000):
+        with socket.socket() as sock, socket.socket() as bus:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+            if port > 55535:
+                continue
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port with a free cluster bus port")
 
 
 @contextmanager

@@ -202,7 +202,7 @@ def test_a_lock_lost_after_the_time_limits_sigterm_still_brings_the_sigkill_forw
     """--kill-after's SIGTERM came first; a later loss must still end the command before the lease lapses."""
     import fcntl
 
-    from uniqjob.backends.file import FileBackend
+    from uniqjob.stores.file import FileBackend
 
     store = tmp_path / "store"
     log = tmp_path / "log"

@@ -13,8 +13,8 @@ from filelock import FileLock
 
 import uniqjob
 from uniqjob import BackendError, CorruptRecordError, UniqueJob
-from uniqjob.backends.file import FileBackend
 from uniqjob.locks import QueueMeta, RunClaim, local_holder
+from uniqjob.stores.file import FileBackend
 
 
 class Job(UniqueJob):

@@ -12,7 +12,6 @@ import pytest
 
 import uniqjob
 from uniqjob import ConfigurationError, JobLock, UniqueJob
-from uniqjob.backends.base import Backend
 from uniqjob.integrations import (
     KEEP,
     Decision,
@@ -22,6 +21,7 @@ from uniqjob.integrations import (
     resolve_job,
 )
 from uniqjob.locks import Holder, QueueMeta, RunClaim, local_holder
+from uniqjob.stores.base import Backend
 
 NOT_A_JOB = "a module attribute that is no job class"
 

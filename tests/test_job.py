@@ -12,9 +12,9 @@ import pytest
 import uniqjob
 from tests.conftest import FakeClock
 from uniqjob import ConfigurationError, JobLock, JobNotUnique, Queue, UniqueJob, UniqueKeyError
-from uniqjob.backends.base import Backend
-from uniqjob.backends.memory import MemoryBackend
 from uniqjob.keys import make_key
+from uniqjob.stores.base import Backend
+from uniqjob.stores.memory import MemoryBackend
 
 
 @pytest.fixture

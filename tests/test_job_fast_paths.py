@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from uniqjob import JobLock, JobNotUnique, UniqueJob, UniqueKeyError
 from uniqjob._calls import binder, describe_call, preview, show
-from uniqjob.backends.memory import MemoryBackend
 from uniqjob.keys import KeyPlan, make_key
+from uniqjob.stores.memory import MemoryBackend
 
 _NAMES = ("a", "b", "c", "d")
 _MISSING = inspect.Parameter.empty

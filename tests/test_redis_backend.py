@@ -12,9 +12,9 @@ import redis
 import uniqjob
 from tests.redis_server import RedisServer
 from uniqjob import BackendError, UniqueJob
-from uniqjob.backends.redis import RedisBackend
 from uniqjob.errors import ConfigurationError, CorruptRecordError
 from uniqjob.locks import LockState, QueueMeta, RunClaim, local_holder
+from uniqjob.stores.redis import RedisBackend
 
 
 class Job(UniqueJob):

@@ -24,10 +24,9 @@ from tests.redis_server import RedisServer
 from tests.support import sigstop
 from tests.support.proxy import FaultProxy
 from uniqjob import BackendError
-from uniqjob.backends import _wire
-from uniqjob.backends._wire import evalsha_head, pack, pack_after
-from uniqjob.backends.redis import RedisBackend
 from uniqjob.locks import QueueMeta, RunClaim, local_holder
+from uniqjob.stores.redis import RedisBackend, _transport
+from uniqjob.stores.redis._transport import evalsha_head, pack, pack_after
 
 _args = st.lists(st.one_of(st.text(), st.integers(), st.binary()), max_size=12)
 _texts = st.lists(st.one_of(st.text(), st.integers()), max_size=12)
@@ -275,7 +274,7 @@ def test_a_retry_that_fails_otherwise_leaves_no_reply_behind(
     _cycle(backend, "warm")
     lanes = backend._lanes
     assert lanes is not None
-    real = _wire._exchange
+    real = _transport._exchange
     calls: list[bytes] = []
 
     def flaky(sock: Any, command: bytes) -> Any:
@@ -285,10 +284,10 @@ def test_a_retry_that_fails_otherwise_leaves_no_reply_behind(
         sock.sendall(command)  # sent, then interrupted before its reply is read
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_wire, "_exchange", flaky)
+    monkeypatch.setattr(_transport, "_exchange", flaky)
     with pytest.raises(KeyboardInterrupt):
         backend.claim("k", "t", meta=QueueMeta())
-    monkeypatch.setattr(_wire, "_exchange", real)
+    monkeypatch.setattr(_transport, "_exchange", real)
     assert len(calls) == 2
     assert lanes._lane().conn._sock is not None  # a new connection, nothing pending on it
     assert backend.claim("other", "u", meta=QueueMeta()) is None  # its own reply, not the stale one
@@ -325,7 +324,7 @@ class _Replies:
 )
 def test_the_reader_takes_one_whole_reply(chunks: tuple[bytes, ...], expected: Any) -> None:
     sock = _Replies(*chunks)
-    assert _wire._exchange(sock, b"*1\r\n$4\r\nPING\r\n") == expected
+    assert _transport._exchange(sock, b"*1\r\n$4\r\nPING\r\n") == expected
     assert sock.sent == b"*1\r\n$4\r\nPING\r\n" and sock.chunks == []
 
 
@@ -347,7 +346,7 @@ def test_the_reader_names_what_is_wrong(
     chunks: tuple[bytes, ...], error: type[Exception], match: str
 ) -> None:
     with pytest.raises(error, match=match):
-        _wire._exchange(_Replies(*chunks), b"*1\r\n$4\r\nPING\r\n")
+        _transport._exchange(_Replies(*chunks), b"*1\r\n$4\r\nPING\r\n")
 
 
 # -- healing: every path recovers from a stalled, dropped or restarted server -------------------

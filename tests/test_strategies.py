@@ -12,9 +12,9 @@ from tests.conftest import FakeClock
 from tests.test_job import RecordingQueue
 from uniqjob import ConfigurationError, JobNotUnique, Queue, UniqueJob
 from uniqjob import job as job_module
-from uniqjob.backends.base import Backend
-from uniqjob.backends.memory import MemoryBackend
 from uniqjob.locks import QueueMeta, RunClaim, local_holder
+from uniqjob.stores.base import Backend
+from uniqjob.stores.memory import MemoryBackend
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 # ``uniqjob.inspect``: figures for metrics. Not in __all__: a star import would shadow the stdlib's.
 from . import inspect as inspect
-from .backends.base import Backend
 from .concurrency import Parked
 from .config import backend_from_url, configure, default_backend
 from .errors import (
@@ -25,11 +24,12 @@ from .errors import (
 )
 from .job import Queue, UniqueJob
 from .joblock import JobLock, current_lock
+from .stores.base import Backend
 
 if TYPE_CHECKING:
-    from .backends.file import FileBackend
-    from .backends.memory import MemoryBackend
-    from .backends.redis import RedisBackend
+    from .stores.file import FileBackend
+    from .stores.memory import MemoryBackend
+    from .stores.redis import RedisBackend
 
 __all__ = [
     "Backend",
@@ -57,9 +57,9 @@ __all__ = [
 __version__ = "0.3.0"
 
 _LAZY = {
-    "FileBackend": ".backends.file",
-    "MemoryBackend": ".backends.memory",
-    "RedisBackend": ".backends.redis",
+    "FileBackend": ".stores.file",
+    "MemoryBackend": ".stores.memory",
+    "RedisBackend": ".stores.redis",
 }
 
 

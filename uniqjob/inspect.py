@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from . import config
-from .backends.base import Backend
 from .concurrency import SemaphoreState, store_for
 from .locks import holder_is_dead
+from .stores.base import Backend
 
 __all__ = ["ConcurrencyReport", "KeyReport", "Totals", "concurrency", "concurrency_key", "iter_keys"]
 

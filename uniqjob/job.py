@@ -12,7 +12,6 @@ from typing import Any, ClassVar
 
 from . import config, settings
 from ._calls import Binder, binder, describe_call
-from .backends.base import Backend
 from .concurrency import _job as _concurrency
 from .concurrency._job import ConcurrencyPolicy
 from .concurrency.semaphore import Semaphore
@@ -22,6 +21,7 @@ from .keys import KEY_VERSION, KeyPlan, digest, make_key
 from .locks import QueueMeta
 from .queue import Queue
 from .settings import ConflictPolicy
+from .stores.base import Backend
 
 __all__ = ["ConflictPolicy", "Queue", "UniqueJob"]
 

@@ -18,7 +18,6 @@ from contextvars import ContextVar
 from typing import Literal
 
 from ._undo import undos
-from .backends.base import Backend, QueueMode
 from .errors import BackendError, CorruptRecordError, JobNotUnique
 from .heartbeat import MARGIN_RATIO, Beat, heartbeat
 from .locks import (
@@ -31,6 +30,7 @@ from .locks import (
     local_holder,
     new_token,
 )
+from .stores.base import Backend, QueueMode
 
 __all__ = ["STRATEGIES", "JobLock", "Strategy", "current_lock"]
 

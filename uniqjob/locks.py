@@ -92,7 +92,7 @@ class RunClaim:
     lock of the same token but another attempt is a duplicate delivery.
     ``fence`` is written by the store when it grants the run lock: an integer
     strictly greater than every fence issued for that key before (see
-    :meth:`uniqjob.backends.base.Backend.start`). One claim is made per call.
+    :meth:`uniqjob.stores.base.Backend.start`). One claim is made per call.
     """
 
     holder: Holder

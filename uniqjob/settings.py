@@ -10,9 +10,9 @@ import inspect
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from .backends.base import Backend
 from .errors import ConfigurationError
 from .joblock import STRATEGIES
+from .stores.base import Backend
 
 if TYPE_CHECKING:
     from .job import Queue, UniqueJob

@@ -9,8 +9,8 @@ import sys
 from typing import NoReturn, TypeAlias
 
 from .. import config
-from ..backends.base import Backend
 from ..errors import ConfigurationError
+from ..stores.base import Backend
 
 # sysexits(3) codes, so cron mail and scripts can tell the failures apart.
 EX_OK = 0

@@ -12,10 +12,10 @@ import argparse
 import json
 import sys
 
-from ..backends.base import Backend
 from ..concurrency import discard_parked, release, store_for
 from ..concurrency.ops import stale
 from ..inspect import KeyReport, Totals, concurrency
+from ..stores.base import Backend
 from ._common import EX_FAILURE, EX_OK, HelpFormatter, SubParsers, add_url_option, escape, open_backend, say
 
 __all__ = [

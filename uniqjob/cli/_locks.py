@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import TextIO
 
-from ..backends.base import Backend
 from ..errors import CorruptRecordError
 from ..locks import RUNNING, LockState, holder_is_dead, orphaned
+from ..stores.base import Backend
 from ._common import (
     EX_DATAERR,
     EX_FAILURE,

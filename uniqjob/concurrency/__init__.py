@@ -14,7 +14,7 @@ limits"); this package keeps the slots. Its parts:
 
 from __future__ import annotations
 
-from ..backends.base import Backend
+from ..stores.base import Backend
 from ._job import Parked
 from ._stores import store_for
 from .base import HANDOFF, Outcome, Park, ParkedInfo, Promotion, SemaphoreState, SemaphoreStore, SlotInfo

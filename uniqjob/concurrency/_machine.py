@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..backends._records import (
+from ..stores._records import (
     COUNT,
     NUMBER,
     NUMBER_OR_NULL,

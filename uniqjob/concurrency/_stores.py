@@ -8,13 +8,13 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..backends.base import Backend
 from ..errors import ConfigurationError
+from ..stores.base import Backend
 from .base import SemaphoreStore
 
 if TYPE_CHECKING:
-    from ..backends.file import FileBackend
-    from ..backends.memory import MemoryBackend
+    from ..stores.file import FileBackend
+    from ..stores.memory import MemoryBackend
 
 __all__ = ["store_for"]
 
@@ -44,8 +44,8 @@ def _make(backend: Backend) -> SemaphoreStore:
             found = type(made).__name__
             raise ConfigurationError(f"{backend!r}.semaphores() returned {found}, not a SemaphoreStore")
         return made
-    from ..backends.file import FileBackend
-    from ..backends.memory import MemoryBackend
+    from ..stores.file import FileBackend
+    from ..stores.memory import MemoryBackend
 
     if isinstance(backend, MemoryBackend):
         from .local import MemorySemaphores
@@ -57,7 +57,7 @@ def _make(backend: Backend) -> SemaphoreStore:
         directory = backend.directory / "concurrency"
         return FileSemaphores(directory, timeout=backend.timeout, clock=_clock_of(backend))
     # Only a process that imported the Redis backend can hold one; never import redis otherwise.
-    redis_module = sys.modules.get("uniqjob.backends.redis")
+    redis_module = sys.modules.get("uniqjob.stores.redis._store")
     if redis_module is not None and isinstance(backend, redis_module.RedisBackend):
         from .redis import RedisSemaphores
 

@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 
-from ..backends._files import RecordFiles, write_all
-from ..backends._stripes import FILE_MODE, OPEN_FLAGS, Stripes
 from ..errors import CorruptRecordError
 from ..locks import Holder
+from ..stores._files import RecordFiles, write_all
+from ..stores._stripes import FILE_MODE, OPEN_FLAGS, Stripes
 from ._machine import Machine, Record, record_problem
 from .base import HANDOFF, Outcome, Park, SemaphoreState, SemaphoreStore, encode_holder
 

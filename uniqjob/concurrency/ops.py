@@ -13,8 +13,8 @@ from functools import partial
 
 from .. import config
 from .._undo import undos
-from ..backends.base import Backend
 from ..locks import holder_is_dead, local_holder
+from ..stores.base import Backend
 from ._stores import store_for
 from .base import SlotInfo
 from .semaphore import deliver

@@ -10,7 +10,7 @@ and runs the job with :func:`perform`, which keeps the lock (and a concurrency
 slot) while the queue still means to run the job again (a retry) and releases
 it otherwise. A second delivery of a job while the first still runs (an
 at-least-once broker) is refused by the backend in the same step that would
-let it start (:meth:`Backend.start <uniqjob.backends.base.Backend.start>`
+let it start (:meth:`Backend.start <uniqjob.stores.base.Backend.start>`
 tells deliveries of one token apart).
 """
 

@@ -1,0 +1,181 @@
+"""The backend contract: a handful of atomic primitives over one key's locks.
+
+Policy (conflict handling, the same-host liveness check, heartbeats) lives once,
+above the backends. A backend only makes each primitive atomic, reads time from
+its own clock (on Redis the server's ``TIME``, never the client's) and acts on
+a lock only while the caller's token still matches.
+
+Every backend passes the shared contract suite in ``tests/test_backend_contract.py``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Literal
+
+from ..errors import CorruptRecordError
+from ..locks import LockState, QueueMeta, RunClaim
+
+__all__ = ["Backend", "QueueMode"]
+
+#: What taking the run lock does to the queue lock: see :meth:`Backend.start`.
+QueueMode = Literal["run", "release", "keep"]
+
+
+class Backend(ABC):
+    """Where locks live. Subclasses implement the primitives below."""
+
+    #: Short name used in errors and logs.
+    name = "backend"
+
+    @abstractmethod
+    def claim(
+        self,
+        key: str,
+        token: str,
+        *,
+        meta: QueueMeta,
+        ttl: float | None = None,
+        run: RunClaim | None = None,
+    ) -> LockState | None:
+        """Take the queue lock of ``key`` for ``token``; None when taken, else the state in the way.
+
+        First, an orphan is reclaimed: a queue lock in state ``running`` whose
+        run lock has lapsed. A queue lock otherwise conflicts. ``ttl`` (seconds)
+        bounds the new lock's life (autoexpire). With ``run``, the lock is taken
+        in state ``running`` together with the run lock, in the same step; then
+        a live run lock (whose queue lock autoexpired) conflicts too.
+
+        Granting ``run`` sets ``run.fence`` as :meth:`start` does. A claim is
+        idempotent for its token: retried after a lost reply, it finds its
+        own lock and succeeds again (with the same fence).
+        """
+
+    @abstractmethod
+    def start(
+        self,
+        key: str,
+        token: str,
+        *,
+        run: RunClaim,
+        meta: QueueMeta,
+        ttl: float | None = None,
+        adopt: bool = False,
+        queue: QueueMode = "run",
+    ) -> LockState | None:
+        """Take the run lock of ``key`` for ``token``; None when taken, else the state in the way.
+
+        A live run lock of another token conflicts, and so does one of the same
+        token taken by another attempt (``run.attempt``: a second delivery of
+        one job); the caller can re-take it once it proves that holder dead.
+        What happens to the queue lock, in the same step, depends on ``queue``:
+
+        - ``"run"``: it moves to state ``running`` if it is ``token``'s, and is
+          created (with ``ttl``) if missing;
+        - ``"release"``: it is deleted if it is ``token``'s (the lock passes
+          from queue to run atomically);
+        - ``"keep"``: it is not touched.
+
+        With ``adopt``, a queue lock of any token counts as ``token``'s (a
+        queue that cannot carry tokens); without it, another token's queue lock
+        is a successor's and is left alone.
+
+        **Fence.** When the run lock is granted, the store sets ``run.fence``,
+        in the same atomic step, to an integer strictly greater than every
+        fence it issued for ``key`` before, across releases: the larger of
+        its clock in microseconds and the last fence of the key plus one (the
+        last fence is kept for a day after each grant, so only a store clock
+        stepping back by more than a day could repeat one). A re-take of the
+        run lock by the same token and attempt (a retry after a lost reply)
+        gets the fence it already holds.
+        """
+
+    @abstractmethod
+    def attach(self, key: str, token: str, job_id: str) -> bool:
+        """Record ``job_id`` in ``token``'s queue lock, now that its queue holds the job; False if not ours.
+
+        Only a lock that names its job can be reclaimed when the queue proves
+        that job gone, so the id is recorded after the push, never before it.
+        """
+
+    @abstractmethod
+    def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = "") -> bool:
+        """Turn ``token``'s run into a wait for a retry, in one step; False if the key is another's.
+
+        ``token``'s run lock goes. Its queue lock becomes ``queued`` again (ttl
+        counted afresh), or is created if missing; a queue lock of another token
+        is kept, unless it is an orphan (``running`` with no run lock).
+
+        With ``attempt``, a run lock of ``token`` taken by another attempt is
+        another live delivery's (see :meth:`start`): nothing changes and the
+        answer is False. See :meth:`finish` for which run locks an attempt owns.
+        """
+
+    @abstractmethod
+    def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
+        """Extend ``token``'s run lock to ``lease`` seconds from now; False if it is no longer ours.
+
+        With ``attempt``, a run lock of ``token`` taken by another attempt is
+        not ours either (see :meth:`finish`): it is left as it is.
+        """
+
+    @abstractmethod
+    def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
+        """Release ``key``'s run lock and (unless ``keep_queue``) its queue lock, each only if ``token``'s.
+
+        **Attempts.** Two deliveries of one job share its token and differ by
+        attempt (``RunClaim.attempt``). Given ``attempt``, the run lock is
+        ``token``'s own only if it records the same attempt or none (a lock
+        taken without one). A run lock of ``token`` and another attempt is a
+        second delivery that is still running: it is left, and so is the queue
+        lock, which that delivery holds (``running``) too. With no run lock
+        held (its lease lapsed), the queue lock goes if it is ``token``'s, as
+        without an attempt. Without ``attempt`` (""), the token alone decides,
+        for callers that have none: this, :meth:`renew` and :meth:`requeue`
+        then act on any run lock of ``token``.
+        """
+
+    @abstractmethod
+    def dequeue(self, key: str, token: str | None = None) -> bool:
+        """Release the queue lock of ``key`` while it is still ``queued``; True if released.
+
+        With ``token``, only that token's lock; a running lock is left to its holder.
+        """
+
+    @abstractmethod
+    def reclaim(self, key: str, queue_token: str | None, run_token: str | None) -> bool:
+        """Delete the locks of ``key`` that still carry the given tokens; True if any went.
+
+        The caller has proved the holder dead; the tokens make sure that a lock
+        taken since by someone else is never touched.
+        """
+
+    @abstractmethod
+    def read(self, key: str) -> LockState:
+        """Return a snapshot of ``key``'s locks (lapsed leases already dropped)."""
+
+    @abstractmethod
+    def scan(self) -> Iterator[str]:
+        """Yield every key that has a lock, streaming (never loading all at once)."""
+
+    def purge(self, key: str) -> list[str]:
+        """Remove every record of ``key``, whatever it holds (a corrupt one too); return what went.
+
+        The names returned are the store's own (files, Redis keys), for the
+        operator who asked (``uniqjob release --force``). Nothing is checked:
+        this is the one primitive that acts without a token.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot remove records by force")
+
+    def corrupt(self) -> Iterator[CorruptRecordError]:
+        """Yield an error for each record so damaged that :meth:`scan` cannot name its key.
+
+        Each error's ``path`` is what :meth:`purge` accepts in place of a key.
+        A record whose key can still be read is yielded by :meth:`scan`, and
+        :meth:`read` raises :class:`CorruptRecordError` for it.
+        """
+        return iter(())
+
+    def close(self) -> None:  # noqa: B027 - optional: most backends hold nothing
+        """Release connections and files held by the backend."""

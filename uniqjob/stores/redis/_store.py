@@ -1,0 +1,440 @@
+"""RedisBackend: locks in Redis, for many hosts.
+
+Each primitive is one Lua script, so one round trip and one atomic step. The
+scripts read the server's clock (``TIME``), never the client's. The keys of
+one lock key share a hash tag, ``<namespace>:{<key>}:q`` (queue lock),
+``...:r`` (run lock) and ``...:f`` (its last fence), so every script touches
+one cluster slot. Listing uses ``SCAN``, never ``KEYS``.
+
+The scripts are called on a connection each thread keeps (``_transport.Lanes``),
+not through ``execute_command``, whose own Python is a sixth of a round trip
+on loopback; a success is an integer (1, or the fence of a run lock), so the
+common reply is the cheapest.
+
+Whatever the client raises (redis-py's errors, a cluster or valkey client's
+own, a bug in a wire path) reaches the caller as :class:`BackendError` with
+the cause chained; a record of the wrong shape or type as
+:class:`CorruptRecordError` naming its Redis key.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any, TypeVar
+
+import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+
+from ...errors import BackendError, ConfigurationError, CorruptRecordError
+from ...locks import QUEUED, RUNNING, Holder, LockState, Parts, QueueMeta, QueueRecord, RunClaim, RunRecord
+from ..base import Backend, QueueMode
+from . import _lua as lua
+from ._transport import Lanes, evalsha_head, pack_after
+from ._url import redis_client_from_url
+
+__all__ = ["RedisBackend"]
+
+T = TypeVar("T")
+
+_QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k"}
+_QUIET = (b"Q", "Q")  # the mark of a snapshot that need not be read: see _lua's snapshot()
+_SCAN_PAGE = 1000
+
+
+# The C scanner itself: JSONDecoder.decode adds two Python calls and a regex for whitespace.
+_scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
+
+
+class _Shape(ValueError):
+    """A field of a record that is not what the scripts write: why, for CorruptRecordError."""
+
+
+def _word(value: object, field: str) -> str:
+    """A field that must be set: a non-empty string."""
+    if type(value) is str and value:
+        return value
+    raise _Shape(f"field {field} is {'missing' if value is False else repr(value)}, not a non-empty string")
+
+
+def _string(value: object, field: str) -> str:
+    """A field that must be set, and may be empty."""
+    if type(value) is str:
+        return value
+    raise _Shape(f"field {field} is {'missing' if value is False else repr(value)[:40]}, not a string")
+
+
+def _maybe(value: object, field: str) -> str:
+    """A field that may be missing (false in a snapshot): a string, or ""."""
+    if value is False:
+        return ""
+    if type(value) is str:
+        return value
+    raise _Shape(f"field {field} is {value!r}, not a string")
+
+
+def _count(value: object, field: str) -> int:
+    """A field that must hold a whole number >= 0, written in ASCII digits."""
+    if type(value) is str and value.isdigit() and value.isascii() and len(value) <= 20:
+        return int(value)
+    raise _Shape(f"field {field} is {'missing' if value is False else repr(value)[:40]}, not a whole number")
+
+
+def _queue_record(key: str, fields: list[Any], ttl: int) -> QueueRecord:
+    """The queue lock the snapshot's fields (t, s, a, c, n, p, j) describe; _Shape if they are damaged."""
+    if type(fields) is not list or len(fields) != 7:
+        raise _Shape(f"fields are {fields!r:.60}, not the 7 the scripts read")
+    token, state, since, cls, cls_len, args, job_id = fields
+    if state not in ("q", "r"):
+        shown = "missing" if state is False else repr(state)[:40]
+        raise _Shape(f"field s (state) is {shown}, not 'q' or 'r'")
+    if cls_len is not False:
+        length = _count(cls_len, "n (class length)")
+        if length > len(key):
+            raise _Shape(f"field n (class length) is {length}, longer than the key")
+        cls = key[:length]
+    return QueueRecord(
+        _word(token, "t (token)"),
+        RUNNING if state == "r" else QUEUED,
+        _count(since, "a (since)") / 1_000_000,
+        QueueMeta(_maybe(cls, "c (class)"), _maybe(args, "p (arguments)"), _maybe(job_id, "j (job id)")),
+        ttl / 1000 if ttl >= 0 else None,
+    )
+
+
+def _run_record(fields: list[Any], ttl: int) -> RunRecord:
+    """The run lock the snapshot's fields (t, h, o, i, b, a, l, f) describe; _Shape if they are damaged."""
+    if type(fields) is not list or len(fields) != 8:
+        raise _Shape(f"fields are {fields!r:.60}, not the 8 the scripts read")
+    token, host, node, pid, pstart, started, lease, fence = fields
+    return RunRecord(
+        _word(token, "t (token)"),
+        Holder(
+            _string(host, "h (host)"),
+            _string(node, "o (node)"),
+            _count(pid, "i (pid)"),
+            _count(pstart, "b (process start)"),
+        ),
+        _count(started, "a (started)") / 1_000_000,
+        _count(lease, "l (lease)") / 1000,
+        max(ttl, 0) / 1000,
+        0 if fence is False else _count(fence, "f (fence)"),  # a lock taken before fences: none
+    )
+
+
+def _is_noscript(exc: BaseException) -> bool:
+    """The server does not know the script (restart, SCRIPT FLUSH): redis-py's class, or a fork's of it."""
+    return isinstance(exc, NoScriptError) or type(exc).__name__ == "NoScriptError"
+
+
+def _where(client: Any) -> str:
+    """Where ``client`` talks to, for messages: never raises, whatever kind of client it is."""
+    try:
+        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+        if isinstance(kwargs, dict):
+            where = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
+            return f"{where!r}, db={kwargs.get('db', 0)}"
+        get_nodes = getattr(client, "get_nodes", None)  # RedisCluster: no one pool
+        if callable(get_nodes):
+            names = [str(getattr(node, "name", node)) for node in itertools.islice(get_nodes(), 4)]
+            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+            return f"cluster [{shown}]"
+    except Exception:  # a description must not fail the call it describes
+        pass
+    return f"a {type(client).__name__} client"
+
+
+class RedisBackend(Backend):
+    """Locks in Redis, shared by every host that talks to the same server.
+
+    ``client`` is a redis-py client (``decode_responses`` on or off) or a URL
+    (``redis://``, ``rediss://``, ``unix://``; checked by
+    :func:`uniqjob.stores.redis.redis_client_from_url`). A URL gets bounded socket
+    timeouts (``timeout`` seconds), so an unreachable server fails the call
+    with :class:`BackendError` in bounded time; the job is then not run.
+
+    Each thread that uses the backend keeps one connection of the client's
+    kind and settings (a plain ``ConnectionPool``; other pools are used as
+    they are); :meth:`close` closes them with the client's pool.
+    """
+
+    name = "redis"
+
+    def __init__(
+        self,
+        client: redis.Redis | str,
+        *,
+        namespace: str = "uniqjob",
+        timeout: float = 5.0,
+    ) -> None:
+        if isinstance(client, str):
+            client = redis_client_from_url(client, timeout=timeout)
+        self.client: redis.Redis = client
+        self.namespace = namespace
+        self._prefix = namespace + ":{"
+        self._heads: dict[tuple[Any, int, int], bytes] = {}
+        self._holder: tuple[Holder | None, list[str]] = (None, [])
+        try:
+            self._execute: Callable[..., Any] = client.execute_command
+            self._lanes = Lanes(client) if Lanes.fit(client) else None
+            self._claim = self._script(lua.CLAIM)
+            self._start = self._script(lua.START)
+            self._renew = self._script(lua.RENEW)
+            self._attach = self._script(lua.ATTACH)
+            self._requeue = self._script(lua.REQUEUE)
+            self._finish = self._script(lua.FINISH)
+            self._dequeue = self._script(lua.DEQUEUE)
+            self._reclaim = self._script(lua.RECLAIM)
+            self._read = self._script(lua.READ)
+            self._purge = self._script(lua.PURGE)
+        except Exception as exc:
+            raise ConfigurationError(f"cannot use {_where(client)} as a Redis client: {exc!r}") from exc
+
+    def __repr__(self) -> str:
+        return f"RedisBackend({_where(self.client)})"
+
+    def _script(self, source: str) -> Script:
+        return self.client.register_script(source)
+
+    def _keys(self, key: str) -> list[str]:
+        base = self._prefix + key
+        return [base + "}:q", base + "}:r", base + "}:f"]
+
+    def _fail(self, exc: Exception) -> BackendError:
+        """The BackendError a caller sees for ``exc``, naming the server (raise it ``from exc``)."""
+        if isinstance(exc, BackendError):
+            return exc
+        text = str(exc) or type(exc).__name__
+        if not isinstance(exc, redis.RedisError):
+            text = f"{type(exc).__name__}: {text}"  # not the client's own error: say what it was
+        return BackendError(f"{text} ({self!r})", self.name)
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except Exception as exc:
+            raise self._fail(exc) from exc
+
+    def _eval(self, script: Script, numkeys: int, items: list[Any]) -> Any:
+        """Run ``script`` with ``items``: its ``numkeys`` keys, then its arguments."""
+        try:
+            lanes = self._lanes
+            if lanes is None:
+                return self._eval_pooled(script, numkeys, items)
+            head = self._heads.get((script.sha, numkeys, len(items))) or self._head(
+                script, numkeys, len(items)
+            )
+            try:
+                return lanes.call(pack_after(head, items, lanes.encoding, lanes.errors))
+            except NoScriptError:  # the server lost its script cache (restart, SCRIPT FLUSH)
+                script.sha = self.client.script_load(script.script)
+                head = self._head(script, numkeys, len(items))
+                return lanes.call(pack_after(head, items, lanes.encoding, lanes.errors))
+        except Exception as exc:
+            if str(exc).startswith(lua.CORRUPT):
+                self._corrupt(exc, items[:numkeys])
+            raise self._fail(exc) from exc
+
+    def _corrupt(self, exc: Exception, names: list[Any]) -> None:
+        """Raise the CorruptRecordError a script's ``UNIQJOB_CORRUPT <i> <reason>`` reply stands for."""
+        index, _, reason = str(exc)[len(lua.CORRUPT) :].partition(" ")
+        if index.isdigit() and 0 < int(index) <= len(names):  # else not ours after all: a BackendError
+            name = _text(names[int(index) - 1])
+            raise CorruptRecordError(name, reason, key=self._key_of(name), backend=self.name) from exc
+
+    def _key_of(self, name: str) -> str:
+        """The lock key a Redis key name of this namespace belongs to."""
+        return name[len(self._prefix) : -3]
+
+    def _head(self, script: Script, numkeys: int, count: int) -> bytes:
+        head = self._heads[(script.sha, numkeys, count)] = evalsha_head(script.sha, numkeys, count)
+        return head
+
+    def _eval_pooled(self, script: Script, numkeys: int, items: list[Any]) -> Any:
+        # EVALSHA straight through execute_command: Script.__call__ costs as much
+        # again in Python (an import, tuple copies, two more layers) on every call.
+        try:
+            return self._execute("EVALSHA", script.sha, numkeys, *items)
+        except Exception as exc:
+            if not _is_noscript(exc):
+                raise
+            script.sha = self.client.script_load(script.script)
+            return self._execute("EVALSHA", script.sha, numkeys, *items)
+
+    def _state(self, key: str, reply: str | bytes) -> LockState:
+        """The state a script's snapshot reply describes; the usual duplicate's ("Q"), unread until used."""
+        if reply[:1] in _QUIET:
+            return LockState.unread(key, partial(self._parts, key, reply), quiet=True)
+        return LockState(key, *self._parts(key, reply))
+
+    def _parts(self, key: str, reply: str | bytes) -> Parts:
+        """The queue lock, run lock and clock a snapshot holds, each field checked.
+
+        A snapshot the client cannot parse at all is a BackendError (a reply
+        mangled on its way); a record with a field of the wrong shape is a
+        CorruptRecordError naming its Redis key: it stays in the store.
+        """
+        # (bytes decoded as json.loads would, minus its sniffing for UTF-16 and -32)
+        try:
+            text = reply.decode("utf-8", "surrogatepass") if isinstance(reply, bytes) else reply
+            if text[:1] not in ("Q", "S"):
+                raise ValueError("no mark")
+            now, q, qttl, r, rttl = _scan_json(text, 1)[0]  # q, r: the fields named in _lua
+            clock = int(now) / 1_000_000
+            if type(qttl) is not int or type(rttl) is not int:
+                raise ValueError("ttl")
+        except (StopIteration, ValueError, TypeError) as exc:  # StopIteration: the scanner's "not JSON"
+            raise BackendError(f"unreadable lock state from the server: {reply[:80]!r}", self.name) from exc
+        # A lock that is not there comes as false; each that is, is checked field by field.
+        queue = run = None
+        index = 0
+        try:
+            if q is not False:
+                queue = _queue_record(key, q, qttl)
+            index = 1
+            if r is not False:
+                run = _run_record(r, rttl)
+        except _Shape as exc:
+            name = self._keys(key)[index]
+            raise CorruptRecordError(name, str(exc), key=key, backend=self.name) from None
+        return queue, run, clock
+
+    def _items(
+        self, key: str, token: str, meta: QueueMeta, ttl: float | None, *, flag: str, run: RunClaim | None
+    ) -> list[Any]:
+        """The keys of ``key`` and what a claim or start says: see the ARGV of _lua.CLAIM."""
+        cls, cls_len = meta.cls, ""
+        if cls and key.startswith(cls):
+            cls, cls_len = "", str(len(cls))  # the key already holds it
+        ttl_ms = str(_ms(ttl)) if ttl else "0"  # text: the encoder's quickest case
+        items = [*self._keys(key), token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
+        if run is not None:
+            holder = run.holder
+            said = self._holder
+            if said[0] is not holder:  # nearly always this process: its fields as text, once
+                said = self._holder = (
+                    holder,
+                    [holder.host, holder.node, str(holder.pid), str(holder.pstart)],
+                )
+            items += said[1]
+            items += [str(_ms(run.lease)), run.attempt]
+        return items
+
+    def claim(
+        self,
+        key: str,
+        token: str,
+        *,
+        meta: QueueMeta,
+        ttl: float | None = None,
+        run: RunClaim | None = None,
+    ) -> LockState | None:
+        items = self._items(key, token, meta, ttl, flag="q" if run is None else "r", run=run)
+        reply = self._eval(self._claim, 3, items)
+        if type(reply) is int:  # taken: 1, or with ``run`` the run lock's fence
+            if run is not None:
+                run.fence = reply
+            return None
+        return self._state(key, reply)
+
+    def start(
+        self,
+        key: str,
+        token: str,
+        *,
+        run: RunClaim,
+        meta: QueueMeta,
+        ttl: float | None = None,
+        adopt: bool = False,
+        queue: QueueMode = "run",
+    ) -> LockState | None:
+        flags = ("a" if adopt else "-") + _QUEUE_MODES[queue]
+        reply = self._eval(self._start, 3, self._items(key, token, meta, ttl, flag=flags, run=run))
+        if type(reply) is int:  # the fence of the run lock now held
+            run.fence = reply
+            return None
+        return self._state(key, reply)
+
+    def attach(self, key: str, token: str, job_id: str) -> bool:
+        return bool(self._eval(self._attach, 1, [self._keys(key)[0], token, job_id]))
+
+    def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = "") -> bool:
+        # The attempt takes the place of the flag, the last of REQUEUE's ARGV.
+        items = self._items(key, token, meta, ttl, flag=attempt, run=None)
+        del items[2]  # REQUEUE touches no fence: its keys are the two locks only
+        return bool(self._eval(self._requeue, 2, items))
+
+    def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
+        return bool(self._eval(self._renew, 1, [self._keys(key)[1], token, _ms(lease), attempt]))
+
+    def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
+        items = [*self._keys(key)[:2], token, "1" if keep_queue else "0", attempt]
+        self._eval(self._finish, 2, items)
+
+    def dequeue(self, key: str, token: str | None = None) -> bool:
+        return bool(self._eval(self._dequeue, 1, [self._keys(key)[0], token or ""]))
+
+    def reclaim(self, key: str, queue_token: str | None, run_token: str | None) -> bool:
+        items = [*self._keys(key)[:2], queue_token or "", run_token or ""]
+        return bool(self._eval(self._reclaim, 2, items))
+
+    def read(self, key: str) -> LockState:
+        # Read at once, every field checked: a damaged record fails this call, not a later use.
+        return LockState(key, *self._parts(key, self._eval(self._read, 2, self._keys(key)[:2])))
+
+    def purge(self, key: str) -> list[str]:
+        """Delete ``key``'s queue and run locks, whatever they hold; the Redis keys deleted.
+
+        The key's last fence stays, so a later grant's fence is still greater.
+        """
+        names = self._keys(key)
+        gone = self._eval(self._purge, 2, names[:2])
+        return [name for bit, name in ((1, names[0]), (2, names[1])) if gone & bit]
+
+    def scan(self) -> Iterator[str]:
+        # By name, never by content: a key whose record is damaged is listed too.
+        head = len(self.namespace) + 2  # "<namespace>:{"
+        match = f"{self.namespace}:{{*}}:[qr]"
+        found = self._call(partial(self.client.scan_iter, match=match, count=_SCAN_PAGE))
+        while True:
+            page = self._call(partial(_take, found, _SCAN_PAGE))
+            if not page:
+                return
+            names = [_text(n) for n in page]
+            queued = {n[:-2] for n in names if n.endswith(":q")}
+            # A run lock whose queue lock autoexpired is still a held key.
+            lone = [n[:-2] for n in names if n.endswith(":r") and n[:-2] not in queued]
+            if lone:
+                exists = self._call(partial(self._exist, [base + ":q" for base in lone]))
+                queued.update(base for base, e in zip(lone, exists, strict=True) if not e)
+            for base in queued:
+                yield base[head:-1]
+
+    def _exist(self, names: list[str]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            pipe.exists(name)
+        return pipe.execute()
+
+    def close(self) -> None:
+        try:
+            if self._lanes is not None:
+                self._lanes.close()
+            self.client.close()
+        except Exception as exc:
+            raise self._fail(exc) from exc
+
+
+def _take(items: Iterator[T], count: int) -> list[T]:
+    return list(itertools.islice(items, count))
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
