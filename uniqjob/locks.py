@@ -101,10 +101,9 @@ class RunClaim:
     fence: int = 0
 
 
-# The two records below are built whenever a conflict's state is read, so they
-# are plain (not frozen) slotted dataclasses: a frozen one's __init__ sets each
-# field through object.__setattr__, slow with the caches cold between two
-# enqueues. They are copies: changing one changes nothing in the store.
+# The two records below are plain (not frozen) slotted dataclasses, built on every
+# conflict (why not frozen: docs/performance.md). They are copies: changing one
+# changes nothing in the store.
 
 
 @dataclass(slots=True)
@@ -139,8 +138,8 @@ class LockState:
 
     A store may hand one over unread (:meth:`unread`): its parts are then read
     on first use. The usual duplicate enqueue (a queued lock, nothing
-    running, :attr:`quiet`) is rejected without ever reading them: with the
-    caches cold, building the records cost it a sixth of a Redis round trip.
+    running, :attr:`quiet`) is rejected without ever reading them (see
+    docs/performance.md).
     """
 
     __slots__ = ("_now", "_queue", "_quiet", "_read", "_run", "key")

@@ -41,9 +41,8 @@ class FileBackend(SlotBackend):
     The file written and then renamed is one of two spares per stripe
     (``.NNa.spare``, ``.NNb.spare``), and a record that is replaced or deleted
     becomes a spare in turn (by a hard link made before the rename or the
-    unlink). So a transition neither creates nor frees an inode: on an ext4
-    mounted with ``discard`` a file created where one was just freed costs
-    more than all the rest of a lock cycle together. A spare is only ever
+    unlink). So a transition neither creates nor frees an inode (why:
+    docs/performance.md). A spare is only ever
     written while it is no record's other name (its link count is checked).
     Nothing is fsynced, as before: a power cut can leave a record older than
     its last write.

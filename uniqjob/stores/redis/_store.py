@@ -6,10 +6,9 @@ one lock key share a hash tag, ``<namespace>:{<key>}:q`` (queue lock),
 ``...:r`` (run lock) and ``...:f`` (its last fence), so every script touches
 one cluster slot. Listing uses ``SCAN``, never ``KEYS``.
 
-The scripts are called on a connection each thread keeps (``_transport.Lanes``),
-not through ``execute_command``, whose own Python is a sixth of a round trip
-on loopback; a success is an integer (1, or the fence of a run lock), so the
-common reply is the cheapest.
+The scripts are called on a connection each thread keeps (``_transport.Lanes``);
+a success is an integer (1, or the fence of a run lock). See
+docs/performance.md for why.
 
 Whatever the client raises (redis-py's errors, a cluster or valkey client's
 own, a bug in a wire path) reaches the caller as :class:`BackendError` with

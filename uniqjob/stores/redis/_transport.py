@@ -1,16 +1,11 @@
 """The short way to Redis for the backend's script calls: a kept connection per thread.
 
-A call through ``redis.Redis.execute_command`` borrows a connection from the
-pool and gives it back (a lock, a poll of the socket, metrics), packs the
-command generically and wraps the call in closures for its retry policy: on
-loopback about a sixth of a PING's time, and most of the client's CPU for it.
-Every lock transition paid it. Here each thread keeps one connection of the
-client's own kind and settings (host, TLS, auth, database, timeouts, retry
-policy), sends a command encoded by :func:`pack` and reads its one reply
-straight off the socket (:func:`_exchange`): our scripts answer with an
-integer or a string, and redis-py's pure-Python parser costs more than the
-rest of the call's Python. Errors and timeouts are raised as redis-py raises
-them, with the same classes.
+Each thread keeps one connection of the client's own kind and settings (host,
+TLS, auth, database, timeouts, retry policy), sends a command encoded by
+:func:`pack` and reads its one reply straight off the socket
+(:func:`_exchange`): our scripts answer with an integer or a string. Errors
+and timeouts are raised as redis-py raises them, with the same classes. (Why
+not ``execute_command``: docs/performance.md.)
 
 Only a plain ``ConnectionPool`` of redis-py's own connection classes, speaking
 RESP2, without health checks or client-side caching and not bounded below
