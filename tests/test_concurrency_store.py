@@ -16,11 +16,10 @@ import pytest
 
 from tests.conftest import FakeClock
 from uniqjob.concurrency import Outcome, Park, SemaphoreStore, store_for
-from uniqjob.concurrency.local import FileSemaphores
 from uniqjob.errors import CorruptRecordError
 from uniqjob.locks import Holder
 from uniqjob.stores._stripes import _StripeLock
-from uniqjob.stores.file import FileBackend
+from uniqjob.stores.file import FileBackend, FileSemaphores
 from uniqjob.stores.memory import MemoryBackend
 from uniqjob.stores.redis import RedisBackend
 

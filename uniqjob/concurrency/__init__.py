@@ -3,8 +3,9 @@
 Set ``concurrency_limit`` on a job class (see the README's "Concurrency
 limits"); this package keeps the slots. Its parts:
 
-- :mod:`.base`: the store contract, :class:`SemaphoreStore`, and the records it returns;
-- :mod:`.redis`, :mod:`.local`: the stores (Lua scripts; one JSON record per key under a file lock);
+- the store contract, :class:`SemaphoreStore`, and the records it returns live in
+  :mod:`uniqjob.stores.semaphores`, and each store beside its locks (``Backend.semaphores()``);
+  :mod:`.base`, :mod:`.redis` and :mod:`.local` still import them from there;
 - :mod:`.semaphore`: :class:`Semaphore`, the policy above any store (liveness, heartbeat,
   delivering promotions, waiting inline);
 - :mod:`.codec`: parked calls stored as typed JSON;
@@ -15,9 +16,18 @@ limits"); this package keeps the slots. Its parts:
 from __future__ import annotations
 
 from ..stores.base import Backend
+from ..stores.semaphores import (
+    HANDOFF,
+    Outcome,
+    Park,
+    ParkedInfo,
+    Promotion,
+    SemaphoreState,
+    SemaphoreStore,
+    SlotInfo,
+)
 from ._job import Parked
 from ._stores import store_for
-from .base import HANDOFF, Outcome, Park, ParkedInfo, Promotion, SemaphoreState, SemaphoreStore, SlotInfo
 from .ops import Released, discard_parked, release
 from .semaphore import Semaphore, deliver, sweep_key
 

@@ -29,8 +29,8 @@ from ..errors import ConcurrencyLimitExceeded, ConfigurationError
 from ..keys import digest
 from ..locks import local_holder, new_token
 from ..settings import seconds
+from ..stores.semaphores import Park
 from ._stores import store_for
-from .base import Park
 from .codec import encode_call
 from .semaphore import Hold, Semaphore
 

@@ -34,8 +34,8 @@ from typing import Literal
 from ..errors import BackendError, CorruptRecordError
 from ..heartbeat import Beat, heartbeat
 from ..locks import Holder, holder_is_dead, local_holder
+from ..stores.semaphores import HANDOFF, Outcome, Park, Promotion, SemaphoreState, SemaphoreStore, SlotInfo
 from ._courier import Courier
-from .base import HANDOFF, Outcome, Park, Promotion, SemaphoreState, SemaphoreStore, SlotInfo
 
 __all__ = ["Hold", "Semaphore", "courier", "deliver", "deliver_later", "sweep_key"]
 
