@@ -16,11 +16,10 @@ import pytest
 
 from tests.conftest import FakeClock
 from uniqjob.concurrency import Outcome, Park, SemaphoreStore, store_for
-from uniqjob.concurrency.local import FileSemaphores
 from uniqjob.errors import CorruptRecordError
 from uniqjob.locks import Holder
 from uniqjob.stores._stripes import _StripeLock
-from uniqjob.stores.file import FileBackend
+from uniqjob.stores.file import FileBackend, FileSemaphores
 from uniqjob.stores.memory import MemoryBackend
 from uniqjob.stores.redis import RedisBackend
 
@@ -475,3 +474,80 @@ def test_one_store_per_backend_object(tmp_path: Path) -> None:
     backend = MemoryBackend()
     assert store_for(backend) is store_for(backend)
     assert store_for(MemoryBackend()) is not store_for(backend)
+
+
+def test_each_store_offers_its_semaphores_beside_its_locks(
+    tmp_path: Path, redis_backend: RedisBackend
+) -> None:
+    from uniqjob.stores.memory import MemorySemaphores
+    from uniqjob.stores.redis._semaphores import RedisSemaphores
+
+    clock = FakeClock()
+    memory = MemoryBackend(clock=clock)
+    files = FileBackend(tmp_path / "locks", timeout=7.0, clock=clock)
+    kept = memory.semaphores(), files.semaphores(), redis_backend.semaphores()
+    assert [type(store) for store in kept] == [MemorySemaphores, FileSemaphores, RedisSemaphores]
+    assert isinstance(kept[1], FileSemaphores)
+    assert (kept[1].directory, kept[1].timeout) == (tmp_path / "locks" / "concurrency", 7.0)
+    assert isinstance(kept[2], RedisSemaphores)
+    assert (kept[2].client, kept[2].namespace) == (redis_backend.client, redis_backend.namespace)
+    take_memory = kept[0].acquire(
+        K, "a", limit=1, lease=1.0, running=False, holder=None, park=None, job_class="", args="", caller=ME,
+    )  # fmt: skip
+    assert take_memory.status == "taken"
+    clock.advance(2.0)  # the backend's clock, followed by its semaphores
+    (slot,) = kept[0].read(K).slots
+    assert slot.lease_left == -1.0
+
+
+def test_a_backend_that_keeps_no_slots_says_so() -> None:
+    from uniqjob.errors import ConfigurationError
+
+    class Bare(MemoryBackend):
+        def semaphores(self) -> SemaphoreStore:
+            return super(MemoryBackend, self).semaphores()  # the contract's: none
+
+    class Wrong(MemoryBackend):
+        def semaphores(self) -> SemaphoreStore:
+            return object()  # type: ignore[return-value]
+
+    with pytest.raises(ConfigurationError, match="Bare keeps no concurrency slots"):
+        store_for(Bare())
+    with pytest.raises(ConfigurationError, match=r"semaphores\(\) returned object, not a SemaphoreStore"):
+        store_for(Wrong())
+
+
+def test_the_old_module_paths_still_import() -> None:
+    from uniqjob.concurrency import base, local
+    from uniqjob.concurrency import redis as old_redis
+    from uniqjob.stores import semaphores
+    from uniqjob.stores.memory import MemorySemaphores
+    from uniqjob.stores.redis._semaphores import RedisSemaphores
+
+    assert base.SemaphoreStore is semaphores.SemaphoreStore is SemaphoreStore
+    assert (local.FileSemaphores, local.MemorySemaphores) == (FileSemaphores, MemorySemaphores)
+    assert old_redis.RedisSemaphores is RedisSemaphores
+
+
+def test_a_promotion_goes_to_the_pusher_the_job_layer_registered(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from uniqjob.concurrency import _job, semaphore
+    from uniqjob.stores.semaphores import Promotion
+
+    assert semaphore._pushers == [_job.push_promoted]  # registered when the job layer loads
+    store = MemoryBackend().semaphores()
+    handed: list[str] = []
+
+    def push(store_: SemaphoreStore, key: str, promotion: Promotion) -> Callable[[], None]:
+        handed.append(f"push {key} {promotion.token}")
+        return lambda: handed.append("after the handoff")
+
+    monkeypatch.setattr(semaphore, "_pushers", [])
+    semaphore.on_promotion(push)
+    assert semaphore.deliver(store, K, [Promotion("t1", "queue", "{}", 0)], ME) == 1
+    assert handed == [f"push {K} t1", "after the handoff"]
+    monkeypatch.setattr(semaphore, "_pushers", [])
+    with caplog.at_level("ERROR", logger="uniqjob.concurrency.semaphore"):
+        assert semaphore.deliver(store, K, [Promotion("t2", "queue", "{}", 0)], ME) == 0
+    assert "could not hand parked job t2" in caplog.text

@@ -29,14 +29,14 @@ from uniqjob import UniqueJob
 from uniqjob._undo import undos
 from uniqjob.concurrency import Park, Parked, _job, discard_parked, store_for, sweep
 from uniqjob.concurrency._job import ConcurrencyPolicy
-from uniqjob.concurrency.base import SemaphoreStore
 from uniqjob.concurrency.codec import decode_call, encode_call
-from uniqjob.concurrency.redis import RedisSemaphores
 from uniqjob.errors import BackendError, ConcurrencyLimitExceeded, CorruptRecordError, UnstorableCallError
 from uniqjob.heartbeat import heartbeat
 from uniqjob.integrations import settle
 from uniqjob.locks import local_holder
 from uniqjob.stores.redis import RedisBackend
+from uniqjob.stores.redis._semaphores import RedisSemaphores
+from uniqjob.stores.semaphores import SemaphoreStore
 
 RAN: list[Any] = []
 QUEUE = RecordingQueue()

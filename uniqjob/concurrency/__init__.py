@@ -1,23 +1,37 @@
 """Concurrency limits: a counting semaphore per key, with a FIFO of parked jobs that never ages out.
 
 Set ``concurrency_limit`` on a job class (see the README's "Concurrency
-limits"); this package keeps the slots. Its parts:
+limits"). The slots are kept by the stores (the contract,
+:class:`SemaphoreStore`, and the records it returns are in
+:mod:`uniqjob.stores.semaphores`; each store offers its own through
+``Backend.semaphores()``); this package is the policy and the glue above them:
 
-- :mod:`.base`: the store contract, :class:`SemaphoreStore`, and the records it returns;
-- :mod:`.redis`, :mod:`.local`: the stores (Lua scripts; one JSON record per key under a file lock);
 - :mod:`.semaphore`: :class:`Semaphore`, the policy above any store (liveness, heartbeat,
-  delivering promotions, waiting inline);
+  delivering promotions through the pusher the job layer registers, waiting inline);
+- ``_job``: the hooks ``UniqueJob`` calls, and that pusher (a promoted call to its class's queue);
 - :mod:`.codec`: parked calls stored as typed JSON;
 - :func:`sweep`: reclaim dead holders' slots and push what that promotes, for every key;
 - :func:`release`, :func:`discard_parked`: an operator's escape hatches for one key.
+
+:mod:`.base`, :mod:`.local` and :mod:`.redis` still import the contract and the stores from
+their new places.
 """
 
 from __future__ import annotations
 
 from ..stores.base import Backend
+from ..stores.semaphores import (
+    HANDOFF,
+    Outcome,
+    Park,
+    ParkedInfo,
+    Promotion,
+    SemaphoreState,
+    SemaphoreStore,
+    SlotInfo,
+)
 from ._job import Parked
 from ._stores import store_for
-from .base import HANDOFF, Outcome, Park, ParkedInfo, Promotion, SemaphoreState, SemaphoreStore, SlotInfo
 from .ops import Released, discard_parked, release
 from .semaphore import Semaphore, deliver, sweep_key
 

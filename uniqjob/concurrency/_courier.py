@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from ..locks import Holder
-from .base import Promotion, SemaphoreStore
+from ..stores.semaphores import Promotion, SemaphoreStore
 
 __all__ = ["Courier"]
 

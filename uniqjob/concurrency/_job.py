@@ -25,14 +25,14 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._undo import undos
-from ..errors import ConcurrencyLimitExceeded, ConfigurationError
+from ..errors import BackendError, ConcurrencyLimitExceeded, ConfigurationError
 from ..keys import digest
 from ..locks import local_holder, new_token
 from ..settings import seconds
+from ..stores.semaphores import Park, Promotion, SemaphoreStore
 from ._stores import store_for
-from .base import Park
-from .codec import encode_call
-from .semaphore import Hold, Semaphore
+from .codec import decode_call, encode_call
+from .semaphore import Hold, Semaphore, on_promotion
 
 if TYPE_CHECKING:
     from ..job import Queue, UniqueJob
@@ -453,3 +453,33 @@ def _undo_delivery(
             _holding.reset(entered)
     if semaphore is not None and hold is not None and not hold.kept:
         semaphore.release(lock.token)
+
+
+def push_promoted(store: SemaphoreStore, key: str, promotion: Promotion) -> Callable[[], None]:
+    """Push a parked call whose turn came to its class's queue; return the step after the handoff.
+
+    That step records the queue's job id in the call's uniqueness lock: from
+    then on the queue may prove the job gone. Its failure is logged: the job is
+    pushed and handed, only the id is missing from its lock.
+    """
+    call = decode_call(promotion.payload)
+    cls = call.job_class
+    queue = cls.unique_queue
+    if queue is None:
+        raise BackendError(f"{cls.job_name()} has no unique_queue to push its parked job to", store.name)
+    lock = cls.lock_from(call.lock_key, promotion.token)
+    lock.meta = replace(lock.meta, job_id=queue.new_job_id())
+    queue.push(cls, lock, call.args, call.kwargs)
+
+    def attach() -> None:
+        try:
+            lock.attach()
+        except Exception:
+            log.warning(
+                "could not record job id %s in the lock of %s", lock.meta.job_id, lock.key, exc_info=True
+            )
+
+    return attach
+
+
+on_promotion(push_promoted)

@@ -16,6 +16,7 @@ import datetime as dt
 import enum
 import json
 import math
+import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -233,10 +234,18 @@ def encode_call(job_class: type, args: tuple[Any, ...], kwargs: dict[str, Any], 
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+def _is_job_class(cls: object) -> bool:
+    """Whether ``cls`` is a UniqueJob class, without importing the job layer (which imports this module).
+
+    A UniqueJob subclass exists only once ``uniqjob.job`` has been imported, so
+    a process that has not imported it holds none.
+    """
+    job = sys.modules.get("uniqjob.job")
+    return job is not None and isinstance(cls, type) and issubclass(cls, job.UniqueJob)
+
+
 def decode_call(text: str) -> StoredCall:
     """Return the call stored by :func:`encode_call`; raise :class:`UnstorableCallError` if it cannot be."""
-    from ..job import UniqueJob  # job.py imports this package
-
     try:
         data = json.loads(text)
     except ValueError as exc:
@@ -250,7 +259,7 @@ def decode_call(text: str) -> StoredCall:
         cls = _resolve(data["class"])
     except (ImportError, AttributeError, KeyError, TypeError) as exc:
         raise _bad("job class", f"{data.get('class')!r} cannot be imported: {exc}") from None
-    if not (isinstance(cls, type) and issubclass(cls, UniqueJob)):
+    if not _is_job_class(cls):
         raise _bad("job class", f"{data['class']} is not a UniqueJob")
     args, kwargs = data.get("args", []), data.get("kwargs", {})
     if not isinstance(args, list) or not isinstance(kwargs, dict):

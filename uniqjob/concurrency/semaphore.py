@@ -6,9 +6,10 @@ with the shared heartbeat, waiting inline for a turn, and **delivering
 promotions**. Every store primitive may hand the caller parked calls that were
 just given a slot; the caller delivers each through the same hook:
 
-- a call parked for a queue goes to its class's ``unique_queue.push(cls, lock,
+- a call parked for a queue is handed to the job layer's pusher (see
+  :func:`on_promotion`; it goes to its class's ``unique_queue.push(cls, lock,
   args, kwargs)``, with the lock rebuilt from the stored key and the slot's
-  token, and is then marked handed; its uniqueness lock then records the
+  token), and is then marked handed; its uniqueness lock then records the
   queue's job id, as an enqueue's does. If the promoter dies before that, the
   promotion is claimed again by the next process that settles the key (at
   once when the promoter is provably dead, else after ``handoff`` seconds) and
@@ -28,16 +29,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Literal
 
 from ..errors import BackendError, CorruptRecordError
 from ..heartbeat import Beat, heartbeat
 from ..locks import Holder, holder_is_dead, local_holder
+from ..stores.semaphores import HANDOFF, Outcome, Park, Promotion, SemaphoreState, SemaphoreStore, SlotInfo
 from ._courier import Courier
-from .base import HANDOFF, Outcome, Park, Promotion, SemaphoreState, SemaphoreStore, SlotInfo
 
-__all__ = ["Hold", "Semaphore", "courier", "deliver", "deliver_later", "sweep_key"]
+__all__ = ["Hold", "Pusher", "Semaphore", "courier", "deliver", "deliver_later", "on_promotion", "sweep_key"]
 
 log = logging.getLogger(__name__)
 
@@ -87,24 +87,27 @@ def deliver(
     return pushed
 
 
-def _push(store: SemaphoreStore, key: str, promotion: Promotion, caller: Holder) -> None:
-    from .codec import decode_call
+#: Hands a call parked for a queue, whose turn came, to that queue: ``push(store, key,
+#: promotion)`` pushes it and returns what to do once the store knows it was handed (record
+#: the queue's job id in its lock). The job layer registers it (:func:`on_promotion`): this
+#: module never imports a job class.
+Pusher = Callable[[SemaphoreStore, str, Promotion], Callable[[], None]]
+_pushers: list[Pusher] = []
 
-    call = decode_call(promotion.payload)
-    cls = call.job_class
-    queue = cls.unique_queue
-    if queue is None:
-        raise BackendError(f"{cls.job_name()} has no unique_queue to push its parked job to", store.name)
-    lock = cls.lock_from(call.lock_key, promotion.token)
-    lock.meta = replace(lock.meta, job_id=queue.new_job_id())
+
+def on_promotion(push: Pusher) -> None:
+    """Make ``push`` the one that hands promoted calls to their queues (the job layer registers it)."""
+    _pushers[:] = [push]
+
+
+def _push(store: SemaphoreStore, key: str, promotion: Promotion, caller: Holder) -> None:
+    if not _pushers:
+        raise BackendError(f"nothing registered to push parked job {promotion.token} of {key}", store.name)
     if promotion.redo:
         log.warning("pushing parked job %s of %s again (its promoter stopped)", promotion.token, key)
-    queue.push(cls, lock, call.args, call.kwargs)
+    handed = _pushers[0](store, key, promotion)
     store.handed(key, promotion.token, caller)
-    try:
-        lock.attach()  # the queue holds the job now: from here on it may prove it gone
-    except Exception:  # pushed and handed: only the job id is missing from its lock
-        log.warning("could not record job id %s in the lock of %s", lock.meta.job_id, lock.key, exc_info=True)
+    handed()
 
 
 #: Pushes the promotions that the heartbeat's renewals find (see ``_courier.py``).

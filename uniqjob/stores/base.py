@@ -1,4 +1,8 @@
-"""The backend contract: a handful of atomic primitives over one key's locks.
+"""The store contract: a handful of atomic primitives over one key's locks, and its semaphores.
+
+The lock contract is :class:`Backend`; the semaphore contract is
+:class:`~uniqjob.stores.semaphores.SemaphoreStore`, which a backend offers
+through :meth:`Backend.semaphores`.
 
 Policy (conflict handling, the same-host liveness check, heartbeats) lives once,
 above the backends. A backend only makes each primitive atomic, reads time from
@@ -14,10 +18,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Literal
 
-from ..errors import CorruptRecordError
+from ..errors import ConfigurationError, CorruptRecordError
 from ..locks import LockState, QueueMeta, RunClaim
+from .semaphores import SemaphoreStore
 
-__all__ = ["Backend", "QueueMode"]
+__all__ = ["Backend", "QueueMode", "SemaphoreStore", "Store"]
 
 #: What taking the run lock does to the queue lock: see :meth:`Backend.start`.
 QueueMode = Literal["run", "release", "keep"]
@@ -177,5 +182,25 @@ class Backend(ABC):
         """
         return iter(())
 
+    def semaphores(self) -> SemaphoreStore:
+        """Return a new semaphore store kept beside these locks: the same place, a key space of its own.
+
+        The concurrency limits of jobs on this backend use it (one per backend
+        object, made on first use). Redis: the same server and namespace, under
+        ``<namespace>:c:``; files: the ``concurrency/`` directory inside the
+        lock directory; memory: this process. A backend that keeps no slots
+        leaves this as it is: a job with a concurrency limit then fails with
+        :class:`ConfigurationError`.
+        """
+        raise ConfigurationError(
+            f"{type(self).__name__} keeps no concurrency slots: use Redis, file or memory, "
+            "or give the backend a semaphores() method returning a uniqjob.concurrency.SemaphoreStore"
+        )
+
     def close(self) -> None:  # noqa: B027 - optional: most backends hold nothing
         """Release connections and files held by the backend."""
+
+
+#: A store: the lock contract (:class:`Backend`'s primitives), the semaphore contract (the
+#: :class:`SemaphoreStore` that :meth:`Backend.semaphores` returns), and ``close()``.
+Store = Backend

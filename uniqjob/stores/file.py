@@ -1,4 +1,7 @@
-"""FileBackend: one JSON record per key in a directory, for one host."""
+"""The file store: one JSON record per key in a directory, for one host.
+
+Locks (:class:`FileBackend`) and, in its ``concurrency/`` directory, semaphores
+(:class:`FileSemaphores`)."""
 
 from __future__ import annotations
 
@@ -14,11 +17,15 @@ from urllib.parse import unquote
 
 from ..errors import BackendError, ConfigurationError, CorruptRecordError
 from ._files import RecordFiles, write_all
+from ._machine import Machine, MachineStore
+from ._machine import Record as SemaphoreRecord
+from ._machine import record_problem as semaphore_problem
 from ._records import Record, Slot, SlotBackend, record_problem
 from ._stripes import FILE_MODE, OPEN_FLAGS, Stripes, describe_error, file_problem
 from ._urls import Invalid, bad, options, seconds, split
+from .semaphores import SemaphoreStore
 
-__all__ = ["FILE_URL_OPTIONS", "FileBackend", "from_url"]
+__all__ = ["FILE_URL_OPTIONS", "FileBackend", "FileSemaphores", "from_url"]
 
 #: The query options a ``file://`` URL may carry.
 FILE_URL_OPTIONS: dict[str, str] = {
@@ -82,6 +89,11 @@ class FileBackend(SlotBackend):
 
     def __repr__(self) -> str:
         return f"FileBackend({str(self.directory)!r})"
+
+    def semaphores(self) -> SemaphoreStore:
+        """A new semaphore store in this directory's ``concurrency/``, on this backend's timeout and clock."""
+        clock = lambda: self.clock()  # noqa: E731, PLW0108 - a clock swapped in later is followed
+        return FileSemaphores(self.directory / "concurrency", timeout=self.timeout, clock=clock)
 
     def _fence(self, stripe: int, now_us: int) -> int:
         """Issue a fence for a key of ``stripe``, whose lock is held (see :meth:`Stripes.fence`)."""
@@ -209,6 +221,112 @@ class FileBackend(SlotBackend):
         ``key`` may also be the path of a record file in this directory, as a
         :class:`CorruptRecordError` names it, for a record that names no key.
         A symlink is removed, never followed. Fences are kept.
+        """
+        return self._files.purge(key)
+
+
+class FileSemaphores(MachineStore):
+    """Semaphores as JSON files under ``directory``, safe across processes on one host.
+
+    One record per key, written atomically (temporary file, then
+    ``os.replace``) under a ``flock`` guarding a stripe of keys (the file
+    backend's stripe lock, kept open); a record that cannot be read, or whose
+    fields have the wrong type or shape, raises :class:`CorruptRecordError`
+    naming the file, and :meth:`purge` removes it. The temporary file is one
+    per stripe (``.NN.tmp``), written only under its stripe's lock, so one
+    that a crash left behind is simply made again by the next write.
+
+    The directory is kept as private as the file backend's: this user's,
+    files opened with ``O_NOFOLLOW``, modes ``0o700`` / ``0o600`` whatever the umask.
+    """
+
+    name = "file"
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        timeout: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.directory = Path(directory)
+        self.timeout = timeout
+        self.clock = clock
+        self._stripes = Stripes(self.directory, timeout, self.name)
+        # An unreadable record's error names no key: a purge by key (its hint) is for lock records.
+        self._files = RecordFiles(self._stripes, "concurrency", semaphore_problem, hint_key=False)
+
+    def __repr__(self) -> str:
+        return f"FileSemaphores({str(self.directory)!r})"
+
+    def close(self) -> None:
+        """Close the stripes' lock files (they are opened again on next use)."""
+        self._stripes.close()
+
+    def _store(self, path: str, stripe: int, record: SemaphoreRecord | None) -> None:
+        if record is None:
+            with suppress(FileNotFoundError):
+                os.unlink(path)
+            return
+        tmp = os.path.join(os.path.dirname(path), f".{stripe:02d}.tmp")  # ours alone while we hold the stripe
+        fd = self._create(tmp)
+        try:
+            try:
+                write_all(fd, json.dumps(record, separators=(",", ":")).encode("utf-8"))
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            with suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    @staticmethod
+    def _create(tmp: str) -> int:
+        """Make ``tmp`` afresh, ``0o600``, never through whatever already has that name."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | OPEN_FLAGS
+        try:
+            fd = os.open(tmp, flags, FILE_MODE)
+        except FileExistsError:
+            os.unlink(tmp)  # a crash's leftover (or a planted link): the name goes, nothing it points to
+            fd = os.open(tmp, flags, FILE_MODE)
+        try:
+            os.fchmod(fd, FILE_MODE)  # the umask may have taken bits from the mode given to open
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    @contextmanager
+    def _machine(self, key: str, *, write: bool = True) -> Iterator[Machine]:
+        path, stripe = self._stripes.of(key)
+        with self._stripes.locked(stripe):
+            m = Machine(key, self._files.load(path, key), self.clock())
+            yield m
+            if write and m.changed:
+                try:
+                    self._store(path, stripe, m.record())
+                except OSError as exc:
+                    raise self._files.write_error(path, exc) from exc
+
+    def scan(self) -> Iterator[str]:
+        """Yield every key that holds a slot or a parked call, and every key whose record has bad fields.
+
+        For the latter :meth:`read` raises :class:`CorruptRecordError`; a record
+        too damaged to name its key is yielded by :meth:`corrupt` instead.
+        """
+        for record in self._files.records():
+            if semaphore_problem(record) or record["slots"] or record.get("parked"):
+                yield record["key"]
+
+    def corrupt(self) -> Iterator[CorruptRecordError]:
+        """Yield an error for each record file that cannot be read as far as its key."""
+        yield from self._files.corrupt()
+
+    def purge(self, key: str) -> list[str]:
+        """Remove ``key``'s record file whatever it holds (or the record file at the path ``key``); return it.
+
+        A symlink is removed, never followed; ``[]`` when there was nothing.
         """
         return self._files.purge(key)
 

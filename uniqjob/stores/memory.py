@@ -1,16 +1,21 @@
-"""MemoryBackend: locks in this process's memory, for users' unit tests."""
+"""The memory store: locks (:class:`MemoryBackend`) and semaphores (:class:`MemorySemaphores`) in this
+process's memory, for users' unit tests."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from ._machine import Machine, MachineStore
+from ._machine import Record as SemaphoreRecord
 from ._records import Record, Slot, SlotBackend
 from ._urls import Invalid, bad, options, split
+from .semaphores import SemaphoreStore
 
-__all__ = ["MEMORY_URL_OPTIONS", "MemoryBackend", "from_url"]
+__all__ = ["MEMORY_URL_OPTIONS", "MemoryBackend", "MemorySemaphores", "from_url"]
 
 #: A ``memory://`` URL carries none.
 MEMORY_URL_OPTIONS: dict[str, str] = {}
@@ -59,8 +64,50 @@ class MemoryBackend(SlotBackend):
         with self._mutex:
             return [key] if self._records.pop(key, None) is not None else []
 
+    def semaphores(self) -> SemaphoreStore:
+        """A new semaphore store in this process, on this backend's clock (followed if swapped later)."""
+        return MemorySemaphores(clock=lambda: self.clock())  # noqa: PLW0108 - a clock swapped in later is followed
+
     def __repr__(self) -> str:
         return f"MemoryBackend(<{len(self._records)} keys>)"
+
+
+class MemorySemaphores(MachineStore):
+    """Semaphores in a dict, for one process; ``clock`` is injectable so tests never sleep."""
+
+    name = "memory"
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._records: dict[str, SemaphoreRecord] = {}
+        self._mutex = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"MemorySemaphores(<{len(self._records)} keys>)"
+
+    @contextmanager
+    def _machine(self, key: str, *, write: bool = True) -> Iterator[Machine]:
+        with self._mutex:
+            # A deep copy, so a transition that raises half-way leaves the stored record untouched.
+            stored = self._records.get(key)
+            m = Machine(key, json.loads(json.dumps(stored)) if stored else None, self.clock())
+            yield m
+            if write and m.changed:
+                record = m.record()
+                if record is None:
+                    self._records.pop(key, None)
+                else:
+                    self._records[key] = record
+
+    def scan(self) -> Iterator[str]:
+        with self._mutex:
+            keys = [k for k, r in self._records.items() if r["slots"] or r["parked"]]
+        yield from keys
+
+    def purge(self, key: str) -> list[str]:
+        """Remove ``key``'s record whatever it holds; return ``[key]`` if there was one, else ``[]``."""
+        with self._mutex:
+            return [key] if self._records.pop(key, None) is not None else []
 
 
 def from_url(url: str) -> MemoryBackend:

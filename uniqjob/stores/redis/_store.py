@@ -31,7 +31,9 @@ from redis.exceptions import NoScriptError
 from ...errors import BackendError, ConfigurationError, CorruptRecordError
 from ...locks import QUEUED, RUNNING, Holder, LockState, Parts, QueueMeta, QueueRecord, RunClaim, RunRecord
 from ..base import Backend, QueueMode
+from ..semaphores import SemaphoreStore
 from . import _lua as lua
+from ._semaphores import RedisSemaphores
 from ._transport import Lanes, evalsha_head, pack_after
 from ._url import redis_client_from_url
 
@@ -195,6 +197,10 @@ class RedisBackend(Backend):
             self._purge = self._script(lua.PURGE)
         except Exception as exc:
             raise ConfigurationError(f"cannot use {_where(client)} as a Redis client: {exc!r}") from exc
+
+    def semaphores(self) -> SemaphoreStore:
+        """A new semaphore store on this server and client, under ``<namespace>:c:``."""
+        return RedisSemaphores(self.client, namespace=self.namespace)
 
     def __repr__(self) -> str:
         return f"RedisBackend({_where(self.client)})"

@@ -1,8 +1,8 @@
-"""The Lua scripts of the Redis semaphore store, one per primitive (see ``base.SemaphoreStore``).
+"""The Lua scripts of the Redis semaphore store, one per primitive (see ``stores.semaphores.SemaphoreStore``).
 
 Every script gets the key's six structures as KEYS (slots, parked, entries,
-waiters, meta, done; see ``redis.py``), reads the server's ``TIME`` in
-milliseconds, and settles the key before acting, exactly as ``_machine.py``
+waiters, meta, done; see ``_semaphores.py``), reads the server's ``TIME`` in
+milliseconds, and settles the key before acting, exactly as ``stores/_machine.py``
 does for the file and memory stores.
 """
 

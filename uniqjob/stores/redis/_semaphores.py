@@ -1,0 +1,391 @@
+"""Semaphores in Redis, for many hosts: each primitive is one Lua script, on the server's clock.
+
+A key's six structures share the hash tag ``{<key>}`` under ``<namespace>:c:``,
+apart from the uniqueness locks' key space, so every script touches one
+cluster slot::
+
+    <ns>:c:{K}:slots    hash   token -> slot (JSON)
+    <ns>:c:{K}:parked   list   tokens, oldest first
+    <ns>:c:{K}:entries  hash   token -> parked call (JSON)
+    <ns>:c:{K}:waiters  zset   inline waiters' tokens by deadline (queue entries have none)
+    <ns>:c:{K}:meta     hash   limit, cls (exists while anything is held or parked; SCAN finds keys by it)
+    <ns>:c:{K}:done     zset   tokens released after a second push, by expiry
+
+Times inside are integer milliseconds of the server's ``TIME``.
+
+Every record is checked as it is read, by the scripts and again here: a field
+of the wrong type, a record that is not JSON, or a structure of the wrong kind
+is a :class:`~uniqjob.errors.CorruptRecordError` naming its Redis key, never
+a Lua error or a TypeError. Any other exception from the client (a cluster
+client, a valkey client, a bug in a wire path) is a
+:class:`~uniqjob.errors.BackendError` carrying it as its cause.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
+from typing import Any, TypeVar
+
+import redis
+from redis.commands.core import Script
+
+from ...errors import BackendError, CorruptRecordError
+from ...locks import Holder
+from ..semaphores import (
+    HANDOFF,
+    TOMBSTONE,
+    Outcome,
+    Park,
+    ParkedInfo,
+    Promotion,
+    SemaphoreState,
+    SemaphoreStore,
+    SlotInfo,
+    decode_holder,
+    encode_holder,
+)
+from . import _semaphore_lua as lua
+
+__all__ = ["RedisSemaphores"]
+
+T = TypeVar("T")
+
+
+_PARTS = ("slots", "parked", "entries", "waiters", "meta", "done")
+_TYPES = ("hash", "list", "hash", "zset", "hash", "zset")  # what each of _PARTS must be
+_CORRUPT = "UNIQJOB_CORRUPT "  # how the scripts' corrupt() starts its error (see _lua.PRELUDE)
+_STATES = frozenset({"reserved", "promoted", "running"})
+_VIAS = frozenset({"queue", "inline"})
+_NUMBER = (int, float)
+
+
+class _Malformed(Exception):
+    """A record read back from Redis has the wrong shape; turned into a CorruptRecordError naming it."""
+
+    def __init__(self, part: int, reason: str) -> None:
+        super().__init__(reason)
+        self.part = part  # index into _PARTS
+        self.reason = reason
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _where(client: Any) -> str:
+    """The server a client talks to, for messages; never raises, whatever the client is."""
+    try:
+        kwargs = client.connection_pool.connection_kwargs
+        return str(kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}")
+    except Exception:  # a cluster client, a valkey client, a stand-in: no pool to describe
+        try:
+            return repr(client)
+        except Exception:
+            return type(client).__name__
+
+
+def _promotions(flat: Sequence[Any]) -> tuple[Promotion, ...]:
+    out = []
+    for token, via, payload, redo in flat:
+        via_text = _text(via)
+        out.append(
+            Promotion(_text(token), "inline" if via_text == "inline" else "queue", _text(payload), int(redo))
+        )
+    return tuple(out)
+
+
+def _record(part: int, what: str, raw: Any, texts: Sequence[str], numbers: Sequence[str]) -> dict[str, Any]:
+    """Parse one JSON record of ``_PARTS[part]``, checking that its fields have their types."""
+    try:
+        data = json.loads(_text(raw))
+    except ValueError:
+        raise _Malformed(part, f"{what} is not JSON") from None
+    if not isinstance(data, dict):
+        raise _Malformed(part, f"{what} is not a JSON object")
+    for name in texts:
+        if not isinstance(data.get(name), str):
+            raise _Malformed(part, f"{what}: field {name} is missing or not text")
+    for name in numbers:
+        value = data.get(name)
+        if not isinstance(value, _NUMBER) or isinstance(value, bool):
+            raise _Malformed(part, f"{what}: field {name} is missing or not a number")
+    if data.get("via") not in _VIAS:
+        raise _Malformed(part, f"{what}: unknown via {data.get('via')!r}")
+    return data
+
+
+def _holder(part: int, what: str, text: str) -> Holder | None:
+    try:
+        return decode_holder(text)
+    except (ValueError, TypeError):
+        raise _Malformed(part, f"{what}: holder {text!r} is not a holder") from None
+
+
+def _slots(flat: Sequence[Any], now_ms: int) -> tuple[SlotInfo, ...]:
+    out = []
+    for i in range(0, len(flat), 2):
+        token = _text(flat[i])
+        what = f"slot {token}"
+        s = _record(0, what, flat[i + 1], ("st", "via", "h", "args"), ("dl", "ls", "since", "redo"))
+        if s["st"] not in _STATES:
+            raise _Malformed(0, f"{what}: unknown status {s['st']!r}")
+        if s["redo"] != int(s["redo"]):
+            raise _Malformed(0, f"{what}: field redo is not whole")
+        out.append(
+            SlotInfo(
+                token=token,
+                status=s["st"],
+                via=s["via"],
+                holder=_holder(0, what, s["h"]),
+                since=s["since"] / 1000,
+                lease=s["ls"] / 1000,
+                lease_left=(s["dl"] - now_ms) / 1000,
+                redo=int(s["redo"]),
+                args=s["args"],
+            )
+        )
+    return tuple(out)
+
+
+def _parked(token: str, raw: Any) -> ParkedInfo:
+    what = f"parked call {token}"
+    e = _record(2, what, raw, ("via", "h", "args"), ("since",))
+    return ParkedInfo(token, e["via"], _holder(2, what, e["h"]), e["since"] / 1000, e["args"])
+
+
+class RedisSemaphores(SemaphoreStore):
+    """Semaphores in Redis under ``<namespace>:c:``; ``client`` is a redis-py client."""
+
+    name = "redis"
+
+    def __init__(self, client: redis.Redis, *, namespace: str = "uniqjob") -> None:
+        self.client = client
+        self.namespace = namespace
+        register = client.register_script
+        self._acquire = register(lua.ACQUIRE)
+        self._start = register(lua.START)
+        self._renew = register(lua.RENEW)
+        self._release = register(lua.RELEASE)
+        self._requeue = register(lua.REQUEUE)
+        self._handed = register(lua.HANDED)
+        self._withdraw = register(lua.WITHDRAW)
+        self._reap = register(lua.REAP)
+        self._discard = register(lua.DISCARD)
+        self._drop = register(lua.DROP)
+        self._read = register(lua.READ)
+
+    def __repr__(self) -> str:
+        return f"RedisSemaphores({_where(self.client)!r}, namespace={self.namespace!r})"
+
+    def _keys(self, key: str) -> list[str]:
+        base = f"{self.namespace}:c:{{{key}}}:"
+        return [base + part for part in _PARTS]
+
+    def _failed(self, exc: Exception) -> BackendError:
+        """Any exception from the client, as the BackendError that callers are promised."""
+        if isinstance(exc, BackendError):
+            return exc
+        what = str(exc) if isinstance(exc, redis.RedisError) else f"{type(exc).__name__}: {exc}"
+        return BackendError(f"{what} ({self!r})", self.name)
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except Exception as exc:  # a cluster or valkey client, a bug in a wire path: all BackendErrors
+            raise self._failed(exc) from exc
+
+    def _corrupt(self, key: str, part: int, reason: str) -> CorruptRecordError:
+        return CorruptRecordError(self._keys(key)[part], reason, key=key, backend=self.name)
+
+    def _explain(self, key: str, exc: redis.ResponseError) -> BackendError:
+        """A script's error: a corrupt record by name if a record caused it, else a BackendError."""
+        message = str(exc)
+        if message.startswith(_CORRUPT):
+            part, _, rest = message[len(_CORRUPT) :].partition("\t")
+            reason = rest.rpartition("\t")[0] or rest
+            if part.isdigit() and 1 <= int(part) <= len(_PARTS):
+                return self._corrupt(key, int(part) - 1, reason)
+        if message.startswith("WRONGTYPE"):
+            found = self._wrong_type(key)
+            if found is not None:
+                return found
+        return self._failed(exc)
+
+    def _wrong_type(self, key: str) -> CorruptRecordError | None:
+        """Name the structure of ``key`` that holds the wrong kind of value; None if none does (now)."""
+        names = self._keys(key)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for name in names:
+                pipe.type(name)
+            kinds = [_text(kind) for kind in pipe.execute()]
+        except Exception:
+            return None
+        for part, (kind, expected) in enumerate(zip(kinds, _TYPES, strict=True)):
+            if kind not in ("none", expected):
+                return self._corrupt(key, part, f"holds a {kind}, not a {expected}")
+        return None
+
+    @contextmanager
+    def _reading(self, key: str) -> Iterator[None]:
+        """Turn a malformed record met while reading a script's reply into a CorruptRecordError."""
+        try:
+            yield
+        except _Malformed as bad:
+            raise self._corrupt(key, bad.part, bad.reason) from None
+
+    def _eval(self, script: Script, key: str, args: Sequence[Any]) -> Any:
+        try:
+            return script(keys=self._keys(key), args=list(args))
+        except redis.ResponseError as exc:
+            raise self._explain(key, exc) from exc
+        except Exception as exc:
+            raise self._failed(exc) from exc
+
+    def acquire(
+        self,
+        key: str,
+        token: str,
+        *,
+        limit: int,
+        lease: float,
+        running: bool,
+        holder: Holder | None,
+        park: Park | None,
+        job_class: str,
+        args: str,
+        caller: Holder,
+        handoff: float = HANDOFF,
+    ) -> Outcome:
+        argv = [
+            token, limit, _ms(lease), "1" if running else "0", encode_holder(holder),
+            park.via if park else "", park.payload if park else "",
+            encode_holder(park.holder if park else None), _ms(park.lease) if park and park.lease else 0,
+            job_class, args, encode_holder(caller), _ms(handoff),
+        ]  # fmt: skip
+        status, promos, position, flat, now_ms = self._eval(self._acquire, key, argv)
+        with self._reading(key):
+            slots = _slots(flat, int(now_ms))
+        return Outcome(
+            _text(status),  # type: ignore[arg-type]
+            _promotions(promos),
+            position=int(position),
+            slots=slots,
+        )
+
+    def start(
+        self,
+        key: str,
+        token: str,
+        *,
+        holder: Holder,
+        lease: float,
+        takeover: Holder | None,
+        caller: Holder,
+        handoff: float = HANDOFF,
+    ) -> Outcome:
+        argv = [
+            token,
+            encode_holder(holder),
+            _ms(lease),
+            encode_holder(takeover),
+            encode_holder(caller),
+            _ms(handoff),
+        ]
+        status, promos, position, busy = self._eval(self._start, key, argv)
+        with self._reading(key):
+            runner = _holder(0, f"slot {token}", _text(busy))
+        return Outcome(
+            _text(status),  # type: ignore[arg-type]
+            _promotions(promos),
+            position=int(position),
+            holder=runner,
+        )
+
+    def renew(
+        self, key: str, token: str, lease: float, *, caller: Holder, handoff: float = HANDOFF
+    ) -> Outcome:
+        status, promos = self._eval(
+            self._renew, key, [token, _ms(lease), encode_holder(caller), _ms(handoff)]
+        )
+        return Outcome(_text(status), _promotions(promos))  # type: ignore[arg-type]
+
+    def release(self, key: str, token: str, *, caller: Holder, handoff: float = HANDOFF) -> Outcome:
+        argv = [token, encode_holder(caller), _ms(handoff), _ms(TOMBSTONE)]
+        status, promos = self._eval(self._release, key, argv)
+        return Outcome(_text(status), _promotions(promos))  # type: ignore[arg-type]
+
+    def requeue(
+        self,
+        key: str,
+        token: str,
+        lease: float,
+        *,
+        holder: Holder,
+        caller: Holder,
+        handoff: float = HANDOFF,
+    ) -> Outcome:
+        argv = [token, _ms(lease), encode_holder(holder), encode_holder(caller), _ms(handoff)]
+        status, promos = self._eval(self._requeue, key, argv)
+        return Outcome(_text(status), _promotions(promos))  # type: ignore[arg-type]
+
+    def handed(self, key: str, token: str, promoter: Holder) -> bool:
+        return bool(self._eval(self._handed, key, [token, encode_holder(promoter)]))
+
+    def withdraw(self, key: str, token: str) -> Outcome:
+        return Outcome(_text(self._eval(self._withdraw, key, [token])))  # type: ignore[arg-type]
+
+    def reap(
+        self, key: str, dead: Sequence[tuple[str, Holder]], *, caller: Holder, handoff: float = HANDOFF
+    ) -> Outcome:
+        argv: list[Any] = [encode_holder(caller), _ms(handoff)]
+        for token, holder in dead:
+            argv += [token, encode_holder(holder)]
+        count, promos = self._eval(self._reap, key, argv)
+        return Outcome("ok", _promotions(promos), count=int(count))
+
+    def discard_parked(self, key: str) -> list[tuple[str, str]]:
+        flat = self._eval(self._discard, key, [])
+        return [(_text(flat[i]), _text(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+    def drop(self, key: str, tokens: Sequence[str], *, caller: Holder, handoff: float = HANDOFF) -> Outcome:
+        count, promos = self._eval(self._drop, key, [encode_holder(caller), _ms(handoff), *tokens])
+        return Outcome("ok", _promotions(promos), count=int(count))
+
+    def read(self, key: str, *, head: int = 5) -> SemaphoreState:
+        now_ms, meta_flat, slot_flat, parked, tokens, entries = self._eval(self._read, key, [head])
+        meta = {_text(meta_flat[i]): _text(meta_flat[i + 1]) for i in range(0, len(meta_flat), 2)}
+        with self._reading(key):
+            limit = meta.get("limit", "1")
+            if not limit.isdigit():
+                raise _Malformed(4, f"field limit is {limit!r}, not a whole number")
+            infos = [_parked(_text(token), raw) for token, raw in zip(tokens, entries, strict=True) if raw]
+            slots = _slots(slot_flat, int(now_ms))
+        return SemaphoreState(
+            key=key,
+            limit=int(limit),
+            job_class=meta.get("cls", ""),
+            slots=slots,
+            parked=int(parked),
+            head=tuple(infos),
+            now=int(now_ms) / 1000,
+        )
+
+    def scan(self) -> Iterator[str]:
+        head = len(self.namespace) + 4  # "<namespace>:c:{"
+        tail = len("}:meta")
+        match = f"{self.namespace}:c:{{*}}:meta"
+        cursor: int = 0
+        while True:
+            cursor, page = self._call(partial(self.client.scan, cursor, match=match, count=1000))
+            for name in page:
+                yield _text(name)[head:-tail]
+            if int(cursor) == 0:
+                return
