@@ -10,18 +10,16 @@ limits"); this package keeps the slots. Its parts:
 - :mod:`.codec`: parked calls stored as typed JSON;
 - :func:`sweep`: reclaim dead holders' slots and push what that promotes, for every key;
 - :func:`release`, :func:`discard_parked`: an operator's escape hatches for one key.
-
-The last three live in :mod:`uniqjob.ops` (``release`` there is ``release_slots``).
 """
 
 from __future__ import annotations
 
-from ..ops import Released, discard_parked, sweep
-from ..ops import release_slots as release
+from ..stores.base import Backend
 from ._job import Parked
 from ._stores import store_for
 from .base import HANDOFF, Outcome, Park, ParkedInfo, Promotion, SemaphoreState, SemaphoreStore, SlotInfo
-from .semaphore import Semaphore, deliver
+from .ops import Released, discard_parked, release
+from .semaphore import Semaphore, deliver, sweep_key
 
 __all__ = [
     "HANDOFF",
@@ -41,3 +39,17 @@ __all__ = [
     "store_for",
     "sweep",
 ]
+
+
+def sweep(backend: Backend | None = None) -> int:
+    """Settle every concurrency key: free lapsed slots and dead holders', push what that promotes.
+
+    Any call on a key settles it; this is for keys nobody touches, say all of
+    whose jobs are parked behind a worker that died on another host. Run it
+    from a worker's periodic task or from cron. Returns how many slots and
+    places of holders proved dead (on this host) were reclaimed.
+    """
+    from .. import config
+
+    store = store_for(backend if backend is not None else config.default_backend())
+    return sum(sweep_key(store, key) for key in store.scan())

@@ -2,7 +2,9 @@
 
 Each is a plain function that takes a store (``backend``; the configured one
 if None) and returns data: rows, counts, what it removed. The command line
-only parses arguments and prints what these return.
+only parses arguments and prints what these return. This layer sits on top:
+the concurrency operations are the concurrency package's own (the same
+objects), offered here beside the rest.
 
 - :func:`iter_rows`: a :class:`LockRow` per held key (a ``corrupt`` row for a record that cannot be read);
 - :func:`reap`: reclaim every orphaned lock, by the library's one orphan rule;
@@ -14,9 +16,11 @@ only parses arguments and prints what these return.
 
 from __future__ import annotations
 
+from ..concurrency import Released, discard_parked, sweep
+from ..concurrency import release as release_slots
+from ..concurrency.ops import stale
 from ._figures import ConcurrencyReport, KeyReport, Totals, concurrency, concurrency_key, iter_keys
 from ._locks import CORRUPT, LockRelease, LockRow, Reaped, iter_rows, reap, release
-from ._slots import Released, discard_parked, release_slots, stale, sweep
 
 __all__ = [
     "CORRUPT",

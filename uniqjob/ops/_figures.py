@@ -16,15 +16,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from .. import config
-from ..concurrency._stores import store_for
+from ..concurrency import SemaphoreState, store_for
+from ..concurrency.ops import stale
 from ..stores.base import Backend
-from ._slots import stale
-
-if TYPE_CHECKING:
-    from ..concurrency.base import SemaphoreState
 
 __all__ = ["ConcurrencyReport", "KeyReport", "Totals", "concurrency", "concurrency_key", "iter_keys"]
 

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from .. import config
+from ..concurrency import Released
+from ..concurrency import release as release_slots
 from ..errors import CorruptRecordError
 from ..locks import RUNNING, LockState, holder_is_dead, orphaned
 from ..stores.base import Backend
-from ._slots import Released, release_slots
 
 __all__ = ["CORRUPT", "LockRelease", "LockRow", "Reaped", "iter_rows", "reap", "release"]
 
@@ -198,7 +199,7 @@ def release(
 
     A lock key: its locks, unless a live holder has the run lock (``force``
     releases it anyway: its job would then run on unlocked). A concurrency
-    key: its stale slots, promoting into them (see :func:`release_slots`).
+    key: its stale slots, promoting into them (see :func:`uniqjob.ops.release_slots`).
     A record that cannot be read, named by its key or (if it names none) by
     its path: removed only with ``force``.
     """

@@ -1,6 +1,8 @@
-"""Concurrency keys: sweep them all, release one key's slots, discard one key's parked jobs.
+"""Operators' escape hatches for one concurrency key: release its slots, discard its parked jobs.
 
-There is deliberately no "discard everything": the escape hatches act on one key.
+Both act on one key at a time; there is deliberately no "discard everything".
+:mod:`uniqjob.ops` offers them (``release`` as ``release_slots``) beside the
+other operations, and ``uniqjob release KEY`` and ``uniqjob discard-parked KEY`` call them there.
 """
 
 from __future__ import annotations
@@ -9,19 +11,16 @@ import json
 import logging
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 from .. import config
 from .._undo import undos
-from ..concurrency._stores import store_for
-from ..concurrency.semaphore import deliver, sweep_key
 from ..locks import holder_is_dead, local_holder
 from ..stores.base import Backend
+from ._stores import store_for
+from .base import SlotInfo
+from .semaphore import deliver
 
-if TYPE_CHECKING:
-    from ..concurrency.base import SlotInfo
-
-__all__ = ["Released", "discard_parked", "release_slots", "stale", "sweep"]
+__all__ = ["Released", "discard_parked", "release", "stale"]
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +30,9 @@ def stale(slot: SlotInfo) -> bool:
     return slot.lease_left <= 0 or (slot.holder is not None and holder_is_dead(slot.holder))
 
 
-def sweep(backend: Backend | None = None) -> int:
-    """Settle every concurrency key: free lapsed slots and dead holders', push what that promotes.
-
-    Any call on a key settles it; this is for keys nobody touches, say all of
-    whose jobs are parked behind a worker that died on another host. Run it
-    from a worker's periodic task or from cron. Returns how many slots and
-    places of holders proved dead (on this host) were reclaimed.
-    """
-    store = store_for(backend if backend is not None else config.default_backend())
-    return sum(sweep_key(store, key) for key in store.scan())
-
-
 @dataclass(frozen=True, slots=True)
 class Released:
-    """What :func:`release_slots` did to a key."""
+    """What :func:`release` did to a key."""
 
     key: str
     limit: int
@@ -57,7 +44,7 @@ class Released:
     fresh: tuple[SlotInfo, ...] = ()  # the slots whose lease was fresh when read: kept, or forced out
 
 
-def release_slots(key: str, backend: Backend | None = None, *, force: bool = False) -> Released | None:
+def release(key: str, backend: Backend | None = None, *, force: bool = False) -> Released | None:
     """Free ``key``'s stale slots (with ``force``, its fresh ones too) and promote into them.
 
     Returns None if the key holds no slot and has nothing parked. Promotion
@@ -70,7 +57,7 @@ def release_slots(key: str, backend: Backend | None = None, *, force: bool = Fal
     if state.empty:
         return None
     fresh = tuple(s for s in state.slots if not stale(s))
-    drop = [s for s in state.slots if force or s not in fresh]
+    drop = state.slots if force else [s for s in state.slots if s not in fresh]
     me = local_holder()
     outcome = store.drop(key, [s.token for s in drop], caller=me)
     queued = [p for p in outcome.promotions if p.via == "queue"]
