@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.test_cli import PY, UNIQJOB, Hold, Store, finish, kill_leftovers, store, uniqjob
-from uniqjob.cli._locks import LockRow
 from uniqjob.locks import Holder, LockState, QueueMeta, RunClaim, local_holder
+from uniqjob.ops import LockRow
 
 __all__ = ["kill_leftovers", "store"]  # fixtures shared with test_cli
 

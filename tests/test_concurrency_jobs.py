@@ -640,7 +640,7 @@ def test_inspect_reports_keys_busiest_first_and_true_totals(store: Backend) -> N
     Limited.enqueue(8, 1)  # order 8: full
     semaphore = Limited.semaphore(9)
     _crashed_holders(semaphore, 1)  # order 9: one live slot in its queue, one stale
-    report = uniqjob.inspect.concurrency(top=3)
+    report = uniqjob.ops.concurrency(top=3)
     assert [row.key for row in report.keys] == [
         "tests.concurrency_jobs.Limited:order-7",
         "tests.concurrency_jobs.Limited:order-9",
@@ -662,14 +662,14 @@ def test_inspect_reports_keys_busiest_first_and_true_totals(store: Backend) -> N
     )  # fmt: skip
     assert totals.oldest_wait == busiest.oldest_wait
     assert report.left_out == 37
-    assert uniqjob.inspect.concurrency(job_class="Inline").totals.keys == 0
-    assert uniqjob.inspect.concurrency_key("tests.concurrency_jobs.Limited:order-8") == report.keys[2]
-    assert uniqjob.inspect.concurrency_key("nobody") is None
+    assert uniqjob.ops.concurrency(job_class="Inline").totals.keys == 0
+    assert uniqjob.ops.concurrency_key("tests.concurrency_jobs.Limited:order-8") == report.keys[2]
+    assert uniqjob.ops.concurrency_key("nobody") is None
     assert report.keys[0].to_json()["oldest_wait_s"] == busiest.oldest_wait
 
 
 def test_inspect_marks_lapsed_leases_stale(fake_time: MemoryBackend, clock: FakeClock) -> None:
     Limited.enqueue(1, 0)
     clock.advance(61)
-    (row,) = uniqjob.inspect.concurrency().keys
+    (row,) = uniqjob.ops.concurrency().keys
     assert (row.held, row.stale, row.lease) == (1, 1, "stale")  # shown until the next settle frees it

@@ -73,14 +73,14 @@ def test_the_library_never_imports_the_old_modules() -> None:
         skipped = []
         for path in sorted(top.rglob("*.py")):
             parts = path.relative_to(top.parent).with_suffix("").parts
-            if parts[1] in ("__main__", "backends"):
+            if parts[1] in ("__main__", "backends", "inspect"):
                 continue
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             try:
                 importlib.import_module(name)
             except ImportError as exc:  # an integration whose framework is not installed
                 skipped.append(f"{name}: {exc}")
-        old = sorted(m for m in sys.modules if m == "uniqjob.backends" or m.startswith("uniqjob.backends."))
+        old = sorted(m for m in sys.modules if m.startswith(("uniqjob.backends", "uniqjob.inspect")))
         print(json.dumps({"old": old, "skipped": skipped}))
         """
     )

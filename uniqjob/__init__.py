@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-# ``uniqjob.inspect``: figures for metrics. Not in __all__: a star import would shadow the stdlib's.
-from . import inspect as inspect
 from .concurrency import Parked
 from .config import backend_from_url, configure, default_backend
 from .errors import (
@@ -63,11 +61,18 @@ _LAZY = {
 }
 
 
+# Submodules that ``import uniqjob`` alone reaches, on first use. Not in __all__: ``inspect``
+# (deprecated, it warns: now ``ops``) would shadow the stdlib's in a star import.
+_SUBMODULES = ("inspect", "ops")
+
+
 def __getattr__(name: str) -> Any:
+    from importlib import import_module
+
+    if name in _SUBMODULES:
+        return import_module("." + name, __name__)
     # Backends load on first use: a script on the file store never imports redis.
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'uniqjob' has no attribute {name!r}")
-    from importlib import import_module
-
     return getattr(import_module(module, __name__), name)

@@ -12,17 +12,14 @@ import argparse
 import json
 import sys
 
-from ..concurrency import discard_parked, release, store_for
-from ..concurrency.ops import stale
-from ..inspect import KeyReport, Totals, concurrency
-from ..stores.base import Backend
+from ..ops import KeyReport, Released, Totals, concurrency, discard_parked
 from ._common import EX_FAILURE, EX_OK, HelpFormatter, SubParsers, add_url_option, escape, open_backend, say
 
 __all__ = [
     "add_concurrency_options",
     "add_discard_parked_parser",
     "concurrency_locks_command",
-    "release_concurrency",
+    "report_released",
 ]
 
 _TOP = 50  # keys the table shows by default; the totals always count them all
@@ -108,19 +105,12 @@ def _warn(message: str) -> None:
     say(message)  # control characters in a key or host escaped
 
 
-def release_concurrency(backend: Backend, key: str, *, force: bool) -> int | None:
-    """Handle ``uniqjob release KEY`` for a concurrency key; None if ``key`` is not one."""
-    before = store_for(backend).read(key, head=0)
-    if before.empty:
-        return None
-    fresh = [s for s in before.slots if not stale(s)]
-    done = release(key, backend, force=force)
-    if done is None:  # emptied meanwhile
-        _warn(f"{key!r} emptied while releasing; nothing to do")
-        return EX_FAILURE
+def report_released(done: Released) -> int:
+    """Report what ``uniqjob release KEY`` did to a concurrency key; return the exit status."""
+    key = done.key
     holders = ", ".join(
         f"pid {s.holder.pid} on {s.holder.host}" if s.holder is not None else f"{s.status} in its queue"
-        for s in fresh
+        for s in done.fresh
     )
     if done.kept:
         _warn(

@@ -1,12 +1,13 @@
 """``uniqjob locks``, ``release`` and ``reap``: see the locks in a store and clear them.
 
-A listing is a stream of :class:`LockRow` records, one per held key, rendered
+A listing is a stream of :class:`uniqjob.ops.LockRow` records, one per held key, rendered
 either as JSON lines or as a table whose columns are listed in ``COLUMNS``: a
 new view adds a field to the record and, if people should see it, a column.
 
 A record the store cannot read is a row in state ``corrupt`` (it blocks its
 key), never skipped: ``locks`` and ``reap`` then exit 65, and ``release
 --force`` removes it. Every field printed has its control characters escaped.
+The work is done by :mod:`uniqjob.ops`; this module parses, prints and picks exit codes.
 """
 
 from __future__ import annotations
@@ -16,13 +17,11 @@ import io
 import json
 import shlex
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TextIO
 
-from ..errors import CorruptRecordError
-from ..locks import RUNNING, LockState, holder_is_dead, orphaned
-from ..stores.base import Backend
+from ..ops import CORRUPT, LockRelease, LockRow, iter_rows, reap, release
 from ._common import (
     EX_DATAERR,
     EX_FAILURE,
@@ -35,105 +34,15 @@ from ._common import (
     open_backend,
     say,
 )
-from ._concurrency import add_concurrency_options, concurrency_locks_command, release_concurrency
+from ._concurrency import add_concurrency_options, concurrency_locks_command, report_released
 
 __all__ = [
     "COLUMNS",
-    "CORRUPT",
     "Column",
-    "LockRow",
     "add_locks_parser",
     "add_reap_parser",
     "add_release_parser",
-    "iter_rows",
 ]
-
-
-#: The state of a row whose record cannot be read: it blocks its key until removed.
-CORRUPT = "corrupt"
-
-
-@dataclass(frozen=True, slots=True)
-class LockRow:
-    """One held key as ``uniqjob locks`` reports it; ``json`` metadata renames a field in JSON.
-
-    Times are seconds: ``age_s`` since the lock was taken, ``ttl_s`` left
-    before the queue lock autoexpires, ``lease_s`` left on the run lock's lease.
-    A ``corrupt`` row has only ``path`` (where the record is), ``reason`` and,
-    when the store can still tell it, ``key``.
-    """
-
-    key: str | None
-    job_class: str | None = field(default=None, metadata={"json": "class"})
-    args: str | None = None
-    state: str = RUNNING
-    host: str | None = None
-    pid: int | None = None
-    age_s: float | None = 0.0
-    ttl_s: float | None = None
-    lease_s: float | None = None
-    orphaned: bool = False
-    path: str | None = None
-    reason: str | None = None
-
-    @classmethod
-    def from_corrupt(cls, error: CorruptRecordError, key: str | None = None) -> LockRow:
-        """Describe a record that cannot be read, as the store's error names it."""
-        return cls(
-            key=error.key or key or None, state=CORRUPT, age_s=None, path=error.path, reason=error.reason
-        )
-
-    @classmethod
-    def from_state(cls, state: LockState) -> LockRow:
-        """Describe a snapshot of one key's locks (which must not be free)."""
-        queue, run = state.queue, state.run
-        since = queue.since if queue is not None else run.started if run is not None else state.now
-        return cls(
-            key=state.key,
-            job_class=(queue.meta.cls or None) if queue is not None else None,
-            args=(queue.meta.args or None) if queue is not None else None,
-            # A run lock whose queue lock autoexpired is still a running job.
-            state=queue.state if queue is not None else RUNNING,
-            host=run.holder.host if run is not None else None,
-            pid=run.holder.pid if run is not None else None,
-            age_s=round(max(state.now - since, 0.0), 3),
-            ttl_s=round(queue.ttl, 3) if queue is not None and queue.ttl is not None else None,
-            lease_s=round(run.lease_left, 3) if run is not None else None,
-            orphaned=orphaned(state),
-        )
-
-    def to_json(self) -> dict[str, object]:
-        """Return the record as the JSON object ``locks --json`` prints."""
-        return {f.metadata.get("json", f.name): getattr(self, f.name) for f in fields(self)}
-
-
-def iter_rows(backend: Backend, *, job_class: str | None = None) -> Iterator[LockRow]:
-    """Yield a row per held key, streaming the store's scan; keys freed meanwhile are skipped.
-
-    A record that cannot be read is a ``corrupt`` row, whatever ``job_class``
-    (its class cannot be read either); those too damaged to name their key
-    come last, from :meth:`Backend.corrupt`.
-    """
-    seen: set[str] = set()
-    for key in backend.scan():
-        try:
-            state = backend.read(key)
-        except CorruptRecordError as exc:
-            seen.add(exc.path)
-            yield LockRow.from_corrupt(exc, key)
-            continue
-        if state.free:
-            continue
-        row = LockRow.from_state(state)
-        if job_class is None or _class_matches(row.job_class, job_class):
-            yield row
-    for error in backend.corrupt():
-        if error.path not in seen:
-            yield LockRow.from_corrupt(error)
-
-
-def _class_matches(cls: str | None, wanted: str) -> bool:
-    return cls is not None and (cls == wanted or cls.endswith("." + wanted))
 
 
 @dataclass(frozen=True)
@@ -340,60 +249,38 @@ def add_release_parser(subparsers: SubParsers) -> None:
 
 def release_command(args: argparse.Namespace) -> int:
     """Handle ``uniqjob release``."""
-    backend = open_backend(args.url)
     key: str = args.key
-    try:
-        state = backend.read(key)
-    except CorruptRecordError as exc:
-        return _release_corrupt(backend, key, exc, key=key, force=args.force)
-    if state.free:
-        status = release_concurrency(backend, key, force=args.force)  # a key of `locks --concurrency`
-        if status is not None:
-            return status
-        damaged = _corrupt_at(backend, key)  # the path of a record too damaged to name its key
-        if damaged is not None:
-            return _release_corrupt(backend, key, damaged, key=None, force=args.force)
+    backend = open_backend(args.url)
+    done = release(key, backend, force=args.force)
+    if done is None:
         say(f"no lock on {key!r}")
         return EX_FAILURE
-    row = LockRow.from_state(state)
-    run = state.run
-    if run is not None and not args.force and not holder_is_dead(run.holder):
+    if not isinstance(done, LockRelease):
+        return report_released(done)  # a key of `locks --concurrency`
+    row = done.row
+    if done.done == "released":
+        print(f"released {escape(key)} ({escape(_describe(row))})")
+        return EX_OK
+    if done.done == "alive":
         say(
-            f"not releasing {key!r}: its holder, pid {run.holder.pid} on {run.holder.host}, "
-            f"is alive (its lease has {run.lease_left:.1f}s left); use --force to release it anyway"
+            f"not releasing {key!r}: its holder, pid {row.pid} on {row.host}, "
+            f"is alive (its lease has {row.lease_s or 0.0:.1f}s left); use --force to release it anyway"
         )
         return EX_FAILURE
-    queue_token = state.queue.token if state.queue is not None else None
-    if not backend.reclaim(key, queue_token, run.token if run is not None else None):
+    if done.done == "changed":
         say(f"{key!r} changed hands while releasing; nothing released")
         return EX_FAILURE
-    print(f"released {escape(key)} ({escape(_describe(row))})")
-    return EX_OK
-
-
-def _corrupt_at(backend: Backend, path: str) -> CorruptRecordError | None:
-    """The store's error for the unreadable record at ``path``, if one is there."""
-    return next((error for error in backend.corrupt() if error.path == path), None)
-
-
-def _release_corrupt(
-    backend: Backend, target: str, error: CorruptRecordError, *, key: str | None, force: bool
-) -> int:
-    """``release TARGET`` of an unreadable record (``target``: its key or path); refused unless ``force``."""
-    row = LockRow.from_corrupt(error, key)
-    if not force:
+    if done.done == "corrupt":
         say(f"not releasing: {_corrupt_line(row)}; it blocks its key: remove it with {_fix(row)}")
         return EX_DATAERR
-    try:
-        removed = backend.purge(target)
-    except NotImplementedError:
-        say(f"the {backend.name} store cannot remove records by force; remove {error.path} by hand")
+    if done.done == "unsupported":
+        say(f"the {backend.name} store cannot remove records by force; remove {row.path} by hand")
         return EX_SOFTWARE
-    if not removed:
-        say(f"{target!r}: its corrupt record was gone already; nothing removed")
+    if done.done == "gone":
+        say(f"{key!r}: its corrupt record was gone already; nothing removed")
         return EX_FAILURE
-    what = ("of " + escape(row.key) + ": " if row.key is not None else "") + escape(", ".join(removed))
-    print(f"removed corrupt record {what} (it was unreadable: {escape(error.reason)})")
+    what = ("of " + escape(row.key) + ": " if row.key is not None else "") + escape(", ".join(done.removed))
+    print(f"removed corrupt record {what} (it was unreadable: {escape(row.reason or '')})")
     return EX_OK
 
 
@@ -438,42 +325,16 @@ def add_reap_parser(subparsers: SubParsers) -> None:
 
 def reap_command(args: argparse.Namespace) -> int:
     """Handle ``uniqjob reap``."""
-    backend = open_backend(args.url)
-    seen = reaped = 0
-    damaged: set[str] = set()
-    for key in backend.scan():
-        try:
-            state = backend.read(key)
-        except CorruptRecordError as exc:
-            damaged.add(exc.path)
-            _skip(LockRow.from_corrupt(exc, key))
-            continue
-        if state.free:
-            continue
-        seen += 1
-        if not orphaned(state):
-            continue
-        row = LockRow.from_state(state)
-        if args.dry_run:
-            print(f"would reclaim {escape(key)} ({escape(_describe(row))})")
-            reaped += 1
-            continue
-        # An orphan's queue lock (if any) is in state "running": the rule never frees a queued one.
-        queue_token = state.queue.token if state.queue is not None else None
-        run_token = state.run.token if state.run is not None else None
-        if backend.reclaim(key, queue_token, run_token):
-            print(f"reclaimed {escape(key)} ({escape(_describe(row))})")
-            reaped += 1
-    for error in backend.corrupt():
-        if error.path not in damaged:
-            damaged.add(error.path)
-            _skip(LockRow.from_corrupt(error))
     verb = "would reclaim" if args.dry_run else "reclaimed"
-    skipped = f"; skipped {len(damaged)} corrupt record(s)" if damaged else ""
-    print(f"{verb} {reaped} orphaned lock(s) of {seen} held{skipped}", file=sys.stderr)
-    return EX_DATAERR if damaged else EX_OK
 
+    def show(row: LockRow) -> None:
+        if row.state != CORRUPT:
+            print(f"{verb} {escape(_key(row))} ({escape(_describe(row))})")
+            return
+        sys.stdout.flush()  # its line after the reclaims already printed, when both go to one terminal
+        say(f"skipping {_corrupt_line(row)}; remove it with {_fix(row)}")
 
-def _skip(row: LockRow) -> None:
-    sys.stdout.flush()  # its line after the reclaims already printed, when both go to one terminal
-    say(f"skipping {_corrupt_line(row)}; remove it with {_fix(row)}")
+    done = reap(open_backend(args.url), dry_run=args.dry_run, each=show)
+    skipped = f"; skipped {len(done.corrupt)} corrupt record(s)" if done.corrupt else ""
+    print(f"{verb} {len(done.reclaimed)} orphaned lock(s) of {done.held} held{skipped}", file=sys.stderr)
+    return EX_DATAERR if done.corrupt else EX_OK

@@ -1,7 +1,8 @@
 """Operators' escape hatches for one concurrency key: release its slots, discard its parked jobs.
 
 Both act on one key at a time; there is deliberately no "discard everything".
-``uniqjob release KEY`` and ``uniqjob discard-parked KEY`` call these.
+:mod:`uniqjob.ops` offers them (``release`` as ``release_slots``) beside the
+other operations, and ``uniqjob release KEY`` and ``uniqjob discard-parked KEY`` call them there.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ._stores import store_for
 from .base import SlotInfo
 from .semaphore import deliver
 
-__all__ = ["Released", "discard_parked", "release"]
+__all__ = ["Released", "discard_parked", "release", "stale"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class Released:
     kept: int  # fresh slots left alone (no ``force``)
     promoted: int  # parked jobs given the freed slots (never more than the limit allows)
     unpushed: int  # of those, queue jobs this process could not push (a worker pushes them later)
+    fresh: tuple[SlotInfo, ...] = ()  # the slots whose lease was fresh when read: kept, or forced out
 
 
 def release(key: str, backend: Backend | None = None, *, force: bool = False) -> Released | None:
@@ -54,8 +56,8 @@ def release(key: str, backend: Backend | None = None, *, force: bool = False) ->
     state = store.read(key, head=0)
     if state.empty:
         return None
-    drop = [s for s in state.slots if force or stale(s)]
-    forced = sum(1 for s in drop if not stale(s))
+    fresh = tuple(s for s in state.slots if not stale(s))
+    drop = state.slots if force else [s for s in state.slots if s not in fresh]
     me = local_holder()
     outcome = store.drop(key, [s.token for s in drop], caller=me)
     queued = [p for p in outcome.promotions if p.via == "queue"]
@@ -64,10 +66,11 @@ def release(key: str, backend: Backend | None = None, *, force: bool = False) ->
         key=key,
         limit=state.limit,
         released=outcome.count,
-        forced=forced,
-        kept=len(state.slots) - len(drop),
+        forced=len(fresh) if force else 0,
+        kept=0 if force else len(fresh),
         promoted=len(outcome.promotions),
         unpushed=len(queued) - pushed,
+        fresh=fresh,
     )
 
 

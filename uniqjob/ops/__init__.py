@@ -1,0 +1,44 @@
+"""Library-level operations on a store: what ``uniqjob locks``, ``reap``, ``release`` and the rest do.
+
+Each is a plain function that takes a store (``backend``; the configured one
+if None) and returns data: rows, counts, what it removed. The command line
+only parses arguments and prints what these return. This layer sits on top:
+the concurrency operations are the concurrency package's own (the same
+objects), offered here beside the rest.
+
+- :func:`iter_rows`: a :class:`LockRow` per held key (a ``corrupt`` row for a record that cannot be read);
+- :func:`reap`: reclaim every orphaned lock, by the library's one orphan rule;
+- :func:`release`: release what one key names: its locks, a concurrency key's slots, or a corrupt record;
+- :func:`sweep`: settle every concurrency key (dead holders' slots freed, promotions pushed);
+- :func:`release_slots`, :func:`discard_parked`: an operator's escape hatches for one concurrency key;
+- :func:`concurrency`, :func:`concurrency_key`, :func:`iter_keys`: concurrency figures, for metrics.
+"""
+
+from __future__ import annotations
+
+from ..concurrency import Released, discard_parked, sweep
+from ..concurrency import release as release_slots
+from ..concurrency.ops import stale
+from ._figures import ConcurrencyReport, KeyReport, Totals, concurrency, concurrency_key, iter_keys
+from ._locks import CORRUPT, LockRelease, LockRow, Reaped, iter_rows, reap, release
+
+__all__ = [
+    "CORRUPT",
+    "ConcurrencyReport",
+    "KeyReport",
+    "LockRelease",
+    "LockRow",
+    "Reaped",
+    "Released",
+    "Totals",
+    "concurrency",
+    "concurrency_key",
+    "discard_parked",
+    "iter_keys",
+    "iter_rows",
+    "reap",
+    "release",
+    "release_slots",
+    "stale",
+    "sweep",
+]

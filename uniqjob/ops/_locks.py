@@ -1,0 +1,236 @@
+"""The locks in a store: list them, reap the orphans, release one key (a corrupt record too, by force)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
+from typing import Literal
+
+from .. import config
+from ..concurrency import Released
+from ..concurrency import release as release_slots
+from ..errors import CorruptRecordError
+from ..locks import RUNNING, LockState, holder_is_dead, orphaned
+from ..stores.base import Backend
+
+__all__ = ["CORRUPT", "LockRelease", "LockRow", "Reaped", "iter_rows", "reap", "release"]
+
+#: The state of a row whose record cannot be read: it blocks its key until removed.
+CORRUPT = "corrupt"
+
+
+@dataclass(frozen=True, slots=True)
+class LockRow:
+    """One held key as ``uniqjob locks`` reports it; ``json`` metadata renames a field in JSON.
+
+    Times are seconds: ``age_s`` since the lock was taken, ``ttl_s`` left
+    before the queue lock autoexpires, ``lease_s`` left on the run lock's lease.
+    A ``corrupt`` row has only ``path`` (where the record is), ``reason`` and,
+    when the store can still tell it, ``key``.
+    """
+
+    key: str | None
+    job_class: str | None = field(default=None, metadata={"json": "class"})
+    args: str | None = None
+    state: str = RUNNING
+    host: str | None = None
+    pid: int | None = None
+    age_s: float | None = 0.0
+    ttl_s: float | None = None
+    lease_s: float | None = None
+    orphaned: bool = False
+    path: str | None = None
+    reason: str | None = None
+
+    @classmethod
+    def from_corrupt(cls, error: CorruptRecordError, key: str | None = None) -> LockRow:
+        """Describe a record that cannot be read, as the store's error names it."""
+        return cls(
+            key=error.key or key or None, state=CORRUPT, age_s=None, path=error.path, reason=error.reason
+        )
+
+    @classmethod
+    def from_state(cls, state: LockState) -> LockRow:
+        """Describe a snapshot of one key's locks (which must not be free)."""
+        queue, run = state.queue, state.run
+        since = queue.since if queue is not None else run.started if run is not None else state.now
+        return cls(
+            key=state.key,
+            job_class=(queue.meta.cls or None) if queue is not None else None,
+            args=(queue.meta.args or None) if queue is not None else None,
+            # A run lock whose queue lock autoexpired is still a running job.
+            state=queue.state if queue is not None else RUNNING,
+            host=run.holder.host if run is not None else None,
+            pid=run.holder.pid if run is not None else None,
+            age_s=round(max(state.now - since, 0.0), 3),
+            ttl_s=round(queue.ttl, 3) if queue is not None and queue.ttl is not None else None,
+            lease_s=round(run.lease_left, 3) if run is not None else None,
+            orphaned=orphaned(state),  # the library's one orphan rule
+        )
+
+    def to_json(self) -> dict[str, object]:
+        """Return the record as the JSON object ``locks --json`` prints."""
+        return {f.metadata.get("json", f.name): getattr(self, f.name) for f in fields(self)}
+
+
+def iter_rows(backend: Backend | None = None, *, job_class: str | None = None) -> Iterator[LockRow]:
+    """Yield a row per held key, streaming the store's scan; keys freed meanwhile are skipped.
+
+    A record that cannot be read is a ``corrupt`` row, whatever ``job_class``
+    (its class cannot be read either); those too damaged to name their key
+    come last, from :meth:`Backend.corrupt`.
+    """
+    backend = backend if backend is not None else config.default_backend()
+    seen: set[str] = set()
+    for key in backend.scan():
+        try:
+            state = backend.read(key)
+        except CorruptRecordError as exc:
+            seen.add(exc.path)
+            yield LockRow.from_corrupt(exc, key)
+            continue
+        if state.free:
+            continue
+        row = LockRow.from_state(state)
+        if job_class is None or _class_matches(row.job_class, job_class):
+            yield row
+    for error in backend.corrupt():
+        if error.path not in seen:
+            yield LockRow.from_corrupt(error)
+
+
+def _class_matches(cls: str | None, wanted: str) -> bool:
+    return cls is not None and (cls == wanted or cls.endswith("." + wanted))
+
+
+def _reclaim(backend: Backend, state: LockState) -> bool:
+    """Delete the locks ``state`` shows, token-checked: a lock taken again meanwhile stays."""
+    queue_token = state.queue.token if state.queue is not None else None
+    return backend.reclaim(state.key, queue_token, state.run.token if state.run is not None else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Reaped:
+    """What :func:`reap` did.
+
+    ``reclaimed``: the orphans reclaimed (with ``dry_run``, those it would
+    reclaim); ``held``: how many keys held a readable lock; ``corrupt``: the
+    records that cannot be read, skipped (each blocks its key).
+    """
+
+    reclaimed: list[LockRow]
+    held: int
+    corrupt: list[LockRow]
+
+
+def reap(
+    backend: Backend | None = None, *, dry_run: bool = False, each: Callable[[LockRow], None] | None = None
+) -> Reaped:
+    """Reclaim every orphaned lock in the store (by :func:`uniqjob.locks.orphaned`, and nothing else).
+
+    Queued locks and live holders are never touched, and a lock taken again
+    meanwhile is left alone (reclaim checks its token). ``each`` is called
+    with every row as it is reclaimed (or would be) or skipped as corrupt,
+    while the scan goes on.
+    """
+    backend = backend if backend is not None else config.default_backend()
+    reclaimed: list[LockRow] = []
+    corrupt: list[LockRow] = []
+    damaged: set[str] = set()
+    held = 0
+
+    def found(row: LockRow, into: list[LockRow]) -> None:
+        into.append(row)
+        if each is not None:
+            each(row)
+
+    for key in backend.scan():
+        try:
+            state = backend.read(key)
+        except CorruptRecordError as exc:
+            damaged.add(exc.path)
+            found(LockRow.from_corrupt(exc, key), corrupt)
+            continue
+        if state.free:
+            continue
+        held += 1
+        row = LockRow.from_state(state)
+        if row.orphaned and (dry_run or _reclaim(backend, state)):
+            found(row, reclaimed)
+    for error in backend.corrupt():
+        if error.path not in damaged:
+            damaged.add(error.path)
+            found(LockRow.from_corrupt(error), corrupt)
+    return Reaped(reclaimed, held, corrupt)
+
+
+#: What :func:`release` did with a lock key: see :class:`LockRelease`.
+Done = Literal["released", "alive", "changed", "corrupt", "purged", "gone", "unsupported"]
+
+
+@dataclass(frozen=True, slots=True)
+class LockRelease:
+    """What :func:`release` did with a lock key (or the path of a corrupt record).
+
+    ``row`` shows the locks as found (a ``corrupt`` row for an unreadable
+    record). ``done``: ``released``; ``alive``, refused: a live holder has the
+    run lock (its lease is fresh) and no ``force``; ``changed``, nothing
+    released: the lock changed hands meanwhile; ``corrupt``, refused: the
+    record cannot be read and no ``force``; ``purged``: the unreadable record
+    was removed (``removed`` names what went, in the store's own names);
+    ``gone``: it was gone already; ``unsupported``: this store cannot remove
+    records by force.
+    """
+
+    row: LockRow
+    done: Done
+    removed: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True if something was released or removed."""
+        return self.done in ("released", "purged")
+
+
+def release(
+    key: str, backend: Backend | None = None, *, force: bool = False
+) -> LockRelease | Released | None:
+    """Release what ``key`` names, as ``uniqjob release KEY`` does; None if it names nothing held.
+
+    A lock key: its locks, unless a live holder has the run lock (``force``
+    releases it anyway: its job would then run on unlocked). A concurrency
+    key: its stale slots, promoting into them (see :func:`uniqjob.ops.release_slots`).
+    A record that cannot be read, named by its key or (if it names none) by
+    its path: removed only with ``force``.
+    """
+    backend = backend if backend is not None else config.default_backend()
+    try:
+        state = backend.read(key)
+    except CorruptRecordError as exc:
+        return _release_corrupt(backend, key, LockRow.from_corrupt(exc, key), force=force)
+    if state.free:
+        slots = release_slots(key, backend, force=force)
+        if slots is not None:
+            return slots
+        # the path of a record too damaged to name its key
+        error = next((e for e in backend.corrupt() if e.path == key), None)
+        return (
+            None
+            if error is None
+            else _release_corrupt(backend, key, LockRow.from_corrupt(error), force=force)
+        )
+    row = LockRow.from_state(state)
+    if state.run is not None and not force and not holder_is_dead(state.run.holder):
+        return LockRelease(row, "alive")
+    return LockRelease(row, "released" if _reclaim(backend, state) else "changed")
+
+
+def _release_corrupt(backend: Backend, target: str, row: LockRow, *, force: bool) -> LockRelease:
+    """Remove the unreadable record ``target`` names (its key or its path), if ``force``."""
+    if not force:
+        return LockRelease(row, "corrupt")
+    try:
+        removed = backend.purge(target)
+    except NotImplementedError:
+        return LockRelease(row, "unsupported")
+    return LockRelease(row, "purged", tuple(removed)) if removed else LockRelease(row, "gone")
