@@ -282,7 +282,7 @@ def test_a_subclass_never_keeps_its_parents_key_plan() -> None:
         def perform(self, *xs: Any) -> None:
             pass
 
-    assert Parent._key_plan is not None and OwnKey._key_plan is None and Starred._key_plan is None
+    assert Parent._plan.key is not None and OwnKey._plan.key is None and Starred._plan.key is None
     assert OwnKey.lock_key(1) == OwnKey.lock_key(2)  # its own unique_key, not the parent's plan
     assert Starred.lock_key(5) == make_key(Starred.job_name(), {"xs": (5,)})
 

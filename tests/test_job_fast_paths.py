@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from uniqjob import JobLock, JobNotUnique, UniqueJob, UniqueKeyError
 from uniqjob._calls import binder, describe_call, preview, show
 from uniqjob.keys import KeyPlan, make_key
+from uniqjob.locks import QueueMeta
+from uniqjob.stores.base import Backend
 from uniqjob.stores.memory import MemoryBackend
 
 _NAMES = ("a", "b", "c", "d")
@@ -78,7 +80,7 @@ def test_the_fast_lock_key_is_the_general_one(call: Any) -> None:
         def perform(self, a: int, b: int = 2, c: int = 3) -> None:
             pass
 
-    assert Planned._key_plan is not None
+    assert Planned._plan.key is not None
     try:
         general = make_key(Planned.job_name(), Planned.unique_key(*args, **kwargs))
     except UniqueKeyError:
@@ -184,31 +186,90 @@ def test_a_call_s_preview_is_the_general_one(args: list[Any], kwargs: dict[str, 
 
 
 def _facts(lock: JobLock) -> tuple[Any, ...]:
-    return (lock.backend, lock.key, lock.lease, lock.ttl, lock.meta, lock.strategy, lock.limit, lock.adopt)
+    return (
+        lock.backend, lock.key, lock.lease, lock.ttl, lock.meta, lock.strategy, lock.limit, lock.adopt,
+        lock.on_lost,
+    )  # fmt: skip
 
 
-@given(_calls)
-def test_the_plain_lock_is_the_one_the_hooks_make(call: Any) -> None:
+def _lost(lock: JobLock) -> None:
+    """Nothing: a setting to compare."""
+
+
+class _Plain(UniqueJob):
+    unique_backend = "memory://"
+    unique_lock_autoexpire = 90
+    unique_run_lease = 12
+    unique_strategy = "until_and_while_executing"
+    unique_lock_limit = 2
+    unique_on_lost = _lost
+
+    def perform(self, a: int, b: int = 2, c: int = 3) -> None:
+        pass
+
+
+class _Hooked(_Plain):
+    """_Plain with every hook that makes a lock overridden, each by the inherited one."""
+
+    @classmethod
+    def lock(cls, *args: Any, **kwargs: Any) -> JobLock:
+        return super().lock(*args, **kwargs)
+
+    @classmethod
+    def lock_key(cls, *args: Any, **kwargs: Any) -> str:
+        return super().lock_key(*args, **kwargs)
+
+    @classmethod
+    def unique_key(cls, *args: Any, **kwargs: Any) -> Any:
+        return super().unique_key(*args, **kwargs)
+
+    @classmethod
+    def job_name(cls) -> str:
+        return super().job_name()
+
+    @classmethod
+    def backend(cls) -> Backend:
+        return super().backend()
+
+    @classmethod
+    def autoexpire(cls) -> float | None:
+        return super().autoexpire()
+
+
+_Hooked.__qualname__ = _Plain.__qualname__  # the same name, so the same keys
+
+
+@given(_calls, st.booleans())
+def test_the_plain_lock_is_the_one_the_hooks_make(call: Any, adopt: bool) -> None:
     args, kwargs = call
-
-    class Plain(UniqueJob):
-        unique_backend = "memory://"
-        unique_lock_autoexpire = 90
-        unique_run_lease = 12
-        unique_strategy = "until_and_while_executing"
-        unique_lock_limit = 2
-
-        def perform(self, a: int, b: int = 2, c: int = 3) -> None:
-            pass
-
-    assert Plain._plain
+    assert _Plain._plan.plain and not _Hooked._plan.plain
     try:
-        general = Plain._lock(Plain.lock_key(*args, **kwargs), args, kwargs)
+        general = _Hooked.lock(*args, **kwargs)
     except UniqueKeyError:
         with pytest.raises(UniqueKeyError):
-            Plain.lock(*args, **kwargs)
+            _Plain.lock(*args, **kwargs)
         return
-    assert _facts(Plain.lock(*args, **kwargs)) == _facts(general)
+    assert _facts(_Plain.lock(*args, **kwargs)) == _facts(general)
+    rebuilt = _Plain.lock_from(general.key, general.token, adopt=adopt)
+    assert _facts(rebuilt) == _facts(_Hooked.lock_from(general.key, general.token, adopt=adopt))
+    assert rebuilt.token == general.token and rebuilt.meta == QueueMeta(_Plain.job_name(), "")
+
+
+def test_a_setting_assigned_after_the_class_is_defined_counts() -> None:
+    class Late(UniqueJob):
+        unique_backend = "memory://"
+
+        def perform(self, a: int) -> None:
+            pass
+
+    Late.unique_run_lease = 7
+    Late.unique_lock_autoexpire = 60
+    Late.unique_lock_limit = 3
+    Late.__qualname__ = "Renamed"
+    lock = Late.lock(1)
+    assert (lock.lease, lock.ttl, lock.limit) == (7.0, 60.0, 3)
+    assert lock.key.startswith(f"{__name__}.Renamed:") and lock.meta.cls == f"{__name__}.Renamed"
+    assert Late.lock_from(lock.key, lock.token).lease == 7.0
 
 
 def test_a_class_that_overrides_a_hook_is_not_plain() -> None:
@@ -220,5 +281,5 @@ def test_a_class_that_overrides_a_hook_is_not_plain() -> None:
         def perform(self, a: int) -> None:
             pass
 
-    assert not Named._plain
+    assert not Named._plan.plain
     assert Named.lock(1).key.startswith("renamed:")

@@ -1,8 +1,12 @@
-"""The UniqueJob mixin: class settings, keys, enqueue and run, and the queue hooks."""
+"""The UniqueJob mixin: class settings, keys, enqueue and run, and the queue hooks.
+
+What a class's definition decides about keys and locks, and the one lock
+builder, are in :mod:`uniqjob._plan`; what a duplicate becomes, in
+:mod:`uniqjob._conflicts`.
+"""
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -10,14 +14,14 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from . import config, settings
-from ._calls import Binder, binder, describe_call
+from . import _conflicts, config, settings
+from ._plan import JobPlan, build_lock, plan_of, planned_values
 from .concurrency import _job as _concurrency
 from .concurrency._job import ConcurrencyPolicy
 from .concurrency.semaphore import Semaphore
-from .errors import ConfigurationError, JobNotUnique, UniqueKeyError
+from .errors import ConfigurationError, JobNotUnique
 from .joblock import JobLock, Strategy
-from .keys import KEY_VERSION, KeyPlan, digest, make_key
+from .keys import KEY_VERSION, digest, make_key
 from .locks import QueueMeta
 from .queue import Queue
 from .settings import ConflictPolicy
@@ -27,7 +31,6 @@ __all__ = ["ConflictPolicy", "Queue", "UniqueJob"]
 
 log = logging.getLogger(__name__)
 
-_RESCHEDULED: Any = object()  # an inline call to try again after unique_reschedule_delay
 _sleep = time.sleep  # replaced by tests
 
 
@@ -62,34 +65,12 @@ class UniqueJob:
     #: lost or presumed lost (``lock.lost``); None: the loss is only logged.
     unique_on_lost: ClassVar[Callable[[JobLock], None] | None] = None
 
-    _perform_signature: ClassVar[inspect.Signature | None] = None
-    _perform_binder: ClassVar[Binder | None] = None  # see _calls.binder()
-    _perform_bound: ClassVar[bool] = False  # perform is a classmethod or staticmethod
-    _custom_key: ClassVar[bool] = False
-    _key_plan: ClassVar[KeyPlan | None] = None  # the default key of a plain signature, planned once
-    _plain: ClassVar[bool] = False  # overrides none of the hooks that make a lock: see _new_lock()
+    #: What the class's definition decides about its keys and locks (set on every class).
+    _plan: ClassVar[JobPlan] = JobPlan()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls._custom_key = inspect.getattr_static(cls, "unique_key") is not _DEFAULT_KEY
-        perform = inspect.getattr_static(cls, "perform")
-        if perform is not _BASE_PERFORM:
-            cls._perform_bound = isinstance(perform, (classmethod, staticmethod))
-            signature = inspect.signature(cls.perform)
-            if not cls._perform_bound:  # drop ``self``
-                params = list(signature.parameters.values())[1:]
-                signature = signature.replace(parameters=params)
-            cls._perform_signature = signature
-            cls._perform_binder = binder(signature)
-        # Set on every class, so a subclass never keeps its parent's plan for another key.
-        planned = cls._perform_signature
-        if planned is not None and cls._perform_binder is not None and not cls._custom_key:
-            plain_params = planned.parameters.values()
-            defaults = [p.default for p in plain_params if p.default is not inspect.Parameter.empty]
-            cls._key_plan = KeyPlan(list(planned.parameters), defaults)
-        else:
-            cls._key_plan = None
-        cls._plain = all(inspect.getattr_static(cls, name) is hook for name, hook in _LOCK_HOOKS.items())
+        cls._plan = plan_of(cls, UniqueJob)
         settings.check(cls, Queue)
         _concurrency.check(cls)
 
@@ -102,7 +83,7 @@ class UniqueJob:
     @classmethod
     def invoke(cls, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """Call ``perform`` (on a new instance for a plain method) and return its result; no locks."""
-        if cls._perform_bound:
+        if cls._plan.bound:
             return cls.perform(*args, **kwargs)
         return cls().perform(*args, **kwargs)
 
@@ -120,19 +101,9 @@ class UniqueJob:
         By default: ``perform``'s arguments, bound to its signature with defaults
         applied (so ``f(1)`` and ``f(a=1)`` are one key), limited to ``unique_args``.
         """
-        signature = cls._perform_signature
-        if signature is None:
-            raise ConfigurationError(f"{cls.__qualname__} must define perform()")
-        bind = cls._perform_binder
-        arguments = None if bind is None else bind(args, kwargs)
+        arguments = cls._plan.arguments(args, kwargs)
         if arguments is None:
-            try:
-                bound = signature.bind(*args, **kwargs)
-            except TypeError as exc:
-                reason = f"arguments do not match perform{signature}: {exc}"
-                raise UniqueKeyError(_param_in(str(exc)), reason) from None
-            bound.apply_defaults()
-            arguments = bound.arguments
+            raise ConfigurationError(f"{cls.__qualname__} must define perform()")
         if cls.unique_args is not None:
             return {name: arguments[name] for name in cls.unique_args}
         return arguments
@@ -140,13 +111,13 @@ class UniqueJob:
     @classmethod
     def lock_key(cls, *args: Any, **kwargs: Any) -> str:
         """Return the lock key of a call with these arguments."""
-        plan = cls._key_plan
-        values = None if plan is None else _planned_values(cls, plan, args, kwargs)
+        plan = cls._plan.key
+        values = None if plan is None else planned_values(cls, plan, args, kwargs)
         if plan is not None and values is not None:
             # The usual call, sooner: the same key as make_key(name, unique_key(...)).
             return plan.key(cls.job_name(), values)
         value = cls.unique_key(*args, **kwargs)
-        if cls._custom_key:
+        if cls._plan.custom_key:
             return f"{cls.job_name()}:{KEY_VERSION}:{digest(value, 'unique_key()')}"
         return make_key(cls.job_name(), value)
 
@@ -171,35 +142,12 @@ class UniqueJob:
     @classmethod
     def lock(cls, *args: Any, **kwargs: Any) -> JobLock:
         """Return a new :class:`JobLock` for a call with these arguments (nothing is taken yet)."""
-        return _new_lock(cls, args, kwargs)
+        return build_lock(cls, args, kwargs)
 
     @classmethod
     def lock_from(cls, key: str, token: str | None, *, adopt: bool = False) -> JobLock:
         """Rebuild a job's lock from the key and token that travelled with it (worker side)."""
-        return cls._lock(key, (), {}, token=token, adopt=adopt)
-
-    @classmethod
-    def _lock(
-        cls,
-        key: str,
-        args: Sequence[Any],
-        kwargs: dict[str, Any],
-        *,
-        token: str | None = None,
-        adopt: bool = False,
-    ) -> JobLock:
-        return JobLock(
-            cls.backend(),
-            key,
-            token=token,
-            lease=float(cls.unique_run_lease),
-            ttl=cls.autoexpire(),
-            meta=QueueMeta(cls.job_name(), describe_call(args, kwargs)),
-            adopt=adopt,
-            strategy=cls.unique_strategy,
-            limit=cls.unique_lock_limit,
-            on_lost=cls.unique_on_lost,
-        )
+        return build_lock(cls, (), {}, key=key, token=token, adopt=adopt)
 
     # -- the user's entry points -------------------------------------------------------
 
@@ -210,13 +158,13 @@ class UniqueJob:
         Returns the queue's job handle (inline: ``perform``'s result), or None
         when the call is a duplicate and the policy drops or reschedules it.
         """
-        # (lock() is not overridden when _plain: straight to its body, the call not packed again)
-        lock = _new_lock(cls, args, kwargs) if cls._plain else cls.lock(*args, **kwargs)
+        # (lock() is not overridden when plain: straight to its body, the call not packed again)
+        lock = build_lock(cls, args, kwargs) if cls._plan.plain else cls.lock(*args, **kwargs)
         queue = cls.unique_queue
         if queue is None:
             return cls._run(lock, args, kwargs)
         if cls.unique_strategy != "while_executing" and not lock.acquire(gone=queue.job_gone):
-            return cls._conflict(lock, args, kwargs)
+            return _conflicts.apply(cls, lock, args, kwargs)
         try:
             # Made once the lock is ours: a duplicate needs no id, and acquire() records none.
             job_id = _concurrency.job_id(cls, queue)
@@ -240,7 +188,7 @@ class UniqueJob:
 
         Returns ``perform``'s result, or None when the key is held and the policy drops the call.
         """
-        lock = _new_lock(cls, args, kwargs) if cls._plain else cls.lock(*args, **kwargs)
+        lock = build_lock(cls, args, kwargs) if cls._plan.plain else cls.lock(*args, **kwargs)
         return cls._run(lock, args, kwargs)
 
     @classmethod
@@ -276,7 +224,7 @@ class UniqueJob:
                 log.warning("%s: skipped a second delivery of %s, still running", cls.job_name(), lock.key)
                 return None
             lock.dequeue()
-            return cls._conflict(lock, args, kwargs)
+            return _conflicts.apply(cls, lock, args, kwargs)
         except Exception as exc:  # the store failed: give back what the call holds, then say so
             _settle_failed_start(lock, settle, exc)
             raise
@@ -301,34 +249,15 @@ class UniqueJob:
                 if lock.acquire(run=True):
                     with lock.running(started=True):
                         return cls.invoke(args, kwargs)
-                result = cls._conflict(lock, args, kwargs)
+                result = _conflicts.apply(cls, lock, args, kwargs)
             elif cls.unique_strategy != "while_executing" and not lock.acquire():
-                result = cls._conflict(lock, args, kwargs)
+                result = _conflicts.apply(cls, lock, args, kwargs)
             else:
                 result = cls.execute(lock, args, kwargs)
-            if result is not _RESCHEDULED:
+            if result is not _conflicts.RESCHEDULED:
                 return result
             # inline, "reschedule" waits in this process and tries again
             _sleep(cls.unique_reschedule_delay)
-
-    @classmethod
-    def _conflict(cls, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-        policy = cls.unique_on_conflict
-        if policy == "raise":
-            raise JobNotUnique(lock.key, _holder(lock))
-        # A duplicate is the common case of a busy queue: the holder's facts are
-        # gathered only for a log line that is written.
-        if policy == "log":
-            if log.isEnabledFor(logging.INFO):
-                log.info("%s dropped: %s is already locked (%s)", cls.job_name(), lock.key, _holder(lock))
-        elif policy == "reschedule":
-            if log.isEnabledFor(logging.INFO):
-                log.info("%s rescheduled: %s is already locked (%s)", cls.job_name(), lock.key, _holder(lock))
-            queue = cls.unique_queue
-            if queue is None:
-                return _RESCHEDULED
-            queue.push_later(cls, tuple(args), dict(kwargs), float(cls.unique_reschedule_delay))
-        return None
 
     # -- hooks for queues --------------------------------------------------------------
 
@@ -344,7 +273,7 @@ class UniqueJob:
         queue = cls.unique_queue
         if lock.acquire(gone=queue.job_gone if queue is not None else None):
             return True
-        cls._conflict(lock, args, kwargs)
+        _conflicts.apply(cls, lock, args, kwargs)
         return False
 
     @classmethod
@@ -354,7 +283,7 @@ class UniqueJob:
 
         Raises :class:`JobNotUnique` if another live job holds the run lock.
         """
-        lock = cls._lock(cls.lock_key(*args, **kwargs), args, kwargs, adopt=True)
+        lock = build_lock(cls, args, kwargs, adopt=True)
         with lock.running():
             yield lock
 
@@ -396,48 +325,6 @@ class UniqueJob:
         return _concurrency.semaphore_of(cls, args, kwargs)
 
 
-def _planned_values(
-    cls: type[UniqueJob], plan: KeyPlan, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Sequence[Any] | None:
-    """The values ``plan`` keys a call by (perform's parameters, defaults applied); None if not planned."""
-    if cls.unique_args is not None:
-        return None
-    given = len(args)
-    if not kwargs and plan.required <= given <= plan.size:  # positional, defaults trailing
-        return args + plan.defaults[given:] if given < plan.size else args
-    bind = cls._perform_binder
-    bound = None if bind is None else bind(args, kwargs)
-    return None if bound is None else list(bound.values())  # None: the hooks raise the error
-
-
-def _new_lock(cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any]) -> JobLock:
-    """The body of ``cls.lock(*args, **kwargs)``.
-
-    For a class whose hooks are all UniqueJob's own (``_plain``), in one step:
-    every enqueue makes a lock, and the layers of hooks (``lock_key``,
-    ``unique_key``, ``job_name``, ``backend``, ``autoexpire``) cost more than
-    the key itself once the CPU's caches have gone cold between two enqueues,
-    as they have in a busy application. Any other class or call goes through
-    the hooks.
-    """
-    plan = cls._key_plan if cls._plain else None
-    values = None if plan is None else _planned_values(cls, plan, args, kwargs)
-    if plan is None or values is None:
-        return cls._lock(cls.lock_key(*args, **kwargs), args, kwargs)
-    name = f"{cls.__module__}.{cls.__qualname__}"  # job_name()
-    target = cls.unique_backend
-    return JobLock(
-        config.default_backend() if target is None else config.resolve(target),
-        plan.key(name, values),
-        lease=float(cls.unique_run_lease),
-        ttl=None if cls.unique_lock_autoexpire is None else cls.autoexpire(),
-        meta=QueueMeta(name, describe_call(args, kwargs)),
-        strategy=cls.unique_strategy,
-        limit=cls.unique_lock_limit,
-        on_lost=cls.unique_on_lost,
-    )
-
-
 def _settle_failed_start(
     lock: JobLock, settle: Callable[[BaseException | None, Any], None] | None, exc: Exception
 ) -> None:
@@ -452,22 +339,3 @@ def _settle_failed_start(
         settle(exc, None)
     else:
         lock.release()
-
-
-def _holder(lock: JobLock) -> dict[str, object]:
-    return lock.conflict.describe() if lock.conflict is not None else {}
-
-
-def _param_in(message: str) -> str:
-    """Pull the parameter name out of a ``Signature.bind`` error, if it names one."""
-    start = message.find("'")
-    end = message.find("'", start + 1)
-    return message[start + 1 : end] if 0 <= start < end else ""
-
-
-_DEFAULT_KEY = inspect.getattr_static(UniqueJob, "unique_key")
-_LOCK_HOOKS = {
-    name: inspect.getattr_static(UniqueJob, name)
-    for name in ("lock", "_lock", "lock_key", "unique_key", "job_name", "backend", "autoexpire")
-}
-_BASE_PERFORM = inspect.getattr_static(UniqueJob, "perform")

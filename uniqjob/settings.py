@@ -112,7 +112,7 @@ def _check_unique_args(cls: type[UniqueJob]) -> None:
     where = f"{cls.__qualname__}.unique_args"
     if isinstance(names, str) or not all(isinstance(n, str) for n in names):
         raise ConfigurationError(f"{where} must be a tuple of parameter names, e.g. ('account_id',)")
-    signature = cls._perform_signature
+    signature = cls._plan.signature
     if signature is not None:
         unknown = [n for n in names if n not in signature.parameters]
         if unknown:

@@ -1,0 +1,51 @@
+"""What a duplicate call becomes: the job class's ``unique_on_conflict`` policy."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .errors import JobNotUnique
+from .joblock import JobLock
+
+if TYPE_CHECKING:
+    from .job import UniqueJob
+
+__all__ = ["RESCHEDULED", "apply"]
+
+# The job layer's logger, named in the README: a dropped duplicate is logged as the job's.
+log = logging.getLogger("uniqjob.job")
+
+#: An inline call to try again after ``unique_reschedule_delay``.
+RESCHEDULED: Any = object()
+
+
+def apply(cls: type[UniqueJob], lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """Apply ``cls``'s policy to a call whose ``lock`` conflicted; return the call's result (None).
+
+    "raise" raises :class:`JobNotUnique`; "reschedule" hands the call to the
+    queue to enqueue again later, or, with no queue, returns
+    :data:`RESCHEDULED` for the caller to wait and try again.
+    """
+    policy = cls.unique_on_conflict
+    if policy == "raise":
+        raise JobNotUnique(lock.key, _holder(lock))
+    # A duplicate is the common case of a busy queue: the holder's facts are
+    # gathered only for a log line that is written.
+    if policy == "log":
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s dropped: %s is already locked (%s)", cls.job_name(), lock.key, _holder(lock))
+    elif policy == "reschedule":
+        if log.isEnabledFor(logging.INFO):
+            log.info("%s rescheduled: %s is already locked (%s)", cls.job_name(), lock.key, _holder(lock))
+        queue = cls.unique_queue
+        if queue is None:
+            return RESCHEDULED
+        queue.push_later(cls, tuple(args), dict(kwargs), float(cls.unique_reschedule_delay))
+    return None
+
+
+def _holder(lock: JobLock) -> dict[str, object]:
+    """The facts of what blocked ``lock``'s last acquire or start, for a log line or an error."""
+    return lock.conflict.describe() if lock.conflict is not None else {}
