@@ -490,9 +490,9 @@ class MachineStore(SemaphoreStore):
             return m.drop(tokens, encode_holder(caller), handoff)
 
     def read(self, key: str, *, head: int = 5) -> SemaphoreState:
-        with self._machine(key, write=False) as m:
+        with self._machine(key) as m:  # reading changes nothing: nothing is written
             return m.state(head)
 
     @abstractmethod
-    def _machine(self, key: str, *, write: bool = True) -> AbstractContextManager[Machine]:
+    def _machine(self, key: str) -> AbstractContextManager[Machine]:
         """Hold the key's mutual exclusion, yield its machine, store the record if it changed."""
