@@ -17,8 +17,8 @@ from urllib.parse import unquote
 from ..errors import BackendError, ConfigurationError, CorruptRecordError
 from ._files import RecordFiles
 from ._machine import MachineStore
-from ._machine import record_problem as semaphore_problem
-from ._records import SlotBackend, record_problem
+from ._records import SlotBackend
+from ._schema import lock_problem, semaphore_problem
 from ._stripes import Stripes, describe_error
 from ._template import Held, RecordStore
 from ._urls import Invalid, bad, options, seconds, split
@@ -128,7 +128,7 @@ class FileBackend(_FileRecords, SlotBackend):
                 f"the file store cannot be {str(path)!r}, the root directory: its lock files "
                 "would go into / itself; give it a directory of its own, e.g. file:///var/lib/myapp/locks"
             )
-        files = functools.partial(RecordFiles, kind="lock", problem=record_problem, hint_key=True)
+        files = functools.partial(RecordFiles, kind="lock", problem=lock_problem, hint_key=True)
         super().__init__(path, timeout, clock, files)
 
     def semaphores(self) -> SemaphoreStore:
