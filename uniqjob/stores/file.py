@@ -9,9 +9,11 @@ import functools
 import logging
 import os
 import time
+from abc import abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, ClassVar
 from urllib.parse import unquote
 
 from ..errors import BackendError, ConfigurationError, CorruptRecordError
@@ -33,16 +35,14 @@ FILE_URL_OPTIONS: dict[str, str] = {
 
 log = logging.getLogger(__name__)
 
-
-#: Makes a store's RecordFiles over its stripes.
-_Files = Callable[[Stripes], RecordFiles]
+Record = dict[str, Any]
 
 
 class _FileRecords(RecordStore):
     """One JSON record per key under ``directory``, each read and written under its stripe's lock.
 
-    A record is written by :meth:`RecordFiles.write` (a whole temporary file,
-    then ``os.replace`` onto the record's name) under a ``flock`` that guards a
+    A record is written by :meth:`RecordFiles.write` (a whole file, then
+    ``os.replace`` onto the record's name) under a ``flock`` that guards a
     stripe of keys, so a process killed mid-write leaves the old record or the
     new one, never half. A record that cannot be read, or whose fields have
     the wrong type or shape, raises :class:`CorruptRecordError` naming the
@@ -55,13 +55,32 @@ class _FileRecords(RecordStore):
     """
 
     name = "file"
+    #: Whose records these are, in errors; what is wrong with one whose key was read ("" if nothing);
+    #: whether the error for a record unreadable as far as its key names the key it was read for.
+    _kind: ClassVar[str]
+    _hint_key: ClassVar[bool]
 
-    def __init__(self, directory: Path, timeout: float, clock: Callable[[], float], files: _Files) -> None:
-        self.directory = directory
+    @staticmethod
+    @abstractmethod
+    def _problem(record: Record) -> str: ...
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        timeout: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.directory = Path(directory)
+        if os.path.realpath(self.directory) == os.path.realpath("/"):
+            raise ConfigurationError(
+                f"the file store cannot be {str(self.directory)!r}, the root directory: its lock files "
+                "would go into / itself; give it a directory of its own, e.g. file:///var/lib/myapp/locks"
+            )
         self.timeout = timeout
         self.clock = clock
-        self._stripes = Stripes(directory, timeout, self.name)
-        self._files = files(self._stripes)
+        self._stripes = Stripes(self.directory, timeout, self.name)
+        self._files = RecordFiles(self._stripes, self._kind, self._problem, hint_key=self._hint_key)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.directory)!r})"
@@ -115,21 +134,9 @@ class FileBackend(_FileRecords, SlotBackend):
     stripe, and so of its own. These files are never deleted.
     """
 
-    def __init__(
-        self,
-        directory: str | os.PathLike[str],
-        *,
-        timeout: float = 30.0,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        path = Path(directory)
-        if os.path.realpath(path) == os.path.realpath("/"):
-            raise ConfigurationError(
-                f"the file store cannot be {str(path)!r}, the root directory: its lock files "
-                "would go into / itself; give it a directory of its own, e.g. file:///var/lib/myapp/locks"
-            )
-        files = functools.partial(RecordFiles, kind="lock", problem=lock_problem, hint_key=True)
-        super().__init__(path, timeout, clock, files)
+    _kind = "lock"
+    _problem = staticmethod(lock_problem)
+    _hint_key = True
 
     def semaphores(self) -> SemaphoreStore:
         """A new semaphore store in this directory's ``concurrency/``, on this backend's timeout and clock."""
@@ -152,16 +159,9 @@ class FileSemaphores(_FileRecords, MachineStore):
     backend's stripe locks (one ``flock`` per stripe, kept open).
     """
 
-    def __init__(
-        self,
-        directory: str | os.PathLike[str],
-        *,
-        timeout: float = 30.0,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        # An unreadable record's error names no key: a purge by key (its hint) is for lock records.
-        files = functools.partial(RecordFiles, kind="concurrency", problem=semaphore_problem, hint_key=False)
-        super().__init__(Path(directory), timeout, clock, files)
+    _kind = "concurrency"
+    _problem = staticmethod(semaphore_problem)
+    _hint_key = False  # an unreadable record's error names no key: a purge by key (its hint) is for locks
 
     def scan(self) -> Iterator[str]:
         """Yield every key that holds a slot or a parked call, and every key whose record has bad fields.
