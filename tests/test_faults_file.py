@@ -243,6 +243,15 @@ def _semaphores(tmp_path: Path) -> tuple[FileSemaphores, Path]:
     return store, Path(store._stripes.of("ck")[0])
 
 
+def _queue_one(store: FileSemaphores, token: str, *, limit: int, lease: float) -> str:
+    """Take a slot of "ck" for ``token``, for a queue; the outcome's status."""
+    out = store.acquire(
+        "ck", token, limit=limit, lease=lease, running=False, holder=None, park=None, job_class="J", args="",
+        caller=ME,
+    )  # fmt: skip
+    return out.status
+
+
 def _bad_concurrency_records() -> Iterator[tuple[str, Callable[[dict[str, Any]], None]]]:
     def slot(record: dict[str, Any]) -> dict[str, Any]:
         return record["slots"]["a"]  # type: ignore[no-any-return]
@@ -279,18 +288,7 @@ def test_a_concurrency_record_of_the_wrong_shape_is_a_corrupt_record(
         lambda: store.read("ck"),
         lambda: store.renew("ck", "a", 5.0, caller=ME),
         lambda: store.release("ck", "a", caller=ME),
-        lambda: store.acquire(
-            "ck",
-            "b",
-            limit=2,
-            lease=1.0,
-            running=False,
-            holder=None,
-            park=None,
-            job_class="J",
-            args="",
-            caller=ME,
-        ),
+        lambda: _queue_one(store, "b", limit=2, lease=1.0),
     ):
         with pytest.raises(CorruptRecordError) as info:
             operation()
@@ -378,20 +376,11 @@ def test_the_concurrency_store_never_follows_a_planted_symlink(tmp_path: Path) -
     stripe = store._stripes.of("ck")[1]
     target = tmp_path / "tmp-target"
     os.symlink(target, store.directory / f".{stripe:02d}.tmp")
-    assert store.release("ck", "a", caller=ME).status == "released"  # a record written through .NN.tmp
-    out = store.acquire(
-        "ck",
-        "b",
-        limit=1,
-        lease=9.0,
-        running=False,
-        holder=None,
-        park=None,
-        job_class="J",
-        args="",
-        caller=ME,
-    )
-    assert out.status == "taken" and not os.path.lexists(target)
+    assert store.release("ck", "a", caller=ME).status == "released"  # its inode kept as a spare
+    for spare in store.directory.glob(f".{stripe:02d}?.spare"):
+        spare.unlink()  # so the next record is written into a file made afresh at .NN.tmp
+    assert _queue_one(store, "b", limit=1, lease=9.0) == "taken"
+    assert not os.path.lexists(target)
     victim = tmp_path / "victim"
     victim.write_text(path.read_text())
     path.unlink()

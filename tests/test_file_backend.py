@@ -14,7 +14,7 @@ from filelock import FileLock
 import uniqjob
 from uniqjob import BackendError, CorruptRecordError, UniqueJob
 from uniqjob.locks import QueueMeta, RunClaim, local_holder
-from uniqjob.stores.file import FileBackend
+from uniqjob.stores.file import FileBackend, FileSemaphores
 
 
 class Job(UniqueJob):
@@ -156,6 +156,35 @@ def test_transitions_reuse_spare_files_and_leave_no_debris(file_backend: FileBac
     spares = [p for p in file_backend.directory.glob(".*.spare")]
     assert spares and all(p.stat().st_nlink == 1 for p in spares)
     assert len(spares) <= 2 * len({p.name[:3] for p in spares})  # at most two per stripe
+
+
+def test_the_semaphore_store_writes_through_the_same_spares(file_backend: FileBackend) -> None:
+    store = file_backend.semaphores()
+    assert isinstance(store, FileSemaphores)
+    holder = local_holder()
+    for n in range(40):
+        key = f"ck-{n % 3}"
+        out = store.acquire(
+            key, "t", limit=1, lease=60.0, running=True, holder=holder, park=None, job_class="J", args="",
+            caller=holder,
+        )  # fmt: skip
+        assert out.status == "taken"
+        assert store.release(key, "t", caller=holder).status == "released"
+    names = [p.name for p in store.directory.iterdir() if p.is_file()]
+    assert not [n for n in names if n.endswith((".json", ".tmp"))]  # each record gone, no debris
+    spares = list(store.directory.glob(".*.spare"))
+    assert spares and all(p.stat().st_nlink == 1 for p in spares)  # every inode kept, none a record's
+    assert len(spares) <= 2 * len({p.name[:3] for p in spares})
+    stripe = store._stripes.of("ck-0")[1]
+    for spare in store.directory.glob(f".{stripe:02d}?.spare"):
+        spare.unlink()
+        os.symlink(file_backend.directory / "elsewhere", spare)
+    with pytest.raises(BackendError, match=r"\.spare: a symbolic link.*remove it"):
+        store.acquire(
+            "ck-0", "t", limit=1, lease=60.0, running=True, holder=holder, park=None, job_class="J", args="",
+            caller=holder,
+        )  # fmt: skip
+    assert not os.path.lexists(file_backend.directory / "elsewhere")
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

@@ -1,10 +1,10 @@
 """Record files: the ``<digest>.json`` file a file store keeps for each key, under its stripe's lock.
 
 Both file stores (locks and concurrency semaphores) keep their records so,
-and read, list and remove them here: never blocking on a planted FIFO, never
-through a symlink, and naming the file in a :class:`CorruptRecordError`
-whenever one cannot be read as far as its key. How a record is written is
-each store's own (see theirs): only the error a failed write raises is shared.
+and read, write, list and remove them here: never blocking on a planted FIFO,
+never through a symlink, and naming the file in a :class:`CorruptRecordError`
+whenever one cannot be read as far as its key. :meth:`RecordFiles.write` is
+the one atomic writer of both.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from typing import Any
 
 from ..errors import BackendError, CorruptRecordError
-from ._stripes import OPEN_FLAGS, Stripes, describe_error, file_problem, os_reason
+from ._stripes import FILE_MODE, OPEN_FLAGS, Stripes, describe_error, file_problem, os_reason
 
 __all__ = ["RECORD_NAME", "RecordFiles", "read_all", "write_all"]
 
@@ -43,6 +44,7 @@ class RecordFiles:
         self.problem = problem
         self.hint_key = hint_key
         self._dir = str(stripes.directory)
+        self._spare_paths: dict[int, list[str]] = {}
 
     def _parse(self, path: str, key: str = "") -> Record | None:
         """Read the record at ``path`` as far as its key; None if there is none.
@@ -95,10 +97,94 @@ class RecordFiles:
             raise CorruptRecordError(path, problem, key=key)
         return record
 
-    def write_error(self, path: str, exc: OSError) -> BackendError:
-        """The error for a write of the record at ``path`` that failed with ``exc`` (on it, or a spare)."""
-        where = exc.filename if isinstance(exc.filename, str) else path
-        return BackendError(f"cannot write {path}: {describe_error(where, exc)}", self.stripes.owner)
+    def write(self, path: str, stripe: int, record: Record | None, *, existed: bool = True) -> None:
+        """Store ``record`` at ``path`` (None: remove it), atomically; ``stripe``'s lock is held.
+
+        ``existed``: whether a record was read there (when not, there is none to keep or remove).
+
+        The whole record is written into a file that no record uses, which is
+        then renamed onto the record's name: a process killed mid-write leaves
+        the old record or the new one, never half. That file is one of two
+        spares per stripe (``.NNa.spare``, ``.NNb.spare``), and a record that is
+        replaced or deleted becomes a spare in turn (by a hard link made before
+        the rename or the unlink), so a transition neither creates nor frees an
+        inode (why: docs/performance.md). A spare is only ever written while it
+        is no record's other name (its link count is checked); where there is
+        none yet, the record is written into the stripe's ``.NN.tmp``, made
+        afresh (a crash's leftover is simply made again). Nothing is fsynced: a
+        power cut can leave a record older than its last write. A failure is a
+        :class:`BackendError` naming the file.
+        """
+        try:
+            self._write(path, stripe, record, existed)
+        except OSError as exc:
+            where = exc.filename if isinstance(exc.filename, str) else path
+            reason = describe_error(where, exc)
+            raise BackendError(f"cannot write {path}: {reason}", self.stripes.owner) from exc
+
+    def _write(self, path: str, stripe: int, record: Record | None, existed: bool) -> None:
+        spares = self._spares(stripe)
+        if record is None:
+            if not existed:
+                return
+            kept = _keep(path, spares, None)
+            with suppress(FileNotFoundError):
+                os.unlink(path)
+            if kept is not None:
+                spares.sort(key=lambda spare: spare != kept)
+            return
+        data = json.dumps(record, separators=(",", ":")).encode("utf-8")
+        filled = self._fill(spares, data)
+        made = None
+        if filled is None:
+            filled = made = _fresh(os.path.join(self._dir, f".{stripe:02d}.tmp"), data)
+        kept = _keep(path, spares, filled) if existed else None
+        try:
+            os.replace(filled, path)
+        except BaseException:
+            # A kept spare would stay a second name of the live record; a file made here is debris.
+            for left in (kept, made):
+                if left is not None:
+                    with suppress(OSError):
+                        os.unlink(left)
+            raise
+        spares.sort(key=lambda spare: spare == filled)  # it is the vacant one now, if a spare
+
+    def _spares(self, stripe: int) -> list[str]:
+        """The stripe's two spare paths: the one last seen holding an inode first, the vacant one last.
+
+        Only a guess (other processes use them too) that saves a failed call when right.
+        """
+        spares = self._spare_paths.get(stripe)
+        if spares is None:
+            spares = self._spare_paths[stripe] = [
+                os.path.join(self._dir, f".{stripe:02d}{s}.spare") for s in "ab"
+            ]
+        return spares
+
+    def _fill(self, spares: list[str], data: bytes) -> str | None:
+        """Write ``data`` into a spare that is no record's other name and return its path; None if none."""
+        for spare in spares:
+            try:
+                fd = os.open(spare, os.O_WRONLY | os.O_NONBLOCK | OPEN_FLAGS)
+            except FileNotFoundError:
+                continue
+            try:
+                info = os.fstat(fd)
+                problem = file_problem(info)
+                if problem:
+                    raise BackendError(f"spare file {spare} is {problem}: remove it", self.stripes.owner)
+                if info.st_nlink != 1:
+                    # Still another name of a record: a crash came between the link and the rename.
+                    os.unlink(spare)
+                    continue
+                write_all(fd, data)
+                if info.st_size > len(data):
+                    os.ftruncate(fd, len(data))
+            finally:
+                os.close(fd)
+            return spare
+        return None
 
     def records(self) -> Iterator[Record]:
         """Yield each record that can be read as far as its key (its fields not checked)."""
@@ -158,6 +244,41 @@ class RecordFiles:
         if here and RECORD_NAME.fullmatch(name):
             return os.path.join(self._dir, name), Stripes.of_name(name)
         return self.stripes.of(key_or_path)
+
+
+def _fresh(tmp: str, data: bytes) -> str:
+    """Make ``tmp`` afresh (``0o600``, never through whatever already has that name), holding ``data``."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | OPEN_FLAGS
+    try:
+        fd = os.open(tmp, flags, FILE_MODE)
+    except FileExistsError:
+        os.unlink(tmp)  # a crash's leftover (or a planted link): the name goes, nothing it points to
+        fd = os.open(tmp, flags, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)  # the umask may have taken bits from the mode given to open
+        write_all(fd, data)
+    except BaseException:
+        os.close(fd)
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.close(fd)
+    return tmp
+
+
+def _keep(path: str, spares: list[str], busy: str | None) -> str | None:
+    """Give the inode at ``path`` a free spare's name, so replacing or deleting it frees nothing."""
+    for spare in reversed(spares):
+        if spare == busy:
+            continue
+        try:
+            os.link(path, spare, follow_symlinks=False)  # a link to the name, never through it
+        except FileExistsError:
+            continue
+        except OSError:  # no hard links here (or too many): the inode is simply freed
+            return None
+        return spare
+    return None
 
 
 def write_all(fd: int, data: bytes) -> None:

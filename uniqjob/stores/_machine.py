@@ -13,24 +13,12 @@ Record: ``{"key", "limit", "cls", "slots": {token: slot}, "parked": [entry, ...]
 
 from __future__ import annotations
 
-import json
 from abc import abstractmethod
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 from ..locks import Holder
-from ._records import (
-    COUNT,
-    NUMBER,
-    NUMBER_OR_NULL,
-    TEXT,
-    Fields,
-    Kind,
-    fields_problem,
-    one_of,
-    shown,
-)
 from .semaphores import (
     HANDOFF,
     TOMBSTONE,
@@ -46,81 +34,6 @@ from .semaphores import (
 )
 
 Record = dict[str, Any]
-
-
-def _is_holder(text: object) -> bool:
-    """Whether ``text`` is what :func:`encode_holder` makes: "" or ``[host, node, pid, pstart]``."""
-    if type(text) is not str:
-        return False
-    if not text:
-        return True
-    try:
-        parts = json.loads(text)
-    except (ValueError, RecursionError):
-        return False
-    return (
-        type(parts) is list
-        and len(parts) == 4
-        and all(type(p) is str for p in parts[:2])
-        and all(type(p) is int for p in parts[2:])
-    )
-
-
-_HOLDER: Kind = ("a holder ('' or '[host, node, pid, pstart]')", _is_holder)
-_VIA = one_of("inline", "queue")
-_RECORD_FIELDS: Fields = {
-    "limit": (COUNT, True),
-    "cls": (TEXT, True),
-    "slots": (("an object", lambda v: type(v) is dict), False),
-    "parked": (("a list", lambda v: type(v) is list), True),
-    "done": (("an object", lambda v: type(v) is dict), True),
-}
-_SLOT_FIELDS: Fields = {
-    "st": (one_of("reserved", "promoted", "running"), False),
-    "via": (_VIA, False),
-    "h": (_HOLDER, False),
-    "dl": (NUMBER, False),
-    "ls": (NUMBER, False),
-    "since": (NUMBER, False),
-    "redo": (COUNT, False),
-    "args": (TEXT, False),
-    "p": (TEXT, False),
-}
-_ENTRY_FIELDS: Fields = {
-    "token": (TEXT, False),
-    "via": (_VIA, False),
-    "h": (_HOLDER, False),
-    "ls": (NUMBER, False),
-    "since": (NUMBER, False),
-    "args": (TEXT, False),
-    "p": (TEXT, False),
-    "dl": (NUMBER_OR_NULL, False),
-}
-
-
-def record_problem(record: Record) -> str:
-    """Return what is wrong with a concurrency record whose key was read; "" if every field is sound.
-
-    Checked once, on read, so that no transition meets a field of the wrong
-    type half-way (a TypeError then, never the :class:`CorruptRecordError` it is).
-    """
-    problem = fields_problem(record, "the record", _RECORD_FIELDS)
-    if problem:
-        return problem
-    for token, slot in record["slots"].items():
-        problem = fields_problem(slot, f"slot {shown(token)}", _SLOT_FIELDS)
-        if problem:
-            return problem
-    for n, entry in enumerate(record.get("parked", ())):
-        problem = fields_problem(entry, f"parked entry {n}", _ENTRY_FIELDS)
-        if problem:
-            return problem
-        if entry["via"] == "inline" and entry["dl"] is None:
-            return f"parked entry {n} waits inline with no deadline 'dl'"
-    for token, expires in record.get("done", {}).items():
-        if not NUMBER[1](expires):
-            return f"the tombstone of {shown(token)} expires at {shown(expires)}, expected {NUMBER[0]}"
-    return ""
 
 
 class Machine:
@@ -490,9 +403,9 @@ class MachineStore(SemaphoreStore):
             return m.drop(tokens, encode_holder(caller), handoff)
 
     def read(self, key: str, *, head: int = 5) -> SemaphoreState:
-        with self._machine(key, write=False) as m:
+        with self._machine(key) as m:  # reading changes nothing: nothing is written
             return m.state(head)
 
     @abstractmethod
-    def _machine(self, key: str, *, write: bool = True) -> AbstractContextManager[Machine]:
+    def _machine(self, key: str) -> AbstractContextManager[Machine]:
         """Hold the key's mutual exclusion, yield its machine, store the record if it changed."""

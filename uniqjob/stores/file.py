@@ -6,22 +6,23 @@ Locks (:class:`FileBackend`) and, in its ``concurrency/`` directory, semaphores
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import time
+from abc import abstractmethod
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, ClassVar
 from urllib.parse import unquote
 
 from ..errors import BackendError, ConfigurationError, CorruptRecordError
-from ._files import RecordFiles, write_all
-from ._machine import Machine, MachineStore
-from ._machine import Record as SemaphoreRecord
-from ._machine import record_problem as semaphore_problem
-from ._records import Record, Slot, SlotBackend, record_problem
-from ._stripes import FILE_MODE, OPEN_FLAGS, Stripes, describe_error, file_problem
+from ._files import RecordFiles
+from ._machine import MachineStore
+from ._records import SlotBackend
+from ._schema import lock_problem, semaphore_problem
+from ._stripes import Stripes, describe_error
+from ._template import Held, RecordStore
 from ._urls import Invalid, bad, options, seconds, split
 from .semaphores import SemaphoreStore
 
@@ -34,30 +35,18 @@ FILE_URL_OPTIONS: dict[str, str] = {
 
 log = logging.getLogger(__name__)
 
+Record = dict[str, Any]
 
-class FileBackend(SlotBackend):
-    """Locks kept as files under ``directory``, safe across processes on one host.
 
-    Each key's record is written atomically (a whole file, then ``os.replace``
-    onto the record's name) under a ``flock`` that guards a stripe of keys, so
-    a process killed mid-write leaves the old record or the new one, never
-    half. A record that cannot be read, or whose fields have the wrong type or
-    shape, raises :class:`CorruptRecordError` naming the file; it is never
-    taken for a free lock, and :meth:`purge` removes it.
+class _FileRecords(RecordStore):
+    """One JSON record per key under ``directory``, each read and written under its stripe's lock.
 
-    The file written and then renamed is one of two spares per stripe
-    (``.NNa.spare``, ``.NNb.spare``), and a record that is replaced or deleted
-    becomes a spare in turn (by a hard link made before the rename or the
-    unlink). So a transition neither creates nor frees an inode (why:
-    docs/performance.md). A spare is only ever
-    written while it is no record's other name (its link count is checked).
-    Nothing is fsynced, as before: a power cut can leave a record older than
-    its last write.
-
-    Fences: each stripe keeps the last fence it issued in ``.NN.fence``, so a
-    fence outlives its key's record (which goes with its last lock) without
-    a file per key: a new one is greater than every fence of any key of the
-    stripe, and so of its own. These files are never deleted.
+    A record is written by :meth:`RecordFiles.write` (a whole file, then
+    ``os.replace`` onto the record's name) under a ``flock`` that guards a
+    stripe of keys, so a process killed mid-write leaves the old record or the
+    new one, never half. A record that cannot be read, or whose fields have
+    the wrong type or shape, raises :class:`CorruptRecordError` naming the
+    file; it is never taken for a free one, and :meth:`purge` removes it.
 
     The directory must be this user's, and not writable by others unless
     sticky (see :func:`~uniqjob.stores._stripes.private_directory`); every
@@ -66,6 +55,14 @@ class FileBackend(SlotBackend):
     """
 
     name = "file"
+    #: Whose records these are, in errors; what is wrong with one whose key was read ("" if nothing);
+    #: whether the error for a record unreadable as far as its key names the key it was read for.
+    _kind: ClassVar[str]
+    _hint_key: ClassVar[bool]
+
+    @staticmethod
+    @abstractmethod
+    def _problem(record: Record) -> str: ...
 
     def __init__(
         self,
@@ -82,18 +79,11 @@ class FileBackend(SlotBackend):
             )
         self.timeout = timeout
         self.clock = clock
-        self._dir = str(self.directory)
-        self._spare_paths: dict[int, list[str]] = {}
         self._stripes = Stripes(self.directory, timeout, self.name)
-        self._files = RecordFiles(self._stripes, "lock", record_problem, hint_key=True)
+        self._files = RecordFiles(self._stripes, self._kind, self._problem, hint_key=self._hint_key)
 
     def __repr__(self) -> str:
-        return f"FileBackend({str(self.directory)!r})"
-
-    def semaphores(self) -> SemaphoreStore:
-        """A new semaphore store in this directory's ``concurrency/``, on this backend's timeout and clock."""
-        clock = lambda: self.clock()  # noqa: E731, PLW0108 - a clock swapped in later is followed
-        return FileSemaphores(self.directory / "concurrency", timeout=self.timeout, clock=clock)
+        return f"{type(self).__name__}({str(self.directory)!r})"
 
     def _fence(self, stripe: int, now_us: int) -> int:
         """Issue a fence for a key of ``stripe``, whose lock is held (see :meth:`Stripes.fence`)."""
@@ -103,116 +93,24 @@ class FileBackend(SlotBackend):
             where = exc.filename if isinstance(exc.filename, str) else f"the fence file of stripe {stripe}"
             raise BackendError(f"cannot issue a fence: {describe_error(where, exc)}", self.name) from exc
 
-    def _spares(self, stripe: int) -> list[str]:
-        """The stripe's two spare paths: the one last seen holding an inode first, the vacant one last.
-
-        Only a guess (other processes use them too) that saves a failed call when right.
-        """
-        spares = self._spare_paths.get(stripe)
-        if spares is None:
-            spares = self._spare_paths[stripe] = [
-                os.path.join(self._dir, f".{stripe:02d}{s}.spare") for s in "ab"
-            ]
-        return spares
-
-    def _store(self, path: str, stripe: int, record: Record | None, existed: bool) -> None:
-        """Write ``record`` (None: delete it) at ``path``; the stripe's lock is held."""
-        spares = self._spares(stripe)
-        if record is None:
-            if existed:
-                kept = self._keep(path, spares, None)
-                with suppress(FileNotFoundError):
-                    os.unlink(path)
-                if kept is not None:
-                    spares.sort(key=lambda spare: spare != kept)
-            return
-        filled = self._fill(spares, json.dumps(record, separators=(",", ":")).encode("utf-8"))
-        kept = self._keep(path, spares, filled) if existed else None
-        try:
-            os.replace(filled, path)
-        except BaseException:
-            if kept is not None:  # else the spare would stay a second name of the live record
-                with suppress(OSError):
-                    os.unlink(kept)
-            raise
-        spares.sort(key=lambda spare: spare == filled)  # it is the vacant one now
-
-    def _fill(self, spares: list[str], data: bytes) -> str:
-        """Write ``data`` into a spare (made if there is none) and return its path."""
-        for spare in spares:
-            try:
-                fd = os.open(spare, os.O_WRONLY | os.O_NONBLOCK | OPEN_FLAGS)
-            except FileNotFoundError:
-                continue
-            try:
-                stat = os.fstat(fd)
-                problem = file_problem(stat)
-                if problem:
-                    raise BackendError(f"spare file {spare} is {problem}: remove it", self.name)
-                if stat.st_nlink != 1:
-                    # Still another name of a record: a crash came between the link and the rename.
-                    os.unlink(spare)
-                    continue
-                write_all(fd, data)
-                if stat.st_size > len(data):
-                    os.ftruncate(fd, len(data))
-            finally:
-                os.close(fd)
-            return spare
-        spare = spares[0]
-        fd = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, FILE_MODE)
-        try:
-            os.fchmod(fd, FILE_MODE)  # the umask may have taken bits from the mode given to open
-            write_all(fd, data)
-        except BaseException:
-            os.close(fd)
-            with suppress(OSError):
-                os.unlink(spare)
-            raise
-        os.close(fd)
-        return spare
-
-    @staticmethod
-    def _keep(path: str, spares: list[str], busy: str | None) -> str | None:
-        """Give the inode at ``path`` a free spare's name, so replacing or deleting it frees nothing."""
-        for spare in reversed(spares):
-            if spare == busy:
-                continue
-            try:
-                os.link(path, spare, follow_symlinks=False)  # a link to the name, never through it
-            except FileExistsError:
-                continue
-            except OSError:  # no hard links here (or too many): the inode is simply freed
-                return None
-            return spare
-        return None
-
     @contextmanager
-    def _slot(self, key: str) -> Iterator[Slot]:
+    def _held(self, key: str) -> Iterator[Held]:
         path, stripe = self._stripes.of(key)
         with self._stripes.locked(stripe):
             record = self._files.load(path, key)
-            slot = Slot(key, record, self.clock(), functools.partial(self._fence, stripe))
-            yield slot
-            if slot.changed:
-                try:
-                    self._store(path, stripe, slot.record(), record is not None)
-                except OSError as exc:
-                    raise self._files.write_error(path, exc) from exc
+            yield Held(
+                record,
+                self.clock(),
+                functools.partial(self._files.write, path, stripe, existed=record is not None),
+                functools.partial(self._fence, stripe),
+            )
 
     def close(self) -> None:
         """Close the stripes' lock files (they are opened again on next use)."""
         self._stripes.close()
 
-    def scan(self) -> Iterator[str]:
-        """Yield the key of every record, a record with bad fields too (:meth:`read` then raises).
-
-        A record too damaged to name its key is yielded by :meth:`corrupt` instead.
-        """
-        for record in self._files.records():
-            yield record["key"]
-
     def corrupt(self) -> Iterator[CorruptRecordError]:
+        """Yield an error for each record file that cannot be read as far as its key."""
         yield from self._files.corrupt()
 
     def purge(self, key: str) -> list[str]:
@@ -225,89 +123,45 @@ class FileBackend(SlotBackend):
         return self._files.purge(key)
 
 
-class FileSemaphores(MachineStore):
-    """Semaphores as JSON files under ``directory``, safe across processes on one host.
+class FileBackend(_FileRecords, SlotBackend):
+    """Locks kept as files under ``directory``, safe across processes on one host.
 
-    One record per key, written atomically (temporary file, then
-    ``os.replace``) under a ``flock`` guarding a stripe of keys (the file
-    backend's stripe lock, kept open); a record that cannot be read, or whose
-    fields have the wrong type or shape, raises :class:`CorruptRecordError`
-    naming the file, and :meth:`purge` removes it. The temporary file is one
-    per stripe (``.NN.tmp``), written only under its stripe's lock, so one
-    that a crash left behind is simply made again by the next write.
+    Records, writes and safety: as :class:`_FileRecords` says.
 
-    The directory is kept as private as the file backend's: this user's,
-    files opened with ``O_NOFOLLOW``, modes ``0o700`` / ``0o600`` whatever the umask.
+    Fences: each stripe keeps the last fence it issued in ``.NN.fence``, so a
+    fence outlives its key's record (which goes with its last lock) without
+    a file per key: a new one is greater than every fence of any key of the
+    stripe, and so of its own. These files are never deleted.
     """
 
-    name = "file"
+    _kind = "lock"
+    _problem = staticmethod(lock_problem)
+    _hint_key = True
 
-    def __init__(
-        self,
-        directory: str | os.PathLike[str],
-        *,
-        timeout: float = 30.0,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.directory = Path(directory)
-        self.timeout = timeout
-        self.clock = clock
-        self._stripes = Stripes(self.directory, timeout, self.name)
-        # An unreadable record's error names no key: a purge by key (its hint) is for lock records.
-        self._files = RecordFiles(self._stripes, "concurrency", semaphore_problem, hint_key=False)
+    def semaphores(self) -> SemaphoreStore:
+        """A new semaphore store in this directory's ``concurrency/``, on this backend's timeout and clock."""
+        clock = lambda: self.clock()  # noqa: E731, PLW0108 - a clock swapped in later is followed
+        return FileSemaphores(self.directory / "concurrency", timeout=self.timeout, clock=clock)
 
-    def __repr__(self) -> str:
-        return f"FileSemaphores({str(self.directory)!r})"
+    def scan(self) -> Iterator[str]:
+        """Yield the key of every record, a record with bad fields too (:meth:`read` then raises).
 
-    def close(self) -> None:
-        """Close the stripes' lock files (they are opened again on next use)."""
-        self._stripes.close()
+        A record too damaged to name its key is yielded by :meth:`corrupt` instead.
+        """
+        for record in self._files.records():
+            yield record["key"]
 
-    def _store(self, path: str, stripe: int, record: SemaphoreRecord | None) -> None:
-        if record is None:
-            with suppress(FileNotFoundError):
-                os.unlink(path)
-            return
-        tmp = os.path.join(os.path.dirname(path), f".{stripe:02d}.tmp")  # ours alone while we hold the stripe
-        fd = self._create(tmp)
-        try:
-            try:
-                write_all(fd, json.dumps(record, separators=(",", ":")).encode("utf-8"))
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException:
-            with suppress(OSError):
-                os.unlink(tmp)
-            raise
 
-    @staticmethod
-    def _create(tmp: str) -> int:
-        """Make ``tmp`` afresh, ``0o600``, never through whatever already has that name."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | OPEN_FLAGS
-        try:
-            fd = os.open(tmp, flags, FILE_MODE)
-        except FileExistsError:
-            os.unlink(tmp)  # a crash's leftover (or a planted link): the name goes, nothing it points to
-            fd = os.open(tmp, flags, FILE_MODE)
-        try:
-            os.fchmod(fd, FILE_MODE)  # the umask may have taken bits from the mode given to open
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+class FileSemaphores(_FileRecords, MachineStore):
+    """Semaphores as JSON files under ``directory``, safe across processes on one host.
 
-    @contextmanager
-    def _machine(self, key: str, *, write: bool = True) -> Iterator[Machine]:
-        path, stripe = self._stripes.of(key)
-        with self._stripes.locked(stripe):
-            m = Machine(key, self._files.load(path, key), self.clock())
-            yield m
-            if write and m.changed:
-                try:
-                    self._store(path, stripe, m.record())
-                except OSError as exc:
-                    raise self._files.write_error(path, exc) from exc
+    Records, writes and safety: as :class:`_FileRecords` says, with the file
+    backend's stripe locks (one ``flock`` per stripe, kept open).
+    """
+
+    _kind = "concurrency"
+    _problem = staticmethod(semaphore_problem)
+    _hint_key = False  # an unreadable record's error names no key: a purge by key (its hint) is for locks
 
     def scan(self) -> Iterator[str]:
         """Yield every key that holds a slot or a parked call, and every key whose record has bad fields.
@@ -318,17 +172,6 @@ class FileSemaphores(MachineStore):
         for record in self._files.records():
             if semaphore_problem(record) or record["slots"] or record.get("parked"):
                 yield record["key"]
-
-    def corrupt(self) -> Iterator[CorruptRecordError]:
-        """Yield an error for each record file that cannot be read as far as its key."""
-        yield from self._files.corrupt()
-
-    def purge(self, key: str) -> list[str]:
-        """Remove ``key``'s record file whatever it holds (or the record file at the path ``key``); return it.
-
-        A symlink is removed, never followed; ``[]`` when there was nothing.
-        """
-        return self._files.purge(key)
 
 
 def from_url(url: str) -> FileBackend:

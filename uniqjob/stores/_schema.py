@@ -1,0 +1,226 @@
+"""What a sound record holds, for the stores that keep plain JSON-ready records (memory, file).
+
+:func:`lock_problem` checks a lock record (``{"key", "q", "r"}``, see
+``_records.py``) and :func:`semaphore_problem` a semaphore record (see
+``_machine.py``), once, on read: a transition then never meets a field of the
+wrong type half-way (a TypeError, never the :class:`~uniqjob.errors.CorruptRecordError` it is).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from ..locks import QUEUED, RUNNING
+
+__all__ = ["lock_problem", "semaphore_problem"]
+
+Record = dict[str, Any]
+
+#: What a field must be: a description for the error, and the test.
+Kind = tuple[str, Callable[[object], bool]]
+
+
+_LARGEST = 2**53  # an int beyond it would lose digits as a float, or not convert at all
+
+
+def _is_number(value: object) -> bool:
+    """A finite float, or an int a float holds exactly (a time, a lease); never a bool."""
+    # type(), not isinstance(): a bool is an int to Python, never a time to us.
+    # ``x - x == 0.0`` holds for a finite float only (inf - inf and nan - nan are nan).
+    if type(value) is float:
+        return value - value == 0.0
+    return type(value) is int and -_LARGEST <= value <= _LARGEST
+
+
+TEXT: Kind = ("a string", lambda v: type(v) is str)
+NUMBER: Kind = ("a finite number", _is_number)
+COUNT: Kind = ("a whole number >= 0", lambda v: type(v) is int and v >= 0)
+NUMBER_OR_NULL: Kind = ("null or a finite number", lambda v: v is None or _is_number(v))
+
+
+def one_of(*values: str) -> Kind:
+    """A field that holds one of ``values``."""
+    return (" or ".join(map(repr, values)), lambda v: type(v) is str and v in values)
+
+
+#: Field name -> (its kind, whether it may be missing).
+Fields = dict[str, tuple[Kind, bool]]
+
+# A record: {"key": str, "q": queue lock or null, "r": run lock or null}; each lock a flat object.
+_QUEUE_FIELDS: Fields = {
+    "token": (TEXT, False),
+    "state": (one_of(QUEUED, RUNNING), False),
+    "since": (NUMBER, False),
+    "cls": (TEXT, True),
+    "args": (TEXT, True),
+    "job_id": (TEXT, True),
+    "expires": (NUMBER_OR_NULL, True),
+}
+_RUN_FIELDS: Fields = {
+    "token": (TEXT, False),
+    "host": (TEXT, False),
+    "node": (TEXT, False),
+    "pid": (COUNT, False),
+    "pstart": (COUNT, False),
+    "started": (NUMBER, False),
+    "lease": (NUMBER, False),
+    "until": (NUMBER, False),
+    "attempt": (TEXT, True),
+    "f": (COUNT, True),
+}
+
+
+def fields_problem(value: object, what: str, fields: Fields) -> str:
+    """Return what is wrong with ``value``, an object of ``fields`` called ``what``; "" if nothing."""
+    if type(value) is not dict:
+        return f"{what} is {type(value).__name__} {shown(value)}, expected an object"
+    for name, ((expected, fits), optional) in fields.items():
+        if name not in value:
+            if optional:
+                continue
+            return f"{what} has no {name!r}"
+        if not fits(value[name]):
+            return f"{what}'s {name!r} is {shown(value[name])}, expected {expected}"
+    return ""
+
+
+def shown(value: object) -> str:
+    """A short repr of a bad value, for an error message."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def lock_problem(record: Record) -> str:
+    """Return what is wrong with a lock record whose key was read; "" if every field has its type and shape.
+
+    The transitions index fields freely, so a record is checked once, on read:
+    a bad one is a :class:`~uniqjob.errors.CorruptRecordError`, never a
+    TypeError half-way through a transition.
+    """
+    q, r = record.get("q"), record.get("r")
+    if (q is None or _sound_queue(q)) and (r is None or _sound_run(r)):
+        return ""
+    if q is not None and (problem := fields_problem(q, "its queue lock", _QUEUE_FIELDS)):
+        return problem
+    return "" if r is None else fields_problem(r, "its run lock", _RUN_FIELDS)
+
+
+# The two checks below say the same as the tables above, of a sound lock, in one
+# expression each (a read checks every lock it reads, so this is the hot path);
+# only a lock that fails is walked field by field, to say what is wrong.
+
+
+def _sound_queue(q: Any) -> bool:
+    if type(q) is not dict:
+        return False
+    expires = q.get("expires")
+    return (
+        type(q.get("token")) is str
+        and q.get("state") in (QUEUED, RUNNING)
+        and _is_number(q.get("since"))
+        and (expires is None or _is_number(expires))
+        and type(q.get("cls", "")) is str
+        and type(q.get("args", "")) is str
+        and type(q.get("job_id", "")) is str
+    )
+
+
+def _sound_run(r: Any) -> bool:
+    if type(r) is not dict:
+        return False
+    pid, pstart, fence = r.get("pid"), r.get("pstart"), r.get("f", 0)
+    return (
+        type(r.get("token")) is str
+        and type(r.get("host")) is str
+        and type(r.get("node")) is str
+        and type(pid) is int
+        and pid >= 0
+        and type(pstart) is int
+        and pstart >= 0
+        and type(fence) is int
+        and fence >= 0
+        and _is_number(r.get("started"))
+        and _is_number(r.get("lease"))
+        and _is_number(r.get("until"))
+        and type(r.get("attempt", "")) is str
+    )
+
+
+# -- semaphore records ------------------------------------------------------------
+
+
+def _is_holder(text: object) -> bool:
+    """Whether ``text`` is what :func:`encode_holder` makes: "" or ``[host, node, pid, pstart]``."""
+    if type(text) is not str:
+        return False
+    if not text:
+        return True
+    try:
+        parts = json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return (
+        type(parts) is list
+        and len(parts) == 4
+        and all(type(p) is str for p in parts[:2])
+        and all(type(p) is int for p in parts[2:])
+    )
+
+
+_HOLDER: Kind = ("a holder ('' or '[host, node, pid, pstart]')", _is_holder)
+_VIA = one_of("inline", "queue")
+_RECORD_FIELDS: Fields = {
+    "limit": (COUNT, True),
+    "cls": (TEXT, True),
+    "slots": (("an object", lambda v: type(v) is dict), False),
+    "parked": (("a list", lambda v: type(v) is list), True),
+    "done": (("an object", lambda v: type(v) is dict), True),
+}
+_SLOT_FIELDS: Fields = {
+    "st": (one_of("reserved", "promoted", "running"), False),
+    "via": (_VIA, False),
+    "h": (_HOLDER, False),
+    "dl": (NUMBER, False),
+    "ls": (NUMBER, False),
+    "since": (NUMBER, False),
+    "redo": (COUNT, False),
+    "args": (TEXT, False),
+    "p": (TEXT, False),
+}
+_ENTRY_FIELDS: Fields = {
+    "token": (TEXT, False),
+    "via": (_VIA, False),
+    "h": (_HOLDER, False),
+    "ls": (NUMBER, False),
+    "since": (NUMBER, False),
+    "args": (TEXT, False),
+    "p": (TEXT, False),
+    "dl": (NUMBER_OR_NULL, False),
+}
+
+
+def semaphore_problem(record: Record) -> str:
+    """Return what is wrong with a concurrency record whose key was read; "" if every field is sound.
+
+    Checked once, on read, so that no transition meets a field of the wrong
+    type half-way (a TypeError then, never the :class:`CorruptRecordError` it is).
+    """
+    problem = fields_problem(record, "the record", _RECORD_FIELDS)
+    if problem:
+        return problem
+    for token, slot in record["slots"].items():
+        problem = fields_problem(slot, f"slot {shown(token)}", _SLOT_FIELDS)
+        if problem:
+            return problem
+    for n, entry in enumerate(record.get("parked", ())):
+        problem = fields_problem(entry, f"parked entry {n}", _ENTRY_FIELDS)
+        if problem:
+            return problem
+        if entry["via"] == "inline" and entry["dl"] is None:
+            return f"parked entry {n} waits inline with no deadline 'dl'"
+    for token, expires in record.get("done", {}).items():
+        if not NUMBER[1](expires):
+            return f"the tombstone of {shown(token)} expires at {shown(expires)}, expected {NUMBER[0]}"
+    return ""
