@@ -1,8 +1,9 @@
 """The backend contract: every store keeps it, so policy can live once above them.
 
-Each test runs against Redis, the file store and memory. Time moves through
-``Store.advance``: the file and memory stores take an injected clock; Redis
-keeps the server's clock, so there leases are short and the test waits them out.
+Each test runs against every store in ``tests/conftest.py``'s ``STORES``. Time
+moves through ``Store.advance``: the file, memory and dict stores take an
+injected clock; Redis keeps the server's clock, so there leases are short and
+the test waits them out.
 """
 
 from __future__ import annotations
@@ -15,11 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FakeClock
+from tests.conftest import STORES, FakeClock, make_store
 from uniqjob.locks import Holder, LockState, QueueMeta, RunClaim
 from uniqjob.stores.base import Backend
-from uniqjob.stores.file import FileBackend
-from uniqjob.stores.memory import MemoryBackend
 from uniqjob.stores.redis import RedisBackend
 
 ME = Holder("host-a", "node-a", os.getpid(), 1)
@@ -34,15 +33,11 @@ class Store:
     advance: Callable[[float], None]
 
 
-@pytest.fixture(params=["redis", "file", "memory"])
+@pytest.fixture(params=list(STORES))
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    if request.param == "redis":
-        backend: RedisBackend = request.getfixturevalue("redis_backend")
-        return Store(backend, time.sleep)
     clock = FakeClock()
-    if request.param == "file":
-        return Store(FileBackend(tmp_path / "locks", clock=clock), clock.advance)
-    return Store(MemoryBackend(clock=clock), clock.advance)
+    backend = make_store(request, tmp_path, clock)
+    return Store(backend, clock.advance if STORES[request.param].fake_clock else time.sleep)
 
 
 def claim(b: Backend, token: str, key: str = "k", **kw: object) -> LockState | None:

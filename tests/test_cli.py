@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.redis_server import RedisServer
+from tests.conftest import SHARED_STORES, store_url
 from uniqjob.cli import main
 from uniqjob.cli._run import command_key
 from uniqjob.config import backend_from_url
@@ -147,15 +147,10 @@ class Store:
     backend: Backend
 
 
-@pytest.fixture(params=["file", "redis"])
+@pytest.fixture(params=SHARED_STORES)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """The file store and the session's real redis-server, in turn."""
-    if request.param == "redis":
-        request.getfixturevalue("redis_client")  # flushes the database
-        server: RedisServer = request.getfixturevalue("redis_server")
-        url = server.url
-    else:
-        url = (tmp_path / "locks").as_uri()
+    """Each store the command can open from another process (files, the session's redis-server), in turn."""
+    url = store_url(request, tmp_path)
     backend = backend_from_url(url)
     yield Store(url, backend)
     backend.close()

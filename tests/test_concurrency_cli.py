@@ -12,7 +12,7 @@ import pytest
 
 import uniqjob
 from tests.concurrency_jobs import QUEUE, Limited
-from tests.redis_server import RedisServer
+from tests.conftest import SHARED_STORES, store_url
 from uniqjob.cli import main
 from uniqjob.concurrency import Semaphore, store_for
 from uniqjob.locks import Holder, local_holder
@@ -21,14 +21,9 @@ KEY1 = "tests.concurrency_jobs.Limited:order-1"
 KEY2 = "tests.concurrency_jobs.Limited:order-2"
 
 
-@pytest.fixture(params=["file", "redis"])
+@pytest.fixture(params=SHARED_STORES)
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "redis":
-        request.getfixturevalue("redis_client")  # flushed
-        server: RedisServer = request.getfixturevalue("redis_server")
-        target = server.url
-    else:
-        target = (tmp_path / "locks").as_uri()
+    target = store_url(request, tmp_path)
     uniqjob.configure(target)  # the jobs and the command share the store
     QUEUE.pushed.clear()
     yield target

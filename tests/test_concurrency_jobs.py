@@ -34,7 +34,7 @@ from tests.concurrency_jobs import (
     Stuck,
     StuckQueue,
 )
-from tests.conftest import FakeClock
+from tests.conftest import STORES, FakeClock, make_store
 from uniqjob import UniqueJob
 from uniqjob.concurrency import Park, Parked, Promotion, Semaphore, discard_parked, store_for, sweep
 from uniqjob.concurrency._courier import Courier
@@ -44,7 +44,6 @@ from uniqjob.errors import ConcurrencyLimitExceeded, ConfigurationError, UniqueK
 from uniqjob.integrations import perform
 from uniqjob.locks import Holder, local_holder
 from uniqjob.stores.base import Backend
-from uniqjob.stores.file import FileBackend
 from uniqjob.stores.memory import MemoryBackend
 
 
@@ -58,16 +57,10 @@ def _fresh() -> Iterator[None]:
     QUEUE.pushed.clear()
 
 
-@pytest.fixture(params=["redis", "file", "memory"])
+@pytest.fixture(params=list(STORES))
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    """Each backend in turn, as the process-wide default."""
-    backend: Backend
-    if request.param == "redis":
-        backend = request.getfixturevalue("redis_backend")
-    elif request.param == "file":
-        backend = FileBackend(tmp_path / "locks")
-    else:
-        backend = MemoryBackend()
+    """Each store in turn, as the process-wide default."""
+    backend = make_store(request, tmp_path)
     uniqjob.configure(backend)
     return backend
 

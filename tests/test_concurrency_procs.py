@@ -37,6 +37,7 @@ from tests.concurrency_procs import (
     promoter,
     worker,
 )
+from tests.conftest import SHARED_STORES, store_url
 from tests.redis_server import RedisServer
 from uniqjob.concurrency import Parked, store_for, sweep
 from uniqjob.locks import orphaned
@@ -55,12 +56,9 @@ class Event:
     at: float
 
 
-@pytest.fixture(params=["redis", "file"])
+@pytest.fixture(params=SHARED_STORES)
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "redis":
-        server: RedisServer = request.getfixturevalue("redis_server")
-        return server.url
-    return f"file://{tmp_path}/locks"
+    return store_url(request, tmp_path)
 
 
 @pytest.fixture

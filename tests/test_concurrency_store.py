@@ -1,6 +1,6 @@
-"""The semaphore store contract, kept by the Redis, file and memory stores alike.
+"""The semaphore store contract, kept by every store in ``tests/conftest.py``'s ``STORES`` alike.
 
-File and memory stores run on a fake clock; Redis runs on the server's clock,
+File, memory and dict stores run on a fake clock; Redis runs on the server's clock,
 so the tests that age a lease use leases of a few tens of milliseconds there.
 """
 
@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FakeClock
+from tests.conftest import STORES, FakeClock, make_store
 from uniqjob.concurrency import Outcome, Park, SemaphoreStore, store_for
 from uniqjob.errors import CorruptRecordError
 from uniqjob.locks import Holder
 from uniqjob.stores._stripes import _StripeLock
+from uniqjob.stores.base import Backend
 from uniqjob.stores.file import FileBackend, FileSemaphores
 from uniqjob.stores.memory import MemoryBackend
 from uniqjob.stores.redis import RedisBackend
@@ -35,21 +36,15 @@ SHORT = 0.05  # a lease a test lets lapse
 class Store:
     store: SemaphoreStore
     age: Callable[[float], None]  # let time pass on the store's clock
-    backend: object
+    backend: Backend
 
 
-@pytest.fixture(params=["redis", "file", "memory"])
+@pytest.fixture(params=list(STORES))
 def s(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> Store:
-    if request.param == "redis":
-        backend: object = request.getfixturevalue("redis_backend")
-        assert isinstance(backend, RedisBackend)
-        return Store(store_for(backend), lambda seconds: time.sleep(seconds * 1.5), backend)
-    if request.param == "file":
-        backend = FileBackend(tmp_path / "locks", clock=clock)
-    else:
-        backend = MemoryBackend(clock=clock)
-    assert isinstance(backend, (FileBackend, MemoryBackend))
-    return Store(store_for(backend), clock.advance, backend)
+    backend = make_store(request, tmp_path, clock)
+    if STORES[request.param].fake_clock:
+        return Store(store_for(backend), clock.advance, backend)
+    return Store(store_for(backend), lambda seconds: time.sleep(seconds * 1.5), backend)
 
 
 def take(
@@ -397,7 +392,7 @@ def test_read_and_scan(s: Store) -> None:
 def test_the_key_space_is_separate_from_the_uniqueness_locks(s: Store) -> None:
     take(s, "a")
     backend = s.backend
-    assert isinstance(backend, (RedisBackend, FileBackend, MemoryBackend))
+    assert isinstance(backend, Backend)
     assert list(backend.scan()) == []
     assert backend.read(K).free
 

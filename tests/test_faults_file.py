@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FakeClock
+from tests.conftest import STORES, FakeClock
 from uniqjob.concurrency.local import FileSemaphores, MemorySemaphores
 from uniqjob.config import backend_from_url
 from uniqjob.errors import BackendError, ConfigurationError, CorruptRecordError
 from uniqjob.locks import Holder, QueueMeta, RunClaim
+from uniqjob.stores.base import Backend
 from uniqjob.stores.file import FileBackend
 from uniqjob.stores.memory import MemoryBackend
 
@@ -30,7 +31,7 @@ META = QueueMeta("tests.Job", "(1,)")
 DAY = 86_400.0
 
 
-def grant(backend: FileBackend | MemoryBackend, token: str, key: str = "k", attempt: str = "") -> int:
+def grant(backend: Backend, token: str, key: str = "k", attempt: str = "") -> int:
     run = RunClaim(ME, 30.0, attempt)
     assert backend.start(key, token, run=run, meta=META) is None
     return run.fence
@@ -47,10 +48,12 @@ def record_of(backend: FileBackend, key: str) -> Path:
 # -- fences ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["file", "memory"])
-def test_fences_follow_the_store_clock_and_never_step_back_with_it(kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", [name for name, kind in STORES.items() if kind.fake_clock])
+def test_fences_follow_the_store_clock_and_never_step_back_with_it(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     clock = FakeClock()
-    backend = FileBackend(tmp_path / "s", clock=clock) if kind == "file" else MemoryBackend(clock=clock)
+    backend = STORES[kind].make(request, tmp_path, clock)
     first = grant(backend, "t1")
     assert first == int(clock.now * 1_000_000)  # the store clock in whole microseconds
     backend.finish("k", "t1")

@@ -12,21 +12,17 @@ from typing import Any
 import pytest
 
 import uniqjob
+from tests.conftest import SHARED_STORES, store_url
 from tests.proc_jobs import Sleeper, crash_worker, race_worker
-from tests.redis_server import RedisServer
 
 ctx = multiprocessing.get_context("spawn")
 PROCESSES = 8
 ATTEMPTS = 60
 
 
-@pytest.fixture(params=["redis", "file"])
+@pytest.fixture(params=SHARED_STORES)
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "redis":
-        server: RedisServer = request.getfixturevalue("redis_server")
-        request.getfixturevalue("redis_client")  # flushed
-        return server.url
-    return f"file://{tmp_path}/locks"
+    return store_url(request, tmp_path)
 
 
 def test_race_one_holder_at_a_time_and_no_false_conflicts(url: str) -> None:
