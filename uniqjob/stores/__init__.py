@@ -3,7 +3,8 @@
 Each store is one module: ``RedisBackend`` (``uniqjob.stores.redis``) for many
 hosts, ``FileBackend`` (``uniqjob.stores.file``) for one host,
 ``MemoryBackend`` (``uniqjob.stores.memory``) for one process. Only the
-contract is loaded here.
+contracts, and the record-machine templates a store written in Python
+builds on, are loaded here.
 
 :func:`from_url` picks the store of a URL by its scheme. :func:`uniqjob.configure`,
 ``UNIQJOB_URL``, a job class's ``unique_backend`` and the ``uniqjob`` command
@@ -20,10 +21,28 @@ from collections.abc import Callable
 from importlib import import_module
 
 from ..errors import ConfigurationError
+from ._machine import Machine, MachineStore
+from ._records import Slot, SlotBackend
 from ._urls import scheme_of, shown
-from .base import Backend
+from .base import Backend, Store
+from .semaphores import SemaphoreStore
 
-__all__ = ["Backend", "StoreFactory", "from_url", "register", "schemes", "unregister"]
+# The contracts, and the record-machine templates a new store in Python builds on
+# (README "Writing a store"): a store implements their one hook.
+__all__ = [
+    "Backend",
+    "Machine",
+    "MachineStore",
+    "SemaphoreStore",
+    "Slot",
+    "SlotBackend",
+    "Store",
+    "StoreFactory",
+    "from_url",
+    "register",
+    "schemes",
+    "unregister",
+]
 
 #: Makes a store from a URL of its scheme; a malformed URL is a ConfigurationError naming the problem.
 StoreFactory = Callable[[str], Backend]
