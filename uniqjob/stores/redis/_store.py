@@ -6,7 +6,7 @@ one lock key share a hash tag, ``<namespace>:{<key>}:q`` (queue lock),
 ``...:r`` (run lock) and ``...:f`` (its last fence), so every script touches
 one cluster slot. Listing uses ``SCAN``, never ``KEYS``.
 
-The scripts are called on a connection each thread keeps (``_transport.Lanes``);
+The scripts are called through ``_transport.Scripts``, on a connection each thread keeps;
 a success is an integer (1, or the fence of a run lock). See
 docs/performance.md for why.
 
@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 import redis
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
 
 from ...errors import BackendError, ConfigurationError, CorruptRecordError
 from ...locks import QUEUED, RUNNING, Holder, LockState, Parts, QueueMeta, QueueRecord, RunClaim, RunRecord
@@ -34,7 +33,7 @@ from ..base import Backend, QueueMode
 from ..semaphores import SemaphoreStore
 from . import _lua as lua
 from ._semaphores import RedisSemaphores
-from ._transport import Lanes, evalsha_head, pack_after
+from ._transport import Scripts
 from ._url import redis_client_from_url
 
 __all__ = ["RedisBackend"]
@@ -130,11 +129,6 @@ def _run_record(fields: list[Any], ttl: int) -> RunRecord:
     )
 
 
-def _is_noscript(exc: BaseException) -> bool:
-    """The server does not know the script (restart, SCRIPT FLUSH): redis-py's class, or a fork's of it."""
-    return isinstance(exc, NoScriptError) or type(exc).__name__ == "NoScriptError"
-
-
 def _where(client: Any) -> str:
     """Where ``client`` talks to, for messages: never raises, whatever kind of client it is."""
     try:
@@ -180,11 +174,12 @@ class RedisBackend(Backend):
         self.client: redis.Redis = client
         self.namespace = namespace
         self._prefix = namespace + ":{"
-        self._heads: dict[tuple[Any, int, int], bytes] = {}
         self._holder: tuple[Holder | None, list[str]] = (None, [])
         try:
-            self._execute: Callable[..., Any] = client.execute_command
-            self._lanes = Lanes(client) if Lanes.fit(client) else None
+            client.execute_command  # noqa: B018  (not a client at all: a ConfigurationError now)
+            self._scripts = Scripts(client)
+            self._lanes = self._scripts.lanes
+            self._run = self._scripts.call
             self._claim = self._script(lua.CLAIM)
             self._start = self._script(lua.START)
             self._renew = self._script(lua.RENEW)
@@ -200,7 +195,7 @@ class RedisBackend(Backend):
 
     def semaphores(self) -> SemaphoreStore:
         """A new semaphore store on this server and client, under ``<namespace>:c:``."""
-        return RedisSemaphores(self.client, namespace=self.namespace)
+        return RedisSemaphores(self.client, namespace=self.namespace, lanes=self._scripts.lanes)
 
     def __repr__(self) -> str:
         return f"RedisBackend({_where(self.client)})"
@@ -228,20 +223,9 @@ class RedisBackend(Backend):
             raise self._fail(exc) from exc
 
     def _eval(self, script: Script, numkeys: int, items: list[Any]) -> Any:
-        """Run ``script`` with ``items``: its ``numkeys`` keys, then its arguments."""
+        """Run ``script`` with ``items``: its ``numkeys`` keys, then its arguments (_transport.Scripts)."""
         try:
-            lanes = self._lanes
-            if lanes is None:
-                return self._eval_pooled(script, numkeys, items)
-            head = self._heads.get((script.sha, numkeys, len(items))) or self._head(
-                script, numkeys, len(items)
-            )
-            try:
-                return lanes.call(pack_after(head, items, lanes.encoding, lanes.errors))
-            except NoScriptError:  # the server lost its script cache (restart, SCRIPT FLUSH)
-                script.sha = self.client.script_load(script.script)
-                head = self._head(script, numkeys, len(items))
-                return lanes.call(pack_after(head, items, lanes.encoding, lanes.errors))
+            return self._run(script, numkeys, items)
         except Exception as exc:
             if str(exc).startswith(lua.CORRUPT):
                 self._corrupt(exc, items[:numkeys])
@@ -257,21 +241,6 @@ class RedisBackend(Backend):
     def _key_of(self, name: str) -> str:
         """The lock key a Redis key name of this namespace belongs to."""
         return name[len(self._prefix) : -3]
-
-    def _head(self, script: Script, numkeys: int, count: int) -> bytes:
-        head = self._heads[(script.sha, numkeys, count)] = evalsha_head(script.sha, numkeys, count)
-        return head
-
-    def _eval_pooled(self, script: Script, numkeys: int, items: list[Any]) -> Any:
-        # EVALSHA straight through execute_command: Script.__call__ costs as much
-        # again in Python (an import, tuple copies, two more layers) on every call.
-        try:
-            return self._execute("EVALSHA", script.sha, numkeys, *items)
-        except Exception as exc:
-            if not _is_noscript(exc):
-                raise
-            script.sha = self.client.script_load(script.script)
-            return self._execute("EVALSHA", script.sha, numkeys, *items)
 
     def _state(self, key: str, reply: str | bytes) -> LockState:
         """The state a script's snapshot reply describes; the usual duplicate's ("Q"), unread until used."""
@@ -430,8 +399,7 @@ class RedisBackend(Backend):
 
     def close(self) -> None:
         try:
-            if self._lanes is not None:
-                self._lanes.close()
+            self._scripts.close()
             self.client.close()
         except Exception as exc:
             raise self._fail(exc) from exc
