@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import time
 import uuid
 from types import ModuleType
@@ -13,7 +14,7 @@ import pytest
 import redis
 
 from uniqjob.locks import Holder
-from uniqjob.stores.redis import RedisBackend, _lua, _semaphore_lua
+from uniqjob.stores.redis import RedisBackend, _lua, _semaphore_lua, _store
 from uniqjob.stores.redis._prelude import CLOCK
 from uniqjob.stores.redis._semaphores import RedisSemaphores
 
@@ -99,3 +100,29 @@ def test_the_semaphore_scripts_go_the_lock_stores_way_and_survive_a_script_flush
         assert {slot.token for slot in state.slots} == {f"t{i}" for i in range(n + 1)}
     assert store.release("k", "t0", caller=caller).status == "released"
     backend.close()
+
+
+def _names(line: str) -> tuple[str, ...]:
+    """The names a header's ``ARGV:`` lists, without their notes in parentheses."""
+    text = re.sub(r"\([^)]*\)", "", line)
+    return tuple(name.strip() for name in text.split(","))
+
+
+def test_the_lock_scripts_argv_and_snapshot_are_read_by_the_names_of_one_table() -> None:
+    source = inspect.getsource(_lua)
+    for name, argv in (
+        ("CLAIM", _lua.CLAIM_ARGV),
+        ("START", _lua.START_ARGV),
+        ("REQUEUE", _lua.REQUEUE_ARGV),
+    ):
+        head = source[: source.index(f"\n{name} = ")].rpartition("# KEYS:")[2]
+        listed = re.sub(r"\s*#\s*", " ", head.partition("ARGV:")[2]).partition(".")[0]
+        listed = listed.partition("\n")[0] if name == "REQUEUE" else listed
+        names = _names(listed.split("flags:")[0].split("Returns")[0])
+        assert names == argv, name
+    store = inspect.getsource(_store)
+    assert ", ".join(_lua.QUEUE_FIELDS) + " = fields" in store
+    assert ", ".join(_lua.RUN_FIELDS) + " = fields" in store
+    assert ", ".join(_lua.SNAPSHOT) + " = _scan_json(" in store
+    letters = ", ".join(f"'{letter}'" for letter in _lua.QUEUE_FIELDS.values())
+    assert f"redis.pcall('HMGET', KEYS[1], {letters})" in _lua.CLAIM

@@ -29,6 +29,31 @@ __all__ = [
 ]
 
 
+# The fields a snapshot reports, by name, each with its letter in the lock's hash; the
+# scripts read them in this order (HMGET), and _store.py unpacks them by these names.
+QUEUE_FIELDS = {
+    "token": "t", "state": "s", "since": "a", "cls": "c", "cls_len": "n", "args": "p", "job_id": "j",
+}  # fmt: skip
+RUN_FIELDS = {
+    "token": "t", "host": "h", "node": "o", "pid": "i", "pstart": "b", "started": "a", "lease": "l",
+    "fence": "f",
+}  # fmt: skip
+#: The snapshot's JSON array after its mark (see snapshot()): the locks' fields false if absent.
+SNAPSHOT = ("now", "queue", "queue_ttl", "run", "run_ttl")
+
+# The ARGV of the scripts that write a queue lock, by name: what every one of them starts with,
+# then CLAIM's and START's run lock (after their mode / flags) or REQUEUE's attempt.
+QUEUE_ARGV = ("token", "ttl_ms", "cls", "cls_len", "args", "job_id")
+RUN_ARGV = ("host", "node", "pid", "pstart", "lease_ms", "attempt")
+CLAIM_ARGV = (*QUEUE_ARGV, "mode", *RUN_ARGV)
+START_ARGV = (*QUEUE_ARGV, "flags", *RUN_ARGV)
+REQUEUE_ARGV = (*QUEUE_ARGV, "attempt")
+
+
+def _hmget(fields: dict[str, str]) -> str:
+    return ", ".join(f"'{letter}'" for letter in fields.values())
+
+
 # Reads go through redis.pcall, whose error (a table with .err) is checked: a
 # WRONGTYPE raised by redis.call would end the script with an error that does
 # not say which key, and a key of another type is a damaged record, not an outage.
@@ -73,10 +98,14 @@ end
 -- one string, not a score of replies (a string, where success is an integer).
 local function snapshot(now, q)  -- q: the queue lock's fields, if already read
   if not q then
-    q = redis.pcall('HMGET', KEYS[1], 't', 's', 'a', 'c', 'n', 'p', 'j')
+    q = redis.pcall('HMGET', KEYS[1], """
+    + _hmget(QUEUE_FIELDS)
+    + """)
     if failed(q) then return unreadable(1, q, 'hash') end
   end
-  local r = redis.pcall('HMGET', KEYS[2], 't', 'h', 'o', 'i', 'b', 'a', 'l', 'f')
+  local r = redis.pcall('HMGET', KEYS[2], """
+    + _hmget(RUN_FIELDS)
+    + """)
   if failed(r) then return unreadable(2, r, 'hash') end
   local qttl, rttl = -2, -2
   if present(q) then qttl = redis.call('PTTL', KEYS[1]) else q = false end
@@ -85,7 +114,7 @@ local function snapshot(now, q)  -- q: the queue lock's fields, if already read
   -- whose snapshot the client need not read; 'S' for any other.
   local mark = 'S'
   if q and q[1] and q[2] == 'q' and not q[7] and not r then mark = 'Q' end
-  return mark .. cjson.encode({now, q, qttl, r, rttl})
+  return mark .. cjson.encode({now, q, qttl, r, rttl})  -- SNAPSHOT
 end
 -- The floor for the next fence: the last one issued for this key (0: none), or a reply naming KEYS[3].
 -- A last fence that cannot be read (another type, not a whole number) is no floor: the new one
@@ -162,7 +191,9 @@ CLAIM = (
     _PRELUDE
     + """
 local now = clock()
-local q = redis.pcall('HMGET', KEYS[1], 't', 's', 'a', 'c', 'n', 'p', 'j')  -- all a conflict reports
+local q = redis.pcall('HMGET', KEYS[1], """
+    + _hmget(QUEUE_FIELDS)
+    + """)  -- all a conflict reports
 if failed(q) then return unreadable(1, q, 'hash') end
 local run, floor
 if ARGV[7] == 'r' then  -- read all first: a damaged record must stop the script before any write

@@ -87,10 +87,17 @@ def _count(value: object, field: str) -> int:
     raise _Shape(f"field {field} is {'missing' if value is False else repr(value)[:40]}, not a whole number")
 
 
+# How many fields a snapshot holds of each lock (the scripts read _lua.QUEUE_FIELDS / RUN_FIELDS).
+_QUEUE_COUNT = len(lua.QUEUE_FIELDS)
+_RUN_COUNT = len(lua.RUN_FIELDS)
+
+
 def _queue_record(key: str, fields: list[Any], ttl: int) -> QueueRecord:
-    """The queue lock the snapshot's fields (t, s, a, c, n, p, j) describe; _Shape if they are damaged."""
-    if type(fields) is not list or len(fields) != 7:
-        raise _Shape(f"fields are {fields!r:.60}, not the 7 the scripts read")
+    """The queue lock the snapshot's fields (_lua.QUEUE_FIELDS) describe; _Shape if they are damaged."""
+    if type(fields) is not list or len(fields) != _QUEUE_COUNT:
+        raise _Shape(f"fields are {fields!r:.60}, not the {_QUEUE_COUNT} the scripts read")
+    # by name: the names and order of _lua.QUEUE_FIELDS (a test holds them to it); an unpack
+    # is the quickest way to name a list's items
     token, state, since, cls, cls_len, args, job_id = fields
     if state not in ("q", "r"):
         shown = "missing" if state is False else repr(state)[:40]
@@ -110,10 +117,10 @@ def _queue_record(key: str, fields: list[Any], ttl: int) -> QueueRecord:
 
 
 def _run_record(fields: list[Any], ttl: int) -> RunRecord:
-    """The run lock the snapshot's fields (t, h, o, i, b, a, l, f) describe; _Shape if they are damaged."""
-    if type(fields) is not list or len(fields) != 8:
-        raise _Shape(f"fields are {fields!r:.60}, not the 8 the scripts read")
-    token, host, node, pid, pstart, started, lease, fence = fields
+    """The run lock the snapshot's fields (_lua.RUN_FIELDS) describe; _Shape if they are damaged."""
+    if type(fields) is not list or len(fields) != _RUN_COUNT:
+        raise _Shape(f"fields are {fields!r:.60}, not the {_RUN_COUNT} the scripts read")
+    token, host, node, pid, pstart, started, lease, fence = fields  # by name: _lua.RUN_FIELDS
     return RunRecord(
         _word(token, "t (token)"),
         Holder(
@@ -260,36 +267,46 @@ class RedisBackend(Backend):
             text = reply.decode("utf-8", "surrogatepass") if isinstance(reply, bytes) else reply
             if text[:1] not in ("Q", "S"):
                 raise ValueError("no mark")
-            now, q, qttl, r, rttl = _scan_json(text, 1)[0]  # q, r: the fields named in _lua
+            now, queue, queue_ttl, run, run_ttl = _scan_json(text, 1)[0]  # by name: _lua.SNAPSHOT
             clock = int(now) / 1_000_000
-            if type(qttl) is not int or type(rttl) is not int:
+            if type(queue_ttl) is not int or type(run_ttl) is not int:
                 raise ValueError("ttl")
         except (StopIteration, ValueError, TypeError) as exc:  # StopIteration: the scanner's "not JSON"
             raise BackendError(f"unreadable lock state from the server: {reply[:80]!r}", self.name) from exc
         # A lock that is not there comes as false; each that is, is checked field by field.
-        queue = run = None
+        queue_lock = run_lock = None
         index = 0
         try:
-            if q is not False:
-                queue = _queue_record(key, q, qttl)
+            if queue is not False:
+                queue_lock = _queue_record(key, queue, queue_ttl)
             index = 1
-            if r is not False:
-                run = _run_record(r, rttl)
+            if run is not False:
+                run_lock = _run_record(run, run_ttl)
         except _Shape as exc:
             name = self._keys(key)[index]
             raise CorruptRecordError(name, str(exc), key=key, backend=self.name) from None
-        return queue, run, clock
+        return queue_lock, run_lock, clock
 
     def _items(
-        self, key: str, token: str, meta: QueueMeta, ttl: float | None, *, flag: str, run: RunClaim | None
+        self,
+        key: str,
+        keys: list[str],
+        token: str,
+        meta: QueueMeta,
+        ttl: float | None,
+        *,
+        flag: str,
+        run: RunClaim | None,
     ) -> list[Any]:
-        """The keys of ``key`` and what a claim or start says: see the ARGV of _lua.CLAIM."""
+        """``keys``, then ARGV by name: _lua.QUEUE_ARGV, ``flag`` (CLAIM's mode, START's flags or
+        REQUEUE's attempt), then with ``run`` _lua.RUN_ARGV (see CLAIM_ARGV, START_ARGV, REQUEUE_ARGV)."""
         cls, cls_len = meta.cls, ""
         if cls and key.startswith(cls):
             cls, cls_len = "", str(len(cls))  # the key already holds it
         ttl_ms = str(_ms(ttl)) if ttl else "0"  # text: the encoder's quickest case
-        items = [*self._keys(key), token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
-        if run is not None:
+        # QUEUE_ARGV: token, ttl_ms, cls, cls_len, args, job_id
+        items = [*keys, token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
+        if run is not None:  # RUN_ARGV: host, node, pid, pstart (said once), lease_ms, attempt
             holder = run.holder
             said = self._holder
             if said[0] is not holder:  # nearly always this process: its fields as text, once
@@ -310,7 +327,7 @@ class RedisBackend(Backend):
         ttl: float | None = None,
         run: RunClaim | None = None,
     ) -> LockState | None:
-        items = self._items(key, token, meta, ttl, flag="q" if run is None else "r", run=run)
+        items = self._items(key, self._keys(key), token, meta, ttl, flag="q" if run is None else "r", run=run)
         reply = self._eval(self._claim, 3, items)
         if type(reply) is int:  # taken: 1, or with ``run`` the run lock's fence
             if run is not None:
@@ -330,7 +347,9 @@ class RedisBackend(Backend):
         queue: QueueMode = "run",
     ) -> LockState | None:
         flags = ("a" if adopt else "-") + _QUEUE_MODES[queue]
-        reply = self._eval(self._start, 3, self._items(key, token, meta, ttl, flag=flags, run=run))
+        reply = self._eval(
+            self._start, 3, self._items(key, self._keys(key), token, meta, ttl, flag=flags, run=run)
+        )
         if type(reply) is int:  # the fence of the run lock now held
             run.fence = reply
             return None
@@ -340,9 +359,8 @@ class RedisBackend(Backend):
         return bool(self._eval(self._attach, 1, [self._keys(key)[0], token, job_id]))
 
     def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = "") -> bool:
-        # The attempt takes the place of the flag, the last of REQUEUE's ARGV.
-        items = self._items(key, token, meta, ttl, flag=attempt, run=None)
-        del items[2]  # REQUEUE touches no fence: its keys are the two locks only
+        # REQUEUE touches no fence: its keys are the two locks only; its ARGV ends with the attempt.
+        items = self._items(key, self._keys(key)[:2], token, meta, ttl, flag=attempt, run=None)
         return bool(self._eval(self._requeue, 2, items))
 
     def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
