@@ -290,22 +290,23 @@ class RedisBackend(Backend):
     def _items(
         self,
         key: str,
-        keys: list[str],
         token: str,
         meta: QueueMeta,
         ttl: float | None,
         *,
         flag: str,
         run: RunClaim | None,
+        keys: list[str] | None = None,
     ) -> list[Any]:
-        """``keys``, then ARGV by name: _lua.QUEUE_ARGV, ``flag`` (CLAIM's mode, START's flags or
-        REQUEUE's attempt), then with ``run`` _lua.RUN_ARGV (see CLAIM_ARGV, START_ARGV, REQUEUE_ARGV)."""
+        """``keys`` (all three of ``key``'s by default), then ARGV by name: _lua.QUEUE_ARGV, ``flag``
+        (CLAIM's mode, START's flags or REQUEUE's attempt), then with ``run`` _lua.RUN_ARGV (see
+        CLAIM_ARGV, START_ARGV, REQUEUE_ARGV). (benchmarks/redis_bench.py calls it too.)"""
         cls, cls_len = meta.cls, ""
         if cls and key.startswith(cls):
             cls, cls_len = "", str(len(cls))  # the key already holds it
         ttl_ms = str(_ms(ttl)) if ttl else "0"  # text: the encoder's quickest case
         # QUEUE_ARGV: token, ttl_ms, cls, cls_len, args, job_id
-        items = [*keys, token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
+        items = [*(keys or self._keys(key)), token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
         if run is not None:  # RUN_ARGV: host, node, pid, pstart (said once), lease_ms, attempt
             holder = run.holder
             said = self._holder
@@ -327,7 +328,7 @@ class RedisBackend(Backend):
         ttl: float | None = None,
         run: RunClaim | None = None,
     ) -> LockState | None:
-        items = self._items(key, self._keys(key), token, meta, ttl, flag="q" if run is None else "r", run=run)
+        items = self._items(key, token, meta, ttl, flag="q" if run is None else "r", run=run)
         reply = self._eval(self._claim, 3, items)
         if type(reply) is int:  # taken: 1, or with ``run`` the run lock's fence
             if run is not None:
@@ -347,9 +348,7 @@ class RedisBackend(Backend):
         queue: QueueMode = "run",
     ) -> LockState | None:
         flags = ("a" if adopt else "-") + _QUEUE_MODES[queue]
-        reply = self._eval(
-            self._start, 3, self._items(key, self._keys(key), token, meta, ttl, flag=flags, run=run)
-        )
+        reply = self._eval(self._start, 3, self._items(key, token, meta, ttl, flag=flags, run=run))
         if type(reply) is int:  # the fence of the run lock now held
             run.fence = reply
             return None
@@ -360,7 +359,7 @@ class RedisBackend(Backend):
 
     def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = "") -> bool:
         # REQUEUE touches no fence: its keys are the two locks only; its ARGV ends with the attempt.
-        items = self._items(key, self._keys(key)[:2], token, meta, ttl, flag=attempt, run=None)
+        items = self._items(key, token, meta, ttl, flag=attempt, run=None, keys=self._keys(key)[:2])
         return bool(self._eval(self._requeue, 2, items))
 
     def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
