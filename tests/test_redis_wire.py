@@ -320,6 +320,12 @@ class _Replies:
         ((b"$0\r\n\r\n",), b""),
         ((b"$-1\r\n",), None),
         ((b"+PONG\r\n",), b"PONG"),
+        # arrays, as the semaphore scripts reply: nested, with nil, split anywhere
+        ((b"*0\r\n",), []),
+        ((b"*-1\r\n",), None),
+        ((b"*3\r\n$2\r\nok\r\n*1\r\n*2\r\n:7\r\n$-1\r\n:-3\r\n",), [b"ok", [[7, None]], -3]),
+        ((b"*2\r\n$5\r\nhel", b"lo\r\n*1", b"\r\n+x\r", b"\n"), [b"hello", [b"x"]]),
+        ((b"*1\r\n$70000\r\n" + b"a" * 60000, b"a" * 10000 + b"\r\n"), [b"a" * 70000]),
     ],
 )
 def test_the_reader_takes_one_whole_reply(chunks: tuple[bytes, ...], expected: Any) -> None:
@@ -333,7 +339,12 @@ def test_the_reader_takes_one_whole_reply(chunks: tuple[bytes, ...], expected: A
     [
         ((b"-NOSCRIPT No matching script.\r\n",), redis.exceptions.NoScriptError, "No matching script"),
         ((b"-ERR wrong\r\n",), redis.ResponseError, "wrong"),
-        ((b"*1\r\n:1\r\n",), redis.InvalidResponse, "unexpected reply type"),
+        ((b"%1\r\n:1\r\n:1\r\n",), redis.InvalidResponse, "unexpected reply type"),
+        ((b"*1\r\n-ERR inside\r\n",), redis.InvalidResponse, "unexpected reply type"),
+        ((b"*1\r\n:1\r\n:2\r\n",), redis.InvalidResponse, "more than one reply"),
+        ((b"*1\r\n\r\n",), redis.InvalidResponse, "no type"),
+        ((b"*x\r\n",), redis.InvalidResponse, "bad reply"),
+        ((b"*2\r\n:1\r\n",), redis.ConnectionError, "closed by server"),
         ((b":1\r\n:2\r\n",), redis.InvalidResponse, "more than one reply"),
         ((b"\r\n",), redis.InvalidResponse, "no type"),
         ((b":x\r\n",), redis.InvalidResponse, "bad reply"),

@@ -12,6 +12,8 @@ raises as :class:`~uniqjob.errors.CorruptRecordError`.
 
 from __future__ import annotations
 
+from ._prelude import CHECKS, CLOCK, CORRUPT
+
 __all__ = [
     "ATTACH",
     "CLAIM",
@@ -26,17 +28,38 @@ __all__ = [
     "START",
 ]
 
-#: The start of the error reply a script gives for a damaged record: then the index of its key, and why.
-CORRUPT = "UNIQJOB_CORRUPT "
+
+# The fields a snapshot reports, by name, each with its letter in the lock's hash; the
+# scripts read them in this order (HMGET), and _store.py unpacks them by these names.
+QUEUE_FIELDS = {
+    "token": "t", "state": "s", "since": "a", "cls": "c", "cls_len": "n", "args": "p", "job_id": "j",
+}  # fmt: skip
+RUN_FIELDS = {
+    "token": "t", "host": "h", "node": "o", "pid": "i", "pstart": "b", "started": "a", "lease": "l",
+    "fence": "f",
+}  # fmt: skip
+#: The snapshot's JSON array after its mark (see snapshot()): the locks' fields false if absent.
+SNAPSHOT = ("now", "queue", "queue_ttl", "run", "run_ttl")
+
+# The ARGV of the scripts that write a queue lock, by name: what every one of them starts with,
+# then CLAIM's and START's run lock (after their mode / flags) or REQUEUE's attempt.
+QUEUE_ARGV = ("token", "ttl_ms", "cls", "cls_len", "args", "job_id")
+RUN_ARGV = ("host", "node", "pid", "pstart", "lease_ms", "attempt")
+CLAIM_ARGV = (*QUEUE_ARGV, "mode", *RUN_ARGV)
+START_ARGV = (*QUEUE_ARGV, "flags", *RUN_ARGV)
+REQUEUE_ARGV = (*QUEUE_ARGV, "attempt")
+
+
+def _hmget(fields: dict[str, str]) -> str:
+    return ", ".join(f"'{letter}'" for letter in fields.values())
+
 
 # Reads go through redis.pcall, whose error (a table with .err) is checked: a
 # WRONGTYPE raised by redis.call would end the script with an error that does
 # not say which key, and a key of another type is a damaged record, not an outage.
-_CHECKS = """
-local function corrupt(i, why)
-  return redis.error_reply('UNIQJOB_CORRUPT ' .. i .. ' ' .. why)
-end
-local function failed(v) return type(v) == 'table' and v.err ~= nil end
+_CHECKS = (
+    CHECKS
+    + """
 -- A run lock's attempt x (false: none recorded) is another delivery's than the caller's
 -- attempt ('' : the caller has none, so the token alone decides).
 local function other_attempt(x, attempt)
@@ -49,6 +72,7 @@ local function unreadable(i, v, want)
   return corrupt(i, 'a Redis ' .. kind .. ' where a ' .. want .. ' belongs (' .. tostring(v.err) .. ')')
 end
 """
+)
 
 # Shared by the scripts that take locks. KEYS[1] is the queue lock (a hash),
 # KEYS[2] the run lock (a hash), KEYS[3] the key's last fence (a string).
@@ -63,14 +87,8 @@ end
 # The last fence outlives the run locks (a day after each grant): fences stay increasing across releases.
 _PRELUDE = (
     _CHECKS
+    + CLOCK
     + """
--- Redis < 5 replicates scripts verbatim and refuses a write after TIME; this opts in.
--- (Redis 7, which names its version here, replicates only effects: no call needed.)
-if not redis.REDIS_VERSION_NUM and redis.replicate_commands then pcall(redis.replicate_commands) end
-local function clock()
-  local t = redis.call('TIME')
-  return t[1] .. string.sub('00000', #t[2]) .. t[2]  -- the microseconds zero-padded to 6 digits
-end
 local function present(fields)  -- a hash read with HMGET exists if any field we know is set
   for i = 1, #fields do if fields[i] then return true end end
   return false
@@ -80,10 +98,14 @@ end
 -- one string, not a score of replies (a string, where success is an integer).
 local function snapshot(now, q)  -- q: the queue lock's fields, if already read
   if not q then
-    q = redis.pcall('HMGET', KEYS[1], 't', 's', 'a', 'c', 'n', 'p', 'j')
+    q = redis.pcall('HMGET', KEYS[1], """
+    + _hmget(QUEUE_FIELDS)
+    + """)
     if failed(q) then return unreadable(1, q, 'hash') end
   end
-  local r = redis.pcall('HMGET', KEYS[2], 't', 'h', 'o', 'i', 'b', 'a', 'l', 'f')
+  local r = redis.pcall('HMGET', KEYS[2], """
+    + _hmget(RUN_FIELDS)
+    + """)
   if failed(r) then return unreadable(2, r, 'hash') end
   local qttl, rttl = -2, -2
   if present(q) then qttl = redis.call('PTTL', KEYS[1]) else q = false end
@@ -92,7 +114,7 @@ local function snapshot(now, q)  -- q: the queue lock's fields, if already read
   -- whose snapshot the client need not read; 'S' for any other.
   local mark = 'S'
   if q and q[1] and q[2] == 'q' and not q[7] and not r then mark = 'Q' end
-  return mark .. cjson.encode({now, q, qttl, r, rttl})
+  return mark .. cjson.encode({now, q, qttl, r, rttl})  -- SNAPSHOT
 end
 -- The floor for the next fence: the last one issued for this key (0: none), or a reply naming KEYS[3].
 -- A last fence that cannot be read (another type, not a whole number) is no floor: the new one
@@ -169,7 +191,9 @@ CLAIM = (
     _PRELUDE
     + """
 local now = clock()
-local q = redis.pcall('HMGET', KEYS[1], 't', 's', 'a', 'c', 'n', 'p', 'j')  -- all a conflict reports
+local q = redis.pcall('HMGET', KEYS[1], """
+    + _hmget(QUEUE_FIELDS)
+    + """)  -- all a conflict reports
 if failed(q) then return unreadable(1, q, 'hash') end
 local run, floor
 if ARGV[7] == 'r' then  -- read all first: a damaged record must stop the script before any write
@@ -271,9 +295,9 @@ return 1
 )
 
 # KEYS: queue lock, run lock. ARGV: token, ttl_ms (0: none), cls, cls_len, args, job_id, attempt ('': any).
-# Drops the token's run lock and makes its queue lock queued again (created if
-# missing); returns 0, changing no queue lock, if the key is another's, and
-# changing nothing if the run lock is the token's but another attempt's (a live delivery).
+# Drops the token's run lock and makes its queue lock queued again (created if missing).
+# Returns 1; or 0, changing no queue lock, if the key is another's, and changing
+# nothing if the run lock is the token's but another attempt's (a live delivery).
 REQUEUE = (
     _PRELUDE
     + """
@@ -316,8 +340,8 @@ return 1
 )
 
 # KEYS: queue lock, run lock. ARGV: token, keep_queue ('1' or '0'), attempt ('': any).
-# Deletes each lock that is still the token's (the key's last fence stays);
-# returns 0, deleting neither, if the run lock is the token's but another
+# Deletes each lock that is still the token's (the key's last fence stays).
+# Returns 1, or 0, deleting neither, if the run lock is the token's but another
 # attempt's: a live delivery, which holds the queue lock too.
 FINISH = (
     _CHECKS
@@ -376,10 +400,11 @@ return gone
 """
 )
 
-# KEYS: queue lock, run lock. Whatever they hold, of any type; the last fence is
-# kept, so fences stay increasing. Returns 1 (queue lock gone) + 2 (run lock gone).
+# KEYS: queue lock, run lock. ARGV: none. Deletes whatever they hold, of any type; the last fence
+# is kept, so fences stay increasing. Returns 1 (queue lock gone) + 2 (run lock gone).
 PURGE = """
 return redis.call('DEL', KEYS[1]) + 2 * redis.call('DEL', KEYS[2])
 """
 
+# KEYS: queue lock, run lock. ARGV: none. Returns a snapshot of both (see snapshot()).
 READ = _PRELUDE + "\nreturn snapshot(clock())\n"

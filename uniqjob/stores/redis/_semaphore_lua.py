@@ -1,12 +1,15 @@
 """The Lua scripts of the Redis semaphore store, one per primitive (see ``stores.semaphores.SemaphoreStore``).
 
 Every script gets the key's six structures as KEYS (slots, parked, entries,
-waiters, meta, done; see ``_semaphores.py``), reads the server's ``TIME`` in
-milliseconds, and settles the key before acting, exactly as ``stores/_machine.py``
-does for the file and memory stores.
+waiters, meta, done; see ``_semaphores.py``), reads the server's ``TIME``
+through the shared ``clock()`` (``_prelude.py``; the records keep their times in
+milliseconds, ``ms(clock())``, as 0.3.0 stored them), and settles the key
+before acting, exactly as ``stores/_machine.py`` does for the file and memory stores.
 """
 
 from __future__ import annotations
+
+from ._prelude import CHECKS, CLOCK
 
 __all__ = [
     "ACQUIRE",
@@ -24,23 +27,18 @@ __all__ = [
 ]
 
 # Shared by every script: the keys, the clock, and settling (lapsed slots, lost handoffs, promotion).
-PRELUDE = """
-if redis.replicate_commands then pcall(redis.replicate_commands) end
+PRELUDE = (
+    CHECKS
+    + CLOCK
+    + """
 local SLOTS, PARKED, ENTRIES, WAITERS, META, DONE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local function clock()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
--- A record of the wrong shape stops the script: the caller gets it as a CorruptRecordError naming
--- the structure (1-6, as in KEYS), never a Lua error halfway through a step.
-local function corrupt(part, reason)
-  error({err = 'UNIQJOB_CORRUPT ' .. part .. '\t' .. reason .. '\t'})
-end
+-- A record of the wrong shape stops the script (halt, in _prelude): the caller gets it as a
+-- CorruptRecordError naming the structure (1-6, as in KEYS), never a Lua error halfway through a step.
 local STATES = {reserved = true, promoted = true, running = true}
 local VIAS = {queue = true, inline = true}
 local function decoded(part, what, raw)
   local ok, v = pcall(cjson.decode, raw)
-  if not ok or type(v) ~= 'table' then corrupt(part, what .. ' is not a JSON object') end
+  if not ok or type(v) ~= 'table' then halt(part, what .. ' is not a JSON object') end
   return v
 end
 local function texts(v, names)
@@ -52,22 +50,22 @@ end
 local function slot_of(token, raw)
   local s = decoded(1, 'slot ' .. token, raw)
   local bad = texts(s, {'st', 'via', 'h', 'args', 'p'}) or numbers(s, {'dl', 'ls', 'since', 'redo'})
-  if bad then corrupt(1, 'slot ' .. token .. ': field ' .. bad .. ' is missing or mistyped') end
-  if not STATES[s.st] then corrupt(1, 'slot ' .. token .. ': unknown status ' .. s.st) end
-  if not VIAS[s.via] then corrupt(1, 'slot ' .. token .. ': unknown via ' .. s.via) end
-  if s.redo ~= math.floor(s.redo) then corrupt(1, 'slot ' .. token .. ': field redo is not whole') end
+  if bad then halt(1, 'slot ' .. token .. ': field ' .. bad .. ' is missing or mistyped') end
+  if not STATES[s.st] then halt(1, 'slot ' .. token .. ': unknown status ' .. s.st) end
+  if not VIAS[s.via] then halt(1, 'slot ' .. token .. ': unknown via ' .. s.via) end
+  if s.redo ~= math.floor(s.redo) then halt(1, 'slot ' .. token .. ': field redo is not whole') end
   return s
 end
 local function entry_of(token, raw)
   local e = decoded(3, 'parked call ' .. token, raw)
   local bad = texts(e, {'via', 'h', 'args', 'p'}) or numbers(e, {'ls', 'since'})
-  if bad then corrupt(3, 'parked call ' .. token .. ': field ' .. bad .. ' is missing or mistyped') end
-  if not VIAS[e.via] then corrupt(3, 'parked call ' .. token .. ': unknown via ' .. e.via) end
+  if bad then halt(3, 'parked call ' .. token .. ': field ' .. bad .. ' is missing or mistyped') end
+  if not VIAS[e.via] then halt(3, 'parked call ' .. token .. ': unknown via ' .. e.via) end
   return e
 end
 local function place_of(token)
   local at = redis.call('LPOS', PARKED, token)
-  if not at then corrupt(2, 'parked call ' .. token .. ' is missing from the line') end
+  if not at then halt(2, 'parked call ' .. token .. ' is missing from the line') end
   return at + 1
 end
 local function new_slot(st, via, h, dl, ls, since, args)
@@ -86,7 +84,7 @@ local function unpark(token)
 end
 local function promote(now, caller, handoff, promos)
   local limit = tonumber(redis.call('HGET', META, 'limit') or '1')
-  if not limit then corrupt(5, 'field limit is not a number') end
+  if not limit then halt(5, 'field limit is not a number') end
   local held = redis.call('HLEN', SLOTS)
   while held < limit do
     local token = redis.call('LPOP', PARKED)
@@ -134,14 +132,17 @@ local function tidy()
   end
 end
 """
+)
 
+# KEYS: slots, parked, entries, waiters, meta, done (the key's six structures).
 # ARGV: token, limit, lease_ms, running ('1'/'0'), holder, park via ('', 'queue', 'inline'),
 #       payload, park holder, park lease_ms, cls, args, caller, handoff_ms
-# Returns {status, promotions, position, slots (flat hash), now}.
+# Returns {status, promotions, position, slots (flat hash), now_ms};
+# a promotion is {token, via, payload, redo}.
 ACQUIRE = (
     PRELUDE
     + """
-local now = clock()
+local now = ms(clock())
 local token, limit, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 redis.call('HSET', META, 'limit', limit, 'cls', ARGV[10])
 local promos = settle(now, ARGV[12], tonumber(ARGV[13]))
@@ -168,12 +169,13 @@ return {'full', promos, 0, redis.call('HGETALL', SLOTS), now}
 """
 )
 
+# KEYS: slots, parked, entries, waiters, meta, done (the key's six structures).
 # ARGV: token, holder, lease_ms, takeover holder or '', caller, handoff_ms
 # Returns {status, promotions, position, busy holder}.
 START = (
     PRELUDE
     + """
-local now = clock()
+local now = ms(clock())
 local token, lease = ARGV[1], tonumber(ARGV[3])
 local promos = settle(now, ARGV[5], tonumber(ARGV[6]))
 local raw = redis.call('HGET', SLOTS, token)
@@ -196,11 +198,12 @@ return {'missing', promos, 0, ''}
 """
 )
 
+# KEYS: slots, parked, entries, waiters, meta, done (the key's six structures).
 # ARGV: token, lease_ms, caller, handoff_ms. Returns {status, promotions}.
 RENEW = (
     PRELUDE
     + """
-local now = clock()
+local now = ms(clock())
 local token, lease = ARGV[1], tonumber(ARGV[2])
 local promos = settle(now, ARGV[3], tonumber(ARGV[4]))
 local raw = redis.call('HGET', SLOTS, token)
@@ -217,11 +220,12 @@ return {'ok', promos}
 """
 )
 
+# KEYS: slots, parked, entries, waiters, meta, done (the key's six structures).
 # ARGV: token, caller, handoff_ms, tombstone_ms. Returns {status, promotions}.
 RELEASE = (
     PRELUDE
     + """
-local now = clock()
+local now = ms(clock())
 local token = ARGV[1]
 local raw = redis.call('HGET', SLOTS, token)
 local status = 'gone'
@@ -239,11 +243,12 @@ return {status, promos}
 """
 )
 
+# KEYS: slots, parked, entries, waiters, meta, done (the key's six structures).
 # ARGV: token, lease_ms, holder, caller, handoff_ms. Returns {status, promotions}.
 REQUEUE = (
     PRELUDE
     + """
-local now = clock()
+local now = ms(clock())
 local token, lease = ARGV[1], tonumber(ARGV[2])
 local promos = settle(now, ARGV[4], tonumber(ARGV[5]))
 local raw = redis.call('HGET', SLOTS, token)
@@ -256,11 +261,12 @@ return {'ok', promos}
 """
 )
 
-# ARGV: token, promoter. Returns 1 if marked handed.
+# KEYS: slots, parked, entries, waiters, meta, done (the key's six structures).
+# ARGV: token, promoter. Returns 1 if marked handed, else 0.
 HANDED = (
     PRELUDE
     + """
-local now = clock()
+local now = ms(clock())
 local raw = redis.call('HGET', SLOTS, ARGV[1])
 if not raw then return 0 end
 local s = slot_of(ARGV[1], raw)
@@ -271,6 +277,7 @@ return 1
 """
 )
 
+# KEYS: slots, parked, entries, waiters, meta, done (the key's six structures).
 # ARGV: token. Returns 'withdrawn', 'slot' or 'gone'.
 WITHDRAW = (
     PRELUDE
@@ -285,11 +292,12 @@ return 'gone'
 """
 )
 
+# KEYS: slots, parked, entries, waiters, meta, done (the key's six structures).
 # ARGV: caller, handoff_ms, then token, holder pairs. Returns {count, promotions}.
 REAP = (
     PRELUDE
     + """
-local now = clock()
+local now = ms(clock())
 local caller, handoff = ARGV[1], tonumber(ARGV[2])
 local count, promos = 0, {}
 for i = 3, #ARGV, 2 do
@@ -319,7 +327,8 @@ return {count, promos}
 """
 )
 
-# Returns the dropped calls: token, payload, token, payload...
+# KEYS: slots, parked, entries, waiters, meta, done (the key's six structures).
+# ARGV: none. Returns the dropped calls: token, payload, token, payload...
 DISCARD = (
     PRELUDE
     + """
@@ -336,11 +345,12 @@ return dropped
 """
 )
 
+# KEYS: slots, parked, entries, waiters, meta, done (the key's six structures).
 # ARGV: caller, handoff_ms, tokens... Returns {count, promotions}.
 DROP = (
     PRELUDE
     + """
-local now = clock()
+local now = ms(clock())
 local count = 0
 for i = 3, #ARGV do count = count + redis.call('HDEL', SLOTS, ARGV[i]) end
 local promos = settle(now, ARGV[1], tonumber(ARGV[2]))
@@ -349,7 +359,9 @@ return {count, promos}
 """
 )
 
-# ARGV: how many parked calls to show. Returns {now, meta, slots, parked count, head tokens, head entries}.
+# KEYS: slots, parked, entries, waiters, meta, done (the key's six structures).
+# ARGV: how many parked calls to show.
+# Returns {now_ms, meta (flat hash), slots (flat hash), parked count, head tokens, head entries}.
 READ = (
     PRELUDE
     + """
@@ -357,14 +369,14 @@ READ = (
 local KINDS = {'hash', 'list', 'hash', 'zset', 'hash', 'zset'}
 for i, k in ipairs(KEYS) do
   local t = redis.call('TYPE', k).ok
-  if t ~= 'none' and t ~= KINDS[i] then corrupt(i, 'holds a ' .. t .. ', not a ' .. KINDS[i]) end
+  if t ~= 'none' and t ~= KINDS[i] then halt(i, 'holds a ' .. t .. ', not a ' .. KINDS[i]) end
 end
 local n = tonumber(ARGV[1])
 local head = {}
 if n > 0 then head = redis.call('LRANGE', PARKED, 0, n - 1) end
 local entries = {}
 for i, token in ipairs(head) do entries[i] = redis.call('HGET', ENTRIES, token) or '' end
-return {clock(), redis.call('HGETALL', META), redis.call('HGETALL', SLOTS), redis.call('LLEN', PARKED),
+return {ms(clock()), redis.call('HGETALL', META), redis.call('HGETALL', SLOTS), redis.call('LLEN', PARKED),
         head, entries}
 """
 )

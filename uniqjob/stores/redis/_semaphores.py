@@ -11,7 +11,8 @@ cluster slot::
     <ns>:c:{K}:meta     hash   limit, cls (exists while anything is held or parked; SCAN finds keys by it)
     <ns>:c:{K}:done     zset   tokens released after a second push, by expiry
 
-Times inside are integer milliseconds of the server's ``TIME``.
+Times inside are integer milliseconds of the server's ``TIME`` (the scripts' shared
+``clock()`` is in microseconds; they store ``ms(clock())``, the unit 0.3.0 stored).
 
 Every record is checked as it is read, by the scripts and again here: a field
 of the wrong type, a record that is not JSON, or a structure of the wrong kind
@@ -48,6 +49,8 @@ from ..semaphores import (
     encode_holder,
 )
 from . import _semaphore_lua as lua
+from ._prelude import CORRUPT
+from ._transport import Lanes, Scripts
 
 __all__ = ["RedisSemaphores"]
 
@@ -56,7 +59,6 @@ T = TypeVar("T")
 
 _PARTS = ("slots", "parked", "entries", "waiters", "meta", "done")
 _TYPES = ("hash", "list", "hash", "zset", "hash", "zset")  # what each of _PARTS must be
-_CORRUPT = "UNIQJOB_CORRUPT "  # how the scripts' corrupt() starts its error (see _lua.PRELUDE)
 _STATES = frozenset({"reserved", "promoted", "running"})
 _VIAS = frozenset({"queue", "inline"})
 _NUMBER = (int, float)
@@ -161,13 +163,21 @@ def _parked(token: str, raw: Any) -> ParkedInfo:
 
 
 class RedisSemaphores(SemaphoreStore):
-    """Semaphores in Redis under ``<namespace>:c:``; ``client`` is a redis-py client."""
+    """Semaphores in Redis under ``<namespace>:c:``; ``client`` is a redis-py client.
+
+    The scripts are called through ``_transport.Scripts``: on ``lanes`` (the
+    kept connections of the lock store on the same client) if given, else on
+    the client's own if it fits, else through the client.
+    """
 
     name = "redis"
 
-    def __init__(self, client: redis.Redis, *, namespace: str = "uniqjob") -> None:
+    def __init__(
+        self, client: redis.Redis, *, namespace: str = "uniqjob", lanes: Lanes | None = None
+    ) -> None:
         self.client = client
         self.namespace = namespace
+        self._scripts = Scripts(client, lanes)
         register = client.register_script
         self._acquire = register(lua.ACQUIRE)
         self._start = register(lua.START)
@@ -207,8 +217,8 @@ class RedisSemaphores(SemaphoreStore):
     def _explain(self, key: str, exc: redis.ResponseError) -> BackendError:
         """A script's error: a corrupt record by name if a record caused it, else a BackendError."""
         message = str(exc)
-        if message.startswith(_CORRUPT):
-            part, _, rest = message[len(_CORRUPT) :].partition("\t")
+        if message.startswith(CORRUPT):  # halt() in _prelude: the part, a space, the reason, a tab
+            part, _, rest = message[len(CORRUPT) :].partition(" ")
             reason = rest.rpartition("\t")[0] or rest
             if part.isdigit() and 1 <= int(part) <= len(_PARTS):
                 return self._corrupt(key, int(part) - 1, reason)
@@ -243,7 +253,7 @@ class RedisSemaphores(SemaphoreStore):
 
     def _eval(self, script: Script, key: str, args: Sequence[Any]) -> Any:
         try:
-            return script(keys=self._keys(key), args=list(args))
+            return self._scripts.call(script, len(_PARTS), [*self._keys(key), *args])
         except redis.ResponseError as exc:
             raise self._explain(key, exc) from exc
         except Exception as exc:

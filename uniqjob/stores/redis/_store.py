@@ -6,7 +6,7 @@ one lock key share a hash tag, ``<namespace>:{<key>}:q`` (queue lock),
 ``...:r`` (run lock) and ``...:f`` (its last fence), so every script touches
 one cluster slot. Listing uses ``SCAN``, never ``KEYS``.
 
-The scripts are called on a connection each thread keeps (``_transport.Lanes``);
+The scripts are called through ``_transport.Scripts``, on a connection each thread keeps;
 a success is an integer (1, or the fence of a run lock). See
 docs/performance.md for why.
 
@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 import redis
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
 
 from ...errors import BackendError, ConfigurationError, CorruptRecordError
 from ...locks import QUEUED, RUNNING, Holder, LockState, Parts, QueueMeta, QueueRecord, RunClaim, RunRecord
@@ -34,7 +33,7 @@ from ..base import Backend, QueueMode
 from ..semaphores import SemaphoreStore
 from . import _lua as lua
 from ._semaphores import RedisSemaphores
-from ._transport import Lanes, evalsha_head, pack_after
+from ._transport import Scripts
 from ._url import redis_client_from_url
 
 __all__ = ["RedisBackend"]
@@ -88,10 +87,17 @@ def _count(value: object, field: str) -> int:
     raise _Shape(f"field {field} is {'missing' if value is False else repr(value)[:40]}, not a whole number")
 
 
+# How many fields a snapshot holds of each lock (the scripts read _lua.QUEUE_FIELDS / RUN_FIELDS).
+_QUEUE_COUNT = len(lua.QUEUE_FIELDS)
+_RUN_COUNT = len(lua.RUN_FIELDS)
+
+
 def _queue_record(key: str, fields: list[Any], ttl: int) -> QueueRecord:
-    """The queue lock the snapshot's fields (t, s, a, c, n, p, j) describe; _Shape if they are damaged."""
-    if type(fields) is not list or len(fields) != 7:
-        raise _Shape(f"fields are {fields!r:.60}, not the 7 the scripts read")
+    """The queue lock the snapshot's fields (_lua.QUEUE_FIELDS) describe; _Shape if they are damaged."""
+    if type(fields) is not list or len(fields) != _QUEUE_COUNT:
+        raise _Shape(f"fields are {fields!r:.60}, not the {_QUEUE_COUNT} the scripts read")
+    # by name: the names and order of _lua.QUEUE_FIELDS (a test holds them to it); an unpack
+    # is the quickest way to name a list's items
     token, state, since, cls, cls_len, args, job_id = fields
     if state not in ("q", "r"):
         shown = "missing" if state is False else repr(state)[:40]
@@ -111,10 +117,10 @@ def _queue_record(key: str, fields: list[Any], ttl: int) -> QueueRecord:
 
 
 def _run_record(fields: list[Any], ttl: int) -> RunRecord:
-    """The run lock the snapshot's fields (t, h, o, i, b, a, l, f) describe; _Shape if they are damaged."""
-    if type(fields) is not list or len(fields) != 8:
-        raise _Shape(f"fields are {fields!r:.60}, not the 8 the scripts read")
-    token, host, node, pid, pstart, started, lease, fence = fields
+    """The run lock the snapshot's fields (_lua.RUN_FIELDS) describe; _Shape if they are damaged."""
+    if type(fields) is not list or len(fields) != _RUN_COUNT:
+        raise _Shape(f"fields are {fields!r:.60}, not the {_RUN_COUNT} the scripts read")
+    token, host, node, pid, pstart, started, lease, fence = fields  # by name: _lua.RUN_FIELDS
     return RunRecord(
         _word(token, "t (token)"),
         Holder(
@@ -128,11 +134,6 @@ def _run_record(fields: list[Any], ttl: int) -> RunRecord:
         max(ttl, 0) / 1000,
         0 if fence is False else _count(fence, "f (fence)"),  # a lock taken before fences: none
     )
-
-
-def _is_noscript(exc: BaseException) -> bool:
-    """The server does not know the script (restart, SCRIPT FLUSH): redis-py's class, or a fork's of it."""
-    return isinstance(exc, NoScriptError) or type(exc).__name__ == "NoScriptError"
 
 
 def _where(client: Any) -> str:
@@ -180,11 +181,12 @@ class RedisBackend(Backend):
         self.client: redis.Redis = client
         self.namespace = namespace
         self._prefix = namespace + ":{"
-        self._heads: dict[tuple[Any, int, int], bytes] = {}
         self._holder: tuple[Holder | None, list[str]] = (None, [])
         try:
-            self._execute: Callable[..., Any] = client.execute_command
-            self._lanes = Lanes(client) if Lanes.fit(client) else None
+            client.execute_command  # noqa: B018  (not a client at all: a ConfigurationError now)
+            self._scripts = Scripts(client)
+            self._lanes = self._scripts.lanes
+            self._run = self._scripts.call
             self._claim = self._script(lua.CLAIM)
             self._start = self._script(lua.START)
             self._renew = self._script(lua.RENEW)
@@ -200,7 +202,7 @@ class RedisBackend(Backend):
 
     def semaphores(self) -> SemaphoreStore:
         """A new semaphore store on this server and client, under ``<namespace>:c:``."""
-        return RedisSemaphores(self.client, namespace=self.namespace)
+        return RedisSemaphores(self.client, namespace=self.namespace, lanes=self._scripts.lanes)
 
     def __repr__(self) -> str:
         return f"RedisBackend({_where(self.client)})"
@@ -228,20 +230,9 @@ class RedisBackend(Backend):
             raise self._fail(exc) from exc
 
     def _eval(self, script: Script, numkeys: int, items: list[Any]) -> Any:
-        """Run ``script`` with ``items``: its ``numkeys`` keys, then its arguments."""
+        """Run ``script`` with ``items``: its ``numkeys`` keys, then its arguments (_transport.Scripts)."""
         try:
-            lanes = self._lanes
-            if lanes is None:
-                return self._eval_pooled(script, numkeys, items)
-            head = self._heads.get((script.sha, numkeys, len(items))) or self._head(
-                script, numkeys, len(items)
-            )
-            try:
-                return lanes.call(pack_after(head, items, lanes.encoding, lanes.errors))
-            except NoScriptError:  # the server lost its script cache (restart, SCRIPT FLUSH)
-                script.sha = self.client.script_load(script.script)
-                head = self._head(script, numkeys, len(items))
-                return lanes.call(pack_after(head, items, lanes.encoding, lanes.errors))
+            return self._run(script, numkeys, items)
         except Exception as exc:
             if str(exc).startswith(lua.CORRUPT):
                 self._corrupt(exc, items[:numkeys])
@@ -257,21 +248,6 @@ class RedisBackend(Backend):
     def _key_of(self, name: str) -> str:
         """The lock key a Redis key name of this namespace belongs to."""
         return name[len(self._prefix) : -3]
-
-    def _head(self, script: Script, numkeys: int, count: int) -> bytes:
-        head = self._heads[(script.sha, numkeys, count)] = evalsha_head(script.sha, numkeys, count)
-        return head
-
-    def _eval_pooled(self, script: Script, numkeys: int, items: list[Any]) -> Any:
-        # EVALSHA straight through execute_command: Script.__call__ costs as much
-        # again in Python (an import, tuple copies, two more layers) on every call.
-        try:
-            return self._execute("EVALSHA", script.sha, numkeys, *items)
-        except Exception as exc:
-            if not _is_noscript(exc):
-                raise
-            script.sha = self.client.script_load(script.script)
-            return self._execute("EVALSHA", script.sha, numkeys, *items)
 
     def _state(self, key: str, reply: str | bytes) -> LockState:
         """The state a script's snapshot reply describes; the usual duplicate's ("Q"), unread until used."""
@@ -291,36 +267,47 @@ class RedisBackend(Backend):
             text = reply.decode("utf-8", "surrogatepass") if isinstance(reply, bytes) else reply
             if text[:1] not in ("Q", "S"):
                 raise ValueError("no mark")
-            now, q, qttl, r, rttl = _scan_json(text, 1)[0]  # q, r: the fields named in _lua
+            now, queue, queue_ttl, run, run_ttl = _scan_json(text, 1)[0]  # by name: _lua.SNAPSHOT
             clock = int(now) / 1_000_000
-            if type(qttl) is not int or type(rttl) is not int:
+            if type(queue_ttl) is not int or type(run_ttl) is not int:
                 raise ValueError("ttl")
         except (StopIteration, ValueError, TypeError) as exc:  # StopIteration: the scanner's "not JSON"
             raise BackendError(f"unreadable lock state from the server: {reply[:80]!r}", self.name) from exc
         # A lock that is not there comes as false; each that is, is checked field by field.
-        queue = run = None
+        queue_lock = run_lock = None
         index = 0
         try:
-            if q is not False:
-                queue = _queue_record(key, q, qttl)
+            if queue is not False:
+                queue_lock = _queue_record(key, queue, queue_ttl)
             index = 1
-            if r is not False:
-                run = _run_record(r, rttl)
+            if run is not False:
+                run_lock = _run_record(run, run_ttl)
         except _Shape as exc:
             name = self._keys(key)[index]
             raise CorruptRecordError(name, str(exc), key=key, backend=self.name) from None
-        return queue, run, clock
+        return queue_lock, run_lock, clock
 
     def _items(
-        self, key: str, token: str, meta: QueueMeta, ttl: float | None, *, flag: str, run: RunClaim | None
+        self,
+        key: str,
+        token: str,
+        meta: QueueMeta,
+        ttl: float | None,
+        *,
+        flag: str,
+        run: RunClaim | None,
+        keys: list[str] | None = None,
     ) -> list[Any]:
-        """The keys of ``key`` and what a claim or start says: see the ARGV of _lua.CLAIM."""
+        """``keys`` (all three of ``key``'s by default), then ARGV by name: _lua.QUEUE_ARGV, ``flag``
+        (CLAIM's mode, START's flags or REQUEUE's attempt), then with ``run`` _lua.RUN_ARGV (see
+        CLAIM_ARGV, START_ARGV, REQUEUE_ARGV). (benchmarks/redis_bench.py calls it too.)"""
         cls, cls_len = meta.cls, ""
         if cls and key.startswith(cls):
             cls, cls_len = "", str(len(cls))  # the key already holds it
         ttl_ms = str(_ms(ttl)) if ttl else "0"  # text: the encoder's quickest case
-        items = [*self._keys(key), token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
-        if run is not None:
+        # QUEUE_ARGV: token, ttl_ms, cls, cls_len, args, job_id
+        items = [*(keys or self._keys(key)), token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
+        if run is not None:  # RUN_ARGV: host, node, pid, pstart (said once), lease_ms, attempt
             holder = run.holder
             said = self._holder
             if said[0] is not holder:  # nearly always this process: its fields as text, once
@@ -371,9 +358,8 @@ class RedisBackend(Backend):
         return bool(self._eval(self._attach, 1, [self._keys(key)[0], token, job_id]))
 
     def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = "") -> bool:
-        # The attempt takes the place of the flag, the last of REQUEUE's ARGV.
-        items = self._items(key, token, meta, ttl, flag=attempt, run=None)
-        del items[2]  # REQUEUE touches no fence: its keys are the two locks only
+        # REQUEUE touches no fence: its keys are the two locks only; its ARGV ends with the attempt.
+        items = self._items(key, token, meta, ttl, flag=attempt, run=None, keys=self._keys(key)[:2])
         return bool(self._eval(self._requeue, 2, items))
 
     def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
@@ -430,8 +416,7 @@ class RedisBackend(Backend):
 
     def close(self) -> None:
         try:
-            if self._lanes is not None:
-                self._lanes.close()
+            self._scripts.close()
             self.client.close()
         except Exception as exc:
             raise self._fail(exc) from exc

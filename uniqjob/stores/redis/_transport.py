@@ -1,17 +1,25 @@
-"""The short way to Redis for the backend's script calls: a kept connection per thread.
+"""How the Redis stores call their scripts (:class:`Scripts`); the short way, a kept connection per thread.
+
+Both the lock store and the semaphore store call their Lua through
+:class:`Scripts`: ``EVALSHA`` on this thread's kept connection (:class:`Lanes`)
+when the client fits, else through the client itself, and the script loaded
+again if the server lost it (``NOSCRIPT``).
 
 Each thread keeps one connection of the client's own kind and settings (host,
 TLS, auth, database, timeouts, retry policy), sends a command encoded by
 :func:`pack` and reads its one reply straight off the socket
-(:func:`_exchange`): our scripts answer with an integer or a string. Errors
-and timeouts are raised as redis-py raises them, with the same classes. (Why
-not ``execute_command``: docs/performance.md.)
+(:func:`_exchange`): the lock scripts answer with an integer or a string, read
+in line; the semaphore scripts with arrays (of integers, strings, nil and
+arrays), read by :func:`_array`. Errors and timeouts are raised as redis-py
+raises them, with the same classes. (Why not ``execute_command``:
+docs/performance.md.)
 
 Only a plain ``ConnectionPool`` of redis-py's own connection classes, speaking
 RESP2, without health checks or client-side caching and not bounded below
 redis-py's default of 100 connections, is used this way; any other client (a
 blocking, bounded or Sentinel pool, a single-connection client, a connection
-class of its own, RESP3) keeps the ordinary path. A connection is never shared by two threads, and
+class of its own, RESP3, a client class that sends scripts its own way) keeps the ordinary
+path. A connection is never shared by two threads, and
 never used in a process other than the one that opened it (after ``fork`` the
 child opens its own).
 
@@ -33,8 +41,10 @@ from typing import Any
 
 import redis
 from redis._parsers import _RESP2Parser
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
-__all__ = ["Lanes", "evalsha_head", "pack", "pack_after"]
+__all__ = ["Lanes", "Scripts", "evalsha_head", "is_noscript", "pack", "pack_after"]
 
 Arg = str | int | bytes
 
@@ -151,6 +161,9 @@ class Lanes:
             and pool.connection_kwargs.get("protocol") in (None, 2, "2")
             # Health checks are redis-py's, made when it sends: the poll before each call does their work.
             and not pool.connection_kwargs.get("health_check_interval")
+            # A client class that sends scripts its own way (instrumentation, a stand-in) is called.
+            and type(client).evalsha is redis.Redis.evalsha
+            and type(client).execute_command is redis.Redis.execute_command
         )
 
     def _lane(self) -> _Lane:
@@ -255,12 +268,65 @@ class Lanes:
             conn.disconnect()
 
 
+class Scripts:
+    """How a store calls its Lua scripts on ``client``: see the module's docstring.
+
+    ``lanes``: kept connections to share (another store's on the same client);
+    by default the client's own if it fits (:meth:`Lanes.fit`), else none.
+    """
+
+    def __init__(self, client: Any, lanes: Lanes | None = None) -> None:
+        self.client = client
+        if lanes is None and Lanes.fit(client):
+            lanes = Lanes(client)
+        self.lanes = lanes
+        self._heads: dict[tuple[Any, int, int], bytes] = {}
+
+    def call(self, script: Script, numkeys: int, items: Sequence[Any]) -> Any:
+        """Run ``script`` with ``items``, its ``numkeys`` keys and then its arguments; its reply."""
+        lanes = self.lanes
+        if lanes is None:
+            return self._pooled(script, numkeys, items)
+        head = self._heads.get((script.sha, numkeys, len(items))) or self._head(script, numkeys, len(items))
+        try:
+            return lanes.call(pack_after(head, items, lanes.encoding, lanes.errors))
+        except NoScriptError:  # the server lost its script cache (restart, SCRIPT FLUSH)
+            script.sha = self.client.script_load(script.script)
+            head = self._head(script, numkeys, len(items))
+            return lanes.call(pack_after(head, items, lanes.encoding, lanes.errors))
+
+    def _head(self, script: Script, numkeys: int, count: int) -> bytes:
+        head = self._heads[(script.sha, numkeys, count)] = evalsha_head(script.sha, numkeys, count)
+        return head
+
+    def _pooled(self, script: Script, numkeys: int, items: Sequence[Any]) -> Any:
+        # EVALSHA through the client's evalsha: Script.__call__ costs as much
+        # again in Python (an import, tuple copies, two more layers) on every call.
+        try:
+            return self.client.evalsha(script.sha, numkeys, *items)
+        except Exception as exc:
+            if not is_noscript(exc):
+                raise
+            script.sha = self.client.script_load(script.script)
+            return self.client.evalsha(script.sha, numkeys, *items)
+
+    def close(self) -> None:
+        """Close the kept connections, if any (a later call opens new ones)."""
+        if self.lanes is not None:
+            self.lanes.close()
+
+
+def is_noscript(exc: BaseException) -> bool:
+    """The server does not know the script (restart, SCRIPT FLUSH): redis-py's class, or a fork's of it."""
+    return isinstance(exc, NoScriptError) or type(exc).__name__ == "NoScriptError"
+
+
 _CHUNK = 65536
-_INTEGER, _STRING, _ERROR, _STATUS = 58, 36, 45, 43  # ":", "$", "-", "+"
+_INTEGER, _STRING, _ERROR, _STATUS, _ARRAY = 58, 36, 45, 43, 42  # ":", "$", "-", "+", "*"
 
 
 def _exchange(sock: Any, command: bytes) -> Any:
-    """Send ``command`` on ``sock`` and read its one reply: an integer, a string, a status or an error.
+    """Send ``command`` on ``sock`` and read its one reply: an integer, string, status, error or array.
 
     Socket failures become redis-py's own ``TimeoutError`` / ``ConnectionError``,
     and an error reply the ``ResponseError`` redis-py would raise for it; a
@@ -280,6 +346,8 @@ def _exchange(sock: Any, command: bytes) -> Any:
                     size = end + 2 if length < 0 else end + length + 4
                 elif kind in (_INTEGER, _ERROR, _STATUS):
                     size = end + 2
+                elif kind == _ARRAY:  # the semaphore scripts' replies: off the lock scripts' path
+                    return _array(sock, data)
                 else:
                     raise redis.InvalidResponse(f"unexpected reply type {chr(kind)!r}")
                 if len(data) >= size:
@@ -300,6 +368,61 @@ def _exchange(sock: Any, command: bytes) -> Any:
     except ValueError as exc:  # a length or an integer that is not one
         raise redis.InvalidResponse(f"bad reply {data[:40]!r}") from exc
     raise _RESP2Parser.parse_error(data[1:end].decode("utf-8", "replace"))  # type: ignore[no-untyped-call]
+
+
+class _Short(Exception):
+    """The reply read so far ends before the value being parsed does."""
+
+
+def _array(sock: Any, data: bytes) -> Any:
+    """Read the rest of an array reply that ``data`` starts: a list of ints, bytes, None and lists.
+
+    Called inside :func:`_exchange`, whose handlers turn socket failures and
+    bad lengths into redis-py's errors.
+    """
+    while True:
+        try:
+            value, at = _parse(data, 0)
+        except _Short:
+            data += _more(sock)
+            continue
+        if at != len(data):
+            raise redis.InvalidResponse("more than one reply to one command")
+        return value
+
+
+def _parse(data: bytes, at: int) -> tuple[Any, int]:
+    """The value that starts at ``data[at]`` and where the next one starts; _Short if it is not all here."""
+    end = data.find(b"\r\n", at)
+    if end < 0:
+        raise _Short
+    if end == at:
+        raise redis.InvalidResponse("a reply with no type")
+    kind = data[at]
+    if kind == _STRING:
+        length = int(data[at + 1 : end])
+        if length < 0:
+            return None, end + 2
+        stop = end + 2 + length
+        if len(data) < stop + 2:
+            raise _Short
+        return data[end + 2 : stop], stop + 2
+    if kind == _INTEGER:
+        return int(data[at + 1 : end]), end + 2
+    if kind == _ARRAY:
+        count = int(data[at + 1 : end])
+        at = end + 2
+        if count < 0:
+            return None, at
+        items = []
+        for _ in range(count):
+            item, at = _parse(data, at)
+            items.append(item)
+        return items, at
+    if kind == _STATUS:
+        return data[at + 1 : end], end + 2
+    # an error inside an array, or no RESP2 type: no script of ours replies so
+    raise redis.InvalidResponse(f"unexpected reply type {chr(kind)!r} in an array")
 
 
 def _more(sock: Any) -> bytes:
