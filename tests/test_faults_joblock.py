@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import uniqjob
+from tests.integration_workers import wait_until
 from tests.redis_server import RedisServer
 from tests.support import module_redis_server  # noqa: F401 - the `server` fixture
 from uniqjob import BackendError, JobLock, UniqueJob
@@ -78,15 +79,6 @@ def _stall(server: RedisServer, seconds: float) -> threading.Thread:
     return thread
 
 
-def _wait_until(predicate: Any, timeout: float) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"not true within {timeout}s")
-        time.sleep(0.02)
-    return time.monotonic() - start
-
-
 def test_lost_claim_reply_on_redis_leaves_no_stranded_queue_lock(
     server: RedisServer, stalling: RedisBackend
 ) -> None:
@@ -105,7 +97,7 @@ def test_lost_claim_reply_on_redis_leaves_no_stranded_queue_lock(
         Export.enqueue(1)
     resumed.join()
     # Within a second of the store answering again, the same call is taken (not dropped as a duplicate).
-    took = _wait_until(lambda: Export.enqueue(1) is not None, timeout=1.0)
+    took = wait_until(lambda: Export.enqueue(1) is not None, "the same enqueue to be taken", 1.0)
     assert took < 1.0
     assert queue.pushed == [(0,), (1,)]
 
@@ -119,7 +111,7 @@ def test_lost_claim_reply_is_undone_in_the_background(server: RedisServer, stall
     with pytest.raises(BackendError):
         lock.acquire()
     resumed.join()
-    _wait_until(lambda: stalling.read("nightly").free, timeout=3.0)
+    wait_until(lambda: stalling.read("nightly").free, "the key to be free", 3.0)
 
 
 def test_lost_reply_of_an_inline_run_does_not_hold_the_key_for_a_lease(
@@ -140,7 +132,7 @@ def test_lost_reply_of_an_inline_run_does_not_hold_the_key_for_a_lease(
     with pytest.raises(BackendError):
         Nightly.run(1)
     resumed.join()
-    _wait_until(lambda: Nightly.run(1) is None and ran == [0, 1], timeout=1.0)
+    wait_until(lambda: Nightly.run(1) is None and ran == [0, 1], "the same run to run", 1.0)
 
 
 class _AppliedThenFails(Backend):
@@ -195,7 +187,7 @@ def test_an_applied_claim_that_failed_is_undone_on_every_store(backend: Backend)
     lock = JobLock(wrapped, "k", meta=QueueMeta("C", ""))
     with pytest.raises(BackendError):
         lock.acquire(run=True)
-    _wait_until(lambda: backend.read("k").free, timeout=3.0)
+    wait_until(lambda: backend.read("k").free, "the key to be free", 3.0)
     assert JobLock(backend, "k").acquire()
 
 
@@ -206,7 +198,7 @@ def test_a_failed_claim_draws_a_new_token(backend: Backend) -> None:
     with pytest.raises(BackendError):
         lock.acquire()
     assert lock.token != first
-    _wait_until(lambda: not undos, timeout=3.0)
+    wait_until(lambda: not undos, "the undo to be done", 3.0)
     assert lock.acquire()  # the undo of the old token never touches the new lock
     time.sleep(0.1)
     state = backend.read("k")
@@ -491,7 +483,9 @@ def test_a_lock_presumed_lost_is_still_renewed_if_the_store_comes_back_in_time()
     assert lock.acquire(run=True)
     with lock.running(started=True):
         store.down.set()
-        _wait_until(lambda: lock.lost, timeout=3.0)  # presumed lost 1 s after the grant
+        wait_until(
+            lambda: lock.lost, "the lock to be presumed lost", 3.0
+        )  # presumed lost 1 s after the grant
         store.down.clear()  # back before the lease (1.5 s) lapses
         time.sleep(1.2)  # past the lease: only renewals keep it
         state = store.read("k")
