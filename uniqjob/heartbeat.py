@@ -65,6 +65,7 @@ __all__ = [
     "TAKEN",
     "Beat",
     "Heartbeat",
+    "deadline",
     "heartbeat",
     "margin",
 ]
@@ -90,6 +91,11 @@ LOST_RECORD = "uniqjob_lost"
 def margin(lease: float) -> float:
     """How long before a lease could lapse on the store its holder presumes the lock lost."""
     return lease * MARGIN_RATIO
+
+
+def deadline(confirmed: float, lease: float) -> float:
+    """When a lock whose lease was last confirmed by a request sent at ``confirmed`` is presumed lost."""
+    return confirmed + lease - margin(lease)
 
 
 @dataclass(eq=False, slots=True)
@@ -207,7 +213,7 @@ class Heartbeat:
         beat.group = id(group)
         if lease is not None:
             beat.confirmed = now if confirmed is None else min(confirmed, now)
-            beat.deadline = beat.confirmed + lease - margin(lease)
+            beat.deadline = deadline(beat.confirmed, lease)
             # Due one interval after the grant was sent, not after its (maybe slow) reply:
             # else a slow grant's first renewal could fall due after its deadline.
             beat.due = beat.confirmed + interval
@@ -349,7 +355,7 @@ class Heartbeat:
                 lost = now >= beat.deadline and self._mark(beat, PRESUMED, now)
                 if not failed and beat.lease is not None:
                     beat.confirmed = sent
-                    beat.deadline = sent + beat.lease - margin(beat.lease)
+                    beat.deadline = deadline(sent, beat.lease)
                 # Counted from the send, like the lease: a slow reply must not push the next one past it.
                 beat.due = now + min(beat.interval / 2, RETRY) if failed else min(now, sent) + beat.interval
                 self._push(beat, min(beat.due, beat._watch()))

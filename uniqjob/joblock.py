@@ -19,7 +19,7 @@ from typing import Literal
 
 from ._undo import undos
 from .errors import BackendError, CorruptRecordError, JobNotUnique
-from .heartbeat import MARGIN_RATIO, Beat, heartbeat
+from .heartbeat import Beat, deadline, heartbeat
 from .locks import (
     QUEUED,
     RUNNING,
@@ -62,9 +62,6 @@ _AT_START: dict[Strategy, QueueMode | None] = {
 }
 
 _ATTEMPTS = 3  # a reclaimed orphan is retried; a lock that keeps changing hands is a conflict
-
-# The share of a lease a holder may count on after the request that confirmed it was sent.
-_TRUSTED = 1 - MARGIN_RATIO
 
 # The lock of the perform running in this thread (or task): see current_lock().
 _current: ContextVar[JobLock | None] = ContextVar("uniqjob_current_lock", default=None)
@@ -330,7 +327,7 @@ class JobLock:
             return backend.renew(key, token, lease, attempt)
 
         granted = self._granted_at
-        if granted is not None and heartbeat.clock() >= granted + lease * _TRUSTED:
+        if granted is not None and heartbeat.clock() >= deadline(granted, lease):
             self._confirm(renew, release)
         self._beat = heartbeat.start(
             renew,
