@@ -82,8 +82,14 @@ class RedisServer:
     """
 
     def __init__(
-        self, startup_timeout: float = 10.0, grace: float = 5.0, extra_args: Sequence[str] = ()
+        self,
+        startup_timeout: float = 10.0,
+        grace: float = 5.0,
+        extra_args: Sequence[str] = (),
+        binary: str | None = None,
     ) -> None:
+        #: The server binary (a valkey-server, say); by default :func:`find_redis_server`'s.
+        self.binary = binary
         self.startup_timeout = startup_timeout
         self.grace = grace
         #: Appended to the server's command line, so they override the defaults
@@ -129,7 +135,7 @@ class RedisServer:
         """Start the server; after ``stop()``, at the same socket and port."""
         if self._proc is not None:
             raise RuntimeError("the redis server is already running")
-        binary = find_redis_server()
+        binary = self.binary or find_redis_server()
         if self._dir is not None:  # coming back: the address must not change
             self._spawn(binary)
             return
@@ -181,13 +187,17 @@ class RedisServer:
     ) -> None:
         self.close()
 
-    def _spawn(self, binary: str) -> None:
-        args = [
+    def _command(self, binary: str) -> list[str]:
+        """The server's command line (a sentinel's starts with its config file)."""
+        return [
             binary, "--port", str(self.port), "--bind", "127.0.0.1",
             "--unixsocket", self.socket_path, "--unixsocketperm", "700",
             "--dir", str(self._started_dir()), "--save", "", "--appendonly", "no",
             "--daemonize", "no", "--logfile", "", *self.extra_args,
         ]  # fmt: skip
+
+    def _spawn(self, binary: str) -> None:
+        args = self._command(binary)
         if sys.platform.startswith("linux"):
             launch = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid())]
             args = launch + args
