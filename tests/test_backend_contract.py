@@ -61,18 +61,23 @@ def test_claim_records_state_and_conflicts(store: Store) -> None:
     assert b.read("other").free
 
 
-def test_a_conflict_is_quiet_only_when_nothing_may_be_reclaimed(store: Store) -> None:
+def test_a_conflict_has_nothing_to_reclaim_only_when_queued_without_a_job(store: Store) -> None:
     b = store.backend
     plain = QueueMeta("tests.Job", "(1,)")
     assert b.claim("q", "t1", meta=plain) is None
-    quiet = b.claim("q", "t2", meta=plain)
-    assert quiet is not None and quiet.quiet and quiet.queue is not None and quiet.queue.token == "t1"
+    settled = b.claim("q", "t2", meta=plain)
+    assert (
+        settled is not None
+        and settled.nothing_to_reclaim
+        and settled.queue is not None
+        and settled.queue.token == "t1"
+    )
     assert b.attach("q", "t1", "job-9")  # now a queue may prove its job gone
     named = b.claim("q", "t3", meta=plain)
-    assert named is not None and not named.quiet
+    assert named is not None and not named.nothing_to_reclaim
     assert start(b, "t4", key="r") is None  # running
     running = b.claim("r", "t5", meta=plain)
-    assert running is not None and not running.quiet
+    assert running is not None and not running.nothing_to_reclaim
 
 
 def test_store_clock_is_used(store: Store) -> None:
@@ -295,13 +300,13 @@ def test_requeue_turns_a_run_into_a_queued_wait(store: Store) -> None:
 
 def test_requeue_recreates_a_missing_queue_lock_but_never_takes_anothers(store: Store) -> None:
     b = store.backend
-    assert start(b, "t1", queue="release") is None  # until_and_while: no queue lock while running
+    assert start(b, "t1", queue_lock="release") is None  # until_and_while: no queue lock while running
     assert b.requeue("k", "t1", meta=META, ttl=None)
     state = b.read("k")
     assert state.queue is not None and state.queue.token == "t1" and state.queue.state == "queued"
     b.finish("k", "t1")
     assert claim(b, "t2") is None
-    assert start(b, "t1", queue="keep") is None
+    assert start(b, "t1", queue_lock="keep") is None
     assert not b.requeue("k", "t1", meta=META, ttl=None)  # t2's queued lock is left alone
     state = b.read("k")
     assert state.run is None and state.queue is not None and state.queue.token == "t2"
@@ -367,7 +372,7 @@ def test_a_claim_is_idempotent_for_its_token(backend: Backend) -> None:
 
 def test_a_retried_run_claim_never_takes_anothers_run_lock(backend: Backend) -> None:
     assert claim(backend, "t1", ttl=100) is None
-    assert backend.start("k", "t2", run=RunClaim(OTHER, LEASE, "x"), meta=META, queue="keep") is None
+    assert backend.start("k", "t2", run=RunClaim(OTHER, LEASE, "x"), meta=META, queue_lock="keep") is None
     conflict = backend.claim("k", "t1", meta=META, run=RunClaim(ME, LEASE, "a"))
     assert conflict is not None and conflict.run is not None and conflict.run.token == "t2"
     # nor its own token's run lock of another attempt (a second delivery)

@@ -107,15 +107,15 @@ def test_tokens_are_unique_across_threads_and_a_fork() -> None:
     assert not set(child) & set(mine + tokens)  # a forked child never repeats its parent's tokens
 
 
-def test_quiet_is_the_usual_duplicate_only() -> None:
+def test_nothing_to_reclaim_is_the_usual_duplicate_only() -> None:
     me = local_holder()
-    assert _state("queued", None).quiet
-    assert not _state("queued", me).quiet  # something runs
-    assert not _state("running", None).quiet
-    assert not _state(None, me).quiet
-    assert not _state(None, None).quiet  # free
+    assert _state("queued", None).nothing_to_reclaim
+    assert not _state("queued", me).nothing_to_reclaim  # something runs
+    assert not _state("running", None).nothing_to_reclaim
+    assert not _state(None, me).nothing_to_reclaim
+    assert not _state(None, None).nothing_to_reclaim  # free
     with_job = LockState("k", QueueRecord("t", "queued", 0.0, QueueMeta(job_id="j1"), None), None, 1.0)
-    assert not with_job.quiet  # its queue may prove the job gone
+    assert not with_job.nothing_to_reclaim  # its queue may prove the job gone
 
 
 def test_an_unread_state_is_read_once_on_first_use() -> None:
@@ -126,8 +126,8 @@ def test_an_unread_state_is_read_once_on_first_use() -> None:
         reads.append(1)
         return whole.queue, whole.run, whole.now
 
-    unread = LockState.unread("k", read, quiet=True)
-    assert unread.quiet and reads == []  # deciding needs no read
+    unread = LockState.unread("k", read, nothing_to_reclaim=True)
+    assert unread.nothing_to_reclaim and reads == []  # deciding needs no read
     assert unread.key == "k" and reads == []
     assert unread.queue == whole.queue and reads == [1]
     assert unread.run is None and unread.now == 1.0 and unread.describe() == whole.describe()
@@ -137,7 +137,7 @@ def test_an_unread_state_is_read_once_on_first_use() -> None:
 
 def test_an_unread_state_pickles_copies_and_matches_as_a_read_one() -> None:
     whole = _state("queued", None)
-    unread = LockState.unread("k", lambda: (whole.queue, whole.run, whole.now), quiet=True)
+    unread = LockState.unread("k", lambda: (whole.queue, whole.run, whole.now), nothing_to_reclaim=True)
     assert pickle.loads(pickle.dumps(unread)) == whole
     assert copy.deepcopy(unread) == whole and copy.copy(unread) == whole
     match unread:

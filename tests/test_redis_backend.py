@@ -134,28 +134,28 @@ def test_the_usual_duplicate_is_left_unread_until_used(redis_backend: RedisBacke
     meta = QueueMeta("job", "1")
     assert redis_backend.claim("quiet", "t1", meta=meta) is None
     state = redis_backend.claim("quiet", "t2", meta=meta)
-    assert state is not None and state.quiet
+    assert state is not None and state.nothing_to_reclaim
     assert state._read is not None  # rejected without building its records
     assert state.queue is not None and state.queue.token == "t1" and state.queue.meta == meta
     assert state.run is None and state._read is None
     assert state == LockState("quiet", state.queue, None, state.now)
 
-    # A queued lock whose job a queue may prove gone is read at once, and is not quiet.
+    # A queued lock whose job a queue may prove gone is read at once, and has something to reclaim.
     assert redis_backend.attach("quiet", "t1", "job-1")
     named = redis_backend.claim("quiet", "t3", meta=meta)
-    assert named is not None and not named.quiet and named._read is None
+    assert named is not None and not named.nothing_to_reclaim and named._read is None
     assert named.queue is not None and named.queue.meta.job_id == "job-1"
 
     # So is one with a run lock beside it.
     run = RunClaim(local_holder(), 30.0, "a1")
     assert redis_backend.claim("busy", "t1", meta=meta, run=run) is None
     busy = redis_backend.claim("busy", "t2", meta=meta)
-    assert busy is not None and not busy.quiet and busy.run is not None
+    assert busy is not None and not busy.nothing_to_reclaim and busy.run is not None
 
 
 def test_an_unread_state_that_is_unreadable_says_so_on_first_use(redis_backend: RedisBackend) -> None:
     state = redis_backend._state("k", b"Qnot json")
-    assert state.quiet
+    assert state.nothing_to_reclaim
     with pytest.raises(BackendError, match="unreadable lock state"):
         _ = state.queue
 
@@ -259,7 +259,7 @@ def _primitives(backend: RedisBackend) -> dict[str, Any]:
         "claim": lambda: backend.claim("k", "t", meta=meta),
         "claim-run": lambda: backend.claim("k", "t", meta=meta, run=run),
         "start": lambda: backend.start("k", "t", run=run, meta=meta),
-        "start-release": lambda: backend.start("k", "t", run=run, meta=meta, queue="release"),
+        "start-release": lambda: backend.start("k", "t", run=run, meta=meta, queue_lock="release"),
         "attach": lambda: backend.attach("k", "t", "j"),
         "requeue": lambda: backend.requeue("k", "t", meta=meta, ttl=None),
         "renew": lambda: backend.renew("k", "t", 30.0),

@@ -113,7 +113,7 @@ def test_while_executing_crashed_attempt_is_readopted_by_the_same_job(use: Backe
     # an attempt by a process that has died since, without releasing
     me = local_holder()
     dead = RunClaim(replace(me, pstart=me.pstart + 1), 30.0, "crashed-attempt")
-    assert use.start(key, token, run=dead, meta=QueueMeta(), queue="keep") is None
+    assert use.start(key, token, run=dead, meta=QueueMeta(), queue_lock="keep") is None
     assert deliver(Job) == "done 1"  # same token, holder dead: re-acquired, not a duplicate
     assert use.read(key).free
 
@@ -123,7 +123,7 @@ def test_same_job_on_a_live_holder_elsewhere_waits_for_its_lease(use: Backend) -
     assert Job.enqueue(1)
     key, token, _ = Job.unique_queue.jobs[0]  # type: ignore[union-attr]
     far = RunClaim(replace(local_holder(), host="other-host", node="other"), 30.0, "first-delivery")
-    assert use.start(key, token, run=far, meta=QueueMeta(), queue="keep") is None
+    assert use.start(key, token, run=far, meta=QueueMeta(), queue_lock="keep") is None
     assert deliver(Job) is None  # it may still be running there: never robbed
     assert Job.ran == []
 

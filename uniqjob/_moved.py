@@ -1,4 +1,7 @@
-"""The warning of a module that moved: once, on first import, pointing at the line that imported it."""
+"""The warnings of a module that moved (once, on first import) and of a renamed name (on each use).
+
+Each points at the line outside uniqjob that imported the module or used the name.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import sys
 import warnings
 from types import FrameType
 
-__all__ = ["moved"]
+__all__ = ["moved", "renamed"]
 
 
 def moved(old: str, new: str) -> None:
@@ -18,14 +21,23 @@ def moved(old: str, new: str) -> None:
     )
 
 
+def renamed(old: str, new: str) -> None:
+    """Warn that ``old`` (a name, a keyword) is now ``new``; call it where the old name is used."""
+    warnings.warn(
+        f"{old} is deprecated and will be removed in the next release: use {new}",
+        DeprecationWarning,
+        stacklevel=_importer_level(),
+    )
+
+
 def _importer_level() -> int:
-    """The ``stacklevel``, for a warning raised in :func:`moved`, of the first frame outside uniqjob.
+    """The ``stacklevel`` of the first frame outside uniqjob, for :func:`moved` and :func:`renamed`.
 
     That is the line that imported the old module, by an import statement or
     through the package's lazy attributes. It is counted as :mod:`warnings`
     counts: importlib's bootstrap frames are skipped, not counted.
     """
-    frame: FrameType | None = sys._getframe(1)  # moved()
+    frame: FrameType | None = sys._getframe(1)  # moved() or renamed()
     level = 1
     while frame is not None:
         frame = _next_external(frame)
@@ -48,6 +60,9 @@ def _next_external(frame: FrameType) -> FrameType | None:
 
 
 def _ours(frame: FrameType) -> bool:
-    """A frame of uniqjob itself or of importlib (``import_module``, called by a lazy attribute)."""
+    """A frame of uniqjob itself, of importlib (``import_module``, called by a lazy attribute) or of abc.
+
+    (``ABCMeta.__new__`` calls ``__init_subclass__`` of a class being defined.)
+    """
     name = str(frame.f_globals.get("__name__", ""))
-    return name.split(".", maxsplit=1)[0] in ("uniqjob", "importlib")
+    return name.split(".", maxsplit=1)[0] in ("uniqjob", "importlib", "abc")

@@ -214,7 +214,7 @@ class JobLock:
                         self.fence = claim.fence
                     return True
                 self.conflict = state
-                if state.quiet and not undos.pending:
+                if state.nothing_to_reclaim and not undos.pending:
                     break  # the usual duplicate: queued, nothing running, no job a queue could prove gone
                 if not (
                     self._reclaim_ours(state) or self._reclaim_dead(state) or self._reclaim_gone(state, gone)
@@ -293,7 +293,13 @@ class JobLock:
                 # and its queue lock is then an orphan; the job layer drops an inline call's
                 # queued lock.
                 state = self.backend.start(
-                    slot, self.token, run=claim, meta=self.meta, ttl=self.ttl, adopt=self.adopt, queue=mode
+                    slot,
+                    self.token,
+                    run=claim,
+                    meta=self.meta,
+                    ttl=self.ttl,
+                    adopt=self.adopt,
+                    queue_lock=mode,
                 )
                 if state is None:
                     self.key, self.conflict, self._slot_fixed = slot, None, True

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from ._moved import renamed
+
 __all__ = [
     "Holder",
     "LockState",
@@ -138,11 +140,11 @@ class LockState:
 
     A store may hand one over unread (:meth:`unread`): its parts are then read
     on first use. The usual duplicate enqueue (a queued lock, nothing
-    running, :attr:`quiet`) is rejected without ever reading them (see
+    running, :attr:`nothing_to_reclaim`) is rejected without ever reading them (see
     docs/performance.md).
     """
 
-    __slots__ = ("_now", "_queue", "_quiet", "_read", "_run", "key")
+    __slots__ = ("_nothing_to_reclaim", "_now", "_queue", "_read", "_run", "key")
 
     def __init__(self, key: str, queue: QueueRecord | None, run: RunRecord | None, now: float) -> None:
         self.key = key
@@ -150,15 +152,23 @@ class LockState:
         self._run = run
         self._now = now  # the store's clock when the snapshot was taken
         self._read: Callable[[], Parts] | None = None
-        self._quiet = False  # only an unread state keeps what the store said
+        self._nothing_to_reclaim = False  # only an unread state keeps what the store said
 
     @classmethod
-    def unread(cls, key: str, read: Callable[[], Parts], *, quiet: bool) -> LockState:
-        """A snapshot whose parts ``read()`` returns when first asked for; ``quiet`` as the store saw it."""
+    def unread(
+        cls, key: str, read: Callable[[], Parts], *, nothing_to_reclaim: bool | None = None, **old: bool
+    ) -> LockState:
+        """A snapshot whose parts ``read()`` returns when first asked for.
+
+        ``nothing_to_reclaim`` is :attr:`nothing_to_reclaim` as the store saw
+        it (``quiet``, its old name, is still accepted for one release).
+        """
+        if old or nothing_to_reclaim is None:
+            nothing_to_reclaim = _old_quiet(nothing_to_reclaim, old)
         state = cls.__new__(cls)
         state.key = key
         state._read = read
-        state._quiet = quiet
+        state._nothing_to_reclaim = nothing_to_reclaim
         return state
 
     def _parts(self) -> Parts:
@@ -184,12 +194,18 @@ class LockState:
         return self._parts()[2] if self._read is not None else self._now
 
     @property
-    def quiet(self) -> bool:
+    def nothing_to_reclaim(self) -> bool:
         """A queued lock with no job id, and no run lock: nothing that anyone may reclaim."""
         if self._read is not None:
-            return self._quiet  # as the store saw it
+            return self._nothing_to_reclaim  # as the store saw it
         queue = self._queue
         return self._run is None and queue is not None and queue.state == QUEUED and not queue.meta.job_id
+
+    @property
+    def quiet(self) -> bool:
+        """Deprecated: :attr:`nothing_to_reclaim`."""
+        renamed("uniqjob.locks.LockState.quiet", "LockState.nothing_to_reclaim")
+        return self.nothing_to_reclaim
 
     __match_args__ = ("key", "queue", "run", "now")
 
@@ -225,6 +241,14 @@ class LockState:
             facts["pid"] = self.run.holder.pid
             facts["running_for"] = round(self.now - self.run.started, 3)
         return facts
+
+
+def _old_quiet(nothing_to_reclaim: bool | None, old: dict[str, bool]) -> bool:
+    """``LockState.unread``'s keyword by its old name, ``quiet``, with its warning."""
+    if nothing_to_reclaim is not None or list(old) != ["quiet"]:
+        raise TypeError("LockState.unread() takes one keyword besides key and read: nothing_to_reclaim")
+    renamed("uniqjob.locks.LockState.unread(quiet=...)", "nothing_to_reclaim=")
+    return old["quiet"]
 
 
 def _read(path: str) -> str:

@@ -168,18 +168,18 @@ class Slot:
         ttl: float | None,
         *,
         adopt: bool,
-        queue: QueueMode,
+        queue_lock: QueueMode,
     ) -> LockState | None:
         if not self._retakes(token, run):
             return self.state()
         self._set_run(token, run)
         mine = self.q is not None and (self.q["token"] == token or adopt)
-        if queue == "run":
+        if queue_lock == "run":
             if self.q is None:
                 self._set_queue(token, RUNNING, meta, ttl)
             elif mine:
                 self.q = {**self.q, "token": token, "state": RUNNING}
-        elif queue == "release" and mine:
+        elif queue_lock == "release" and mine:
             self.q = None
         return None
 
@@ -271,10 +271,10 @@ class SlotBackend(Backend):
         meta: QueueMeta,
         ttl: float | None = None,
         adopt: bool = False,
-        queue: QueueMode = "run",
+        queue_lock: QueueMode = "run",
     ) -> LockState | None:
         with self._slot(key) as slot:
-            return slot.start(token, run, meta, ttl, adopt=adopt, queue=queue)
+            return slot.start(token, run, meta, ttl, adopt=adopt, queue_lock=queue_lock)
 
     def attach(self, key: str, token: str, job_id: str) -> bool:
         with self._slot(key) as slot:

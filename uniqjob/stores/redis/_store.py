@@ -262,7 +262,7 @@ class RedisBackend(Backend):
     def _state(self, key: str, reply: str | bytes) -> LockState:
         """The state a script's snapshot reply describes; the usual duplicate's ("Q"), unread until used."""
         if reply[:1] in _QUIET:
-            return LockState.unread(key, partial(self._parts, key, reply), quiet=True)
+            return LockState.unread(key, partial(self._parts, key, reply), nothing_to_reclaim=True)
         return LockState(key, *self._parts(key, reply))
 
     def _parts(self, key: str, reply: str | bytes) -> Parts:
@@ -355,9 +355,9 @@ class RedisBackend(Backend):
         meta: QueueMeta,
         ttl: float | None = None,
         adopt: bool = False,
-        queue: QueueMode = "run",
+        queue_lock: QueueMode = "run",
     ) -> LockState | None:
-        flags = ("a" if adopt else "-") + _QUEUE_MODES[queue]
+        flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock]
         reply = self._eval(self._start, 3, self._items(key, token, meta, ttl, flag=flags, run=run))
         if type(reply) is int:  # the fence of the run lock now held
             run.fence = reply
