@@ -226,7 +226,7 @@ def test_lock_files_removed_under_a_running_process_are_made_again(file_backend:
     stripe = file_backend._stripes.of("k")[1]
     assert (file_backend.directory / ".locks" / f"{stripe:02d}.lock").exists()
     # and the new file is the one locked: another process's FileLock on it must wait
-    with file_backend._slot(other), pytest.raises(TimeoutError):
+    with file_backend._lock_machine(other), pytest.raises(TimeoutError):
         FileLock(str(file_backend.directory / ".locks" / f"{stripe:02d}.lock"), timeout=0.05).acquire()
 
 

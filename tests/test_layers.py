@@ -8,9 +8,10 @@ A *part* is a subpackage of ``uniqjob`` (``stores``, with ``stores.redis`` in it
 kept apart, as they run for the type checker only.
 
 - The store layer (``uniqjob/stores/``) may import only itself and the leaves, ``errors``,
-  ``keys``, ``locks``, ``heartbeat`` and ``_moved`` (the deprecation warnings): everything else is above it (the job layer, ``job``,
-  ``joblock``, ``queue``, ``settings`` and the concurrency glue; ``config``, the operations, the
-  CLI and the integrations on top), and not even a type-checking import may name it.
+  ``keys``, ``locks``, ``heartbeat`` and ``_moved`` (the deprecation warnings): everything
+  else is above it (the job layer, ``job``, ``joblock``, ``queue``, ``settings`` and the
+  concurrency glue; ``config``, the operations, the CLI and the integrations on top), and
+  not even a type-checking import may name it.
 - No cycle between parts through imports that run (``python tests/test_layers.py`` prints them).
 """
 

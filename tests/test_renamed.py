@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -81,3 +83,37 @@ def test_a_store_written_to_the_old_start_is_warned_about_once_and_given_queue()
         warnings.simplefilter("error")  # the callers use the new name: no warning on each call
         assert backend.start("k", "t", run=RunClaim(ME, 5.0), meta=META, queue_lock="keep") is None
     assert backend.seen == "keep" and backend.read("k").queue is None  # "keep": no queue lock made
+
+
+def test_slot_and_slot_backend_are_the_lock_machine_and_its_backend_with_a_warning() -> None:
+    import uniqjob.stores
+    from uniqjob.stores import LockMachine, LockMachineBackend
+
+    with pytest.warns(
+        DeprecationWarning, match=r"uniqjob\.stores\.Slot is deprecated.*LockMachine"
+    ) as caught:
+        from uniqjob.stores import Slot
+    assert Slot is LockMachine and caught[0].filename == __file__
+    with pytest.warns(DeprecationWarning, match=r"SlotBackend is deprecated.*LockMachineBackend") as caught:
+        slot_backend = uniqjob.stores.SlotBackend
+    assert caught[0].filename == __file__ and issubclass(slot_backend, LockMachineBackend)
+    with pytest.raises(AttributeError, match="has no attribute 'Slots'"):
+        uniqjob.stores.Slots  # noqa: B018
+
+    class OldHook(slot_backend):  # type: ignore[misc,valid-type]  # a store written to the old names
+        def __init__(self) -> None:
+            self.records: dict[str, Any] = {}
+
+        @contextmanager
+        def _slot(self, key: str) -> Iterator[LockMachine]:
+            locks = LockMachine(key, self.records.get(key), 1.0, lambda now_us: now_us + 1)
+            yield locks
+            self.records[key] = locks.record()
+
+        def scan(self) -> Iterator[str]:
+            yield from self.records
+
+    old = OldHook()
+    run = RunClaim(ME, 5.0)
+    assert old.claim("k", "t", meta=META) is None and old.start("k", "t", run=run, meta=META) is None
+    assert run.fence == 1_000_001 and old.read("k").run is not None  # its _slot hook did the work

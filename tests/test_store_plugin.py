@@ -1,6 +1,6 @@
 """A store written in the tests is a whole store: the proof that a new store is one module.
 
-``tests/support/dictstore.py`` implements the two documented hooks (``_slot``,
+``tests/support/dictstore.py`` implements the two documented hooks (``_lock_machine``,
 ``_machine``) over dicts, plus ``scan``/``purge``; it is in ``tests/conftest.py``'s
 ``STORES``, so both contract suites run against it (``-k dict``). Here it runs a
 ``UniqueJob`` through its URL, registered for the test under ``dict://``.

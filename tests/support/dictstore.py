@@ -1,11 +1,11 @@
 """A store written inside the tests, as a user would write one: the proof that a new store is one module.
 
-Locks are a :class:`~uniqjob.stores._records.SlotBackend` and semaphores a
+Locks are a :class:`~uniqjob.stores._records.LockMachineBackend` and semaphores a
 :class:`~uniqjob.stores._machine.MachineStore`, each over a plain dict under
-one mutex. Each writes its hook (``_slot``, ``_machine``) and what the hooks
+one mutex. Each writes its hook (``_lock_machine``, ``_machine``) and what the hooks
 cannot give: ``scan`` (the contracts' one streaming read), ``purge`` (an
 operator's forced release; optional, the contract suite holds it) and a
-fence counter handed to each :class:`Slot`. Everything else, every
+fence counter handed to each :class:`LockMachine`. Everything else, every
 transition, comes from the two bases. ``tests/conftest.py`` registers it
 under ``dict://`` and puts it in the one list of stores, so both contract
 suites run against it.
@@ -21,13 +21,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from uniqjob.stores._machine import Machine, MachineStore
-from uniqjob.stores._records import Slot, SlotBackend
+from uniqjob.stores._records import LockMachine, LockMachineBackend
 from uniqjob.stores.semaphores import SemaphoreStore
 
 __all__ = ["DictBackend", "DictSemaphores", "from_url"]
 
 
-class DictBackend(SlotBackend):
+class DictBackend(LockMachineBackend):
     """Locks in a dict, one record per key, on an injectable clock."""
 
     name = "dict"
@@ -43,12 +43,12 @@ class DictBackend(SlotBackend):
         return self.last_fence
 
     @contextmanager
-    def _slot(self, key: str) -> Iterator[Slot]:
+    def _lock_machine(self, key: str) -> Iterator[LockMachine]:
         with self.mutex:
-            slot = Slot(key, copy.deepcopy(self.records.get(key)), self.clock(), self._fence)
-            yield slot
-            if slot.changed:
-                record = slot.record()
+            locks = LockMachine(key, copy.deepcopy(self.records.get(key)), self.clock(), self._fence)
+            yield locks
+            if locks.changed:
+                record = locks.record()
                 if record is None:
                     self.records.pop(key, None)
                 else:

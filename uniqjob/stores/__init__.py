@@ -21,8 +21,9 @@ from collections.abc import Callable
 from importlib import import_module
 
 from ..errors import ConfigurationError
+from . import _records
 from ._machine import Machine, MachineStore
-from ._records import Slot, SlotBackend
+from ._records import LockMachine, LockMachineBackend
 from ._urls import scheme_of, shown
 from .base import Backend, Store
 from .semaphores import SemaphoreStore
@@ -31,11 +32,11 @@ from .semaphores import SemaphoreStore
 # (README "Writing a store"): a store implements their one hook.
 __all__ = [
     "Backend",
+    "LockMachine",
+    "LockMachineBackend",
     "Machine",
     "MachineStore",
     "SemaphoreStore",
-    "Slot",
-    "SlotBackend",
     "Store",
     "StoreFactory",
     "from_url",
@@ -43,6 +44,14 @@ __all__ = [
     "schemes",
     "unregister",
 ]
+
+
+def __getattr__(name: str) -> type:
+    """``Slot`` and ``SlotBackend``, the old names of :class:`LockMachine` and :class:`LockMachineBackend`."""
+    if name in _records._OLD_NAMES:
+        return getattr(_records, name)  # type: ignore[no-any-return]  # it warns
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: Makes a store from a URL of its scheme; a malformed URL is a ConfigurationError naming the problem.
 StoreFactory = Callable[[str], Backend]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from .._moved import renamed
 from ..locks import (
     QUEUED,
     RUNNING,
@@ -30,10 +31,10 @@ Record = dict[str, Any]
 Fences = Callable[[int], int]
 
 
-class Slot:
+class LockMachine:
     """One key's locks as of ``now``, with lapsed leases and autoexpired locks dropped.
 
-    ``fences`` issues the fence of a run lock this slot grants (see :meth:`Backend.start`).
+    ``fences`` issues the fence of a run lock this machine grants (see :meth:`Backend.start`).
     """
 
     def __init__(self, key: str, record: Record | None, now: float, fences: Fences | None = None) -> None:
@@ -240,15 +241,15 @@ class Slot:
         return gone
 
 
-class SlotBackend(Backend):
-    """A backend that keeps each key as one record and runs :class:`Slot` transitions on it.
+class LockMachineBackend(Backend):
+    """A backend that keeps each key as one record and runs :class:`LockMachine` transitions on it.
 
-    Subclasses provide :meth:`_slot`: a context manager that holds the key's
-    mutual exclusion, yields its slot and stores the record if it changed.
+    Subclasses provide :meth:`_lock_machine`: a context manager that holds the
+    key's mutual exclusion, yields its machine and stores the record if it changed.
     """
 
     @abstractmethod
-    def _slot(self, key: str) -> AbstractContextManager[Slot]: ...
+    def _lock_machine(self, key: str) -> AbstractContextManager[LockMachine]: ...
 
     def claim(
         self,
@@ -259,8 +260,8 @@ class SlotBackend(Backend):
         ttl: float | None = None,
         run: RunClaim | None = None,
     ) -> LockState | None:
-        with self._slot(key) as slot:
-            return slot.claim(token, meta, ttl, run)
+        with self._lock_machine(key) as m:
+            return m.claim(token, meta, ttl, run)
 
     def start(
         self,
@@ -273,33 +274,60 @@ class SlotBackend(Backend):
         adopt: bool = False,
         queue_lock: QueueMode = "run",
     ) -> LockState | None:
-        with self._slot(key) as slot:
-            return slot.start(token, run, meta, ttl, adopt=adopt, queue_lock=queue_lock)
+        with self._lock_machine(key) as m:
+            return m.start(token, run, meta, ttl, adopt=adopt, queue_lock=queue_lock)
 
     def attach(self, key: str, token: str, job_id: str) -> bool:
-        with self._slot(key) as slot:
-            return slot.attach(token, job_id)
+        with self._lock_machine(key) as m:
+            return m.attach(token, job_id)
 
     def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = "") -> bool:
-        with self._slot(key) as slot:
-            return slot.requeue(token, meta, ttl, attempt)
+        with self._lock_machine(key) as m:
+            return m.requeue(token, meta, ttl, attempt)
 
     def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
-        with self._slot(key) as slot:
-            return slot.renew(token, lease, attempt)
+        with self._lock_machine(key) as m:
+            return m.renew(token, lease, attempt)
 
     def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
-        with self._slot(key) as slot:
-            slot.finish(token, keep_queue, attempt)
+        with self._lock_machine(key) as m:
+            m.finish(token, keep_queue, attempt)
 
     def dequeue(self, key: str, token: str | None = None) -> bool:
-        with self._slot(key) as slot:
-            return slot.dequeue(token)
+        with self._lock_machine(key) as m:
+            return m.dequeue(token)
 
     def reclaim(self, key: str, queue_token: str | None, run_token: str | None) -> bool:
-        with self._slot(key) as slot:
-            return slot.reclaim(queue_token, run_token)
+        with self._lock_machine(key) as m:
+            return m.reclaim(queue_token, run_token)
 
     def read(self, key: str) -> LockState:
-        with self._slot(key) as slot:
-            return slot.state()
+        with self._lock_machine(key) as m:
+            return m.state()
+
+
+class _SlotBackend(LockMachineBackend):
+    """``SlotBackend``, the old name of :class:`LockMachineBackend`: its hook is ``_slot``."""
+
+    @abstractmethod
+    def _slot(self, key: str) -> AbstractContextManager[LockMachine]: ...
+
+    def _lock_machine(self, key: str) -> AbstractContextManager[LockMachine]:
+        return self._slot(key)
+
+
+_SlotBackend.__name__ = _SlotBackend.__qualname__ = "SlotBackend"
+
+#: The old names, importable for one release: the lock machine was a "slot", a word kept for concurrency.
+_OLD_NAMES: dict[str, tuple[str, type]] = {
+    "Slot": ("LockMachine", LockMachine),
+    "SlotBackend": ("LockMachineBackend (its hook: _lock_machine)", _SlotBackend),
+}
+
+
+def __getattr__(name: str) -> type:
+    if name not in _OLD_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    new, value = _OLD_NAMES[name]
+    renamed(f"uniqjob.stores.{name}", f"uniqjob.stores.{new}")
+    return value

@@ -3,8 +3,8 @@
 A store built on :class:`RecordStore` writes one hook, :meth:`RecordStore._held`:
 hold the key's mutual exclusion and yield a :class:`Held`, the key's record as
 read with the store's clock and a way to store its next version. The template
-turns it into the lock hook (``SlotBackend._slot``, :class:`~._records.Slot`
-transitions) and the semaphore hook (``MachineStore._machine``,
+turns it into the lock hook (``LockMachineBackend._lock_machine``,
+:class:`~._records.LockMachine` transitions) and the semaphore hook (``MachineStore._machine``,
 :class:`~._machine.Machine` transitions), so the memory and file stores each
 keep their records in one place for their locks and their semaphores alike.
 """
@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from ._machine import Machine
-from ._records import Fences, Slot
+from ._records import Fences, LockMachine
 
 __all__ = ["Held", "RecordStore"]
 
@@ -43,19 +43,19 @@ class Held:
 
 
 class RecordStore:
-    """Mix in before ``SlotBackend`` or ``MachineStore``: their hook, from :meth:`_held`."""
+    """Mix in before ``LockMachineBackend`` or ``MachineStore``: their hook, from :meth:`_held`."""
 
     @abstractmethod
     def _held(self, key: str) -> AbstractContextManager[Held]:
         """Hold ``key``'s mutual exclusion and yield its record; the record a transition leaves is put."""
 
     @contextmanager
-    def _slot(self, key: str) -> Iterator[Slot]:
+    def _lock_machine(self, key: str) -> Iterator[LockMachine]:
         with self._held(key) as held:
-            slot = Slot(key, held.record, held.now, held.fences)
-            yield slot
-            if slot.changed:
-                held.put(slot.record())
+            m = LockMachine(key, held.record, held.now, held.fences)
+            yield m
+            if m.changed:
+                held.put(m.record())
 
     @contextmanager
     def _machine(self, key: str) -> Iterator[Machine]:

@@ -19,7 +19,7 @@ from urllib.parse import unquote
 from ..errors import BackendError, ConfigurationError, CorruptRecordError
 from ._files import RecordFiles
 from ._machine import MachineStore
-from ._records import SlotBackend
+from ._records import LockMachineBackend
 from ._schema import lock_problem, semaphore_problem
 from ._stripes import Stripes, describe_error
 from ._template import Held, RecordStore
@@ -123,7 +123,7 @@ class _FileRecords(RecordStore):
         return self._files.purge(key)
 
 
-class FileBackend(_FileRecords, SlotBackend):
+class FileBackend(_FileRecords, LockMachineBackend):
     """Locks kept as files under ``directory``, safe across processes on one host.
 
     Records, writes and safety: as :class:`_FileRecords` says.

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import cast
 
 from ._machine import MachineStore
-from ._records import Record, SlotBackend
+from ._records import LockMachineBackend, Record
 from ._template import Held, RecordStore
 from ._urls import Invalid, bad, options, split
 from .semaphores import SemaphoreStore
@@ -78,7 +78,7 @@ class _MemoryRecords(RecordStore):
             return [key] if self._records.pop(key, None) is not None else []
 
 
-class MemoryBackend(_MemoryRecords, SlotBackend):
+class MemoryBackend(_MemoryRecords, LockMachineBackend):
     """Locks held in a dict, for one process: fast, isolated, gone at exit.
 
     ``clock`` (seconds) is injectable so tests can age leases without sleeping.
