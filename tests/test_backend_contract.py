@@ -9,15 +9,21 @@ the test waits them out.
 from __future__ import annotations
 
 import os
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import STORES, FakeClock, make_store
+from tests.support.dictstore import DictBackend
+from uniqjob.errors import ConfigurationError
 from uniqjob.locks import Holder, LockState, QueueMeta, RunClaim
+from uniqjob.stores import LockMachine
+from uniqjob.stores._records import Fences
 from uniqjob.stores.base import Backend
 from uniqjob.stores.redis import RedisBackend
 
@@ -394,6 +400,46 @@ def test_purge_removes_a_held_lock_and_the_fence_still_increases(backend: Backen
     assert backend.purge("k") == []  # nothing left to remove
     assert _grant(backend, "t2") > run.fence  # fences stay increasing past a purge
     assert not backend.read("other").free
+
+
+class _NoFences(DictBackend):
+    """A record-machine store whose hook forgets the fence issuer: a store author's mistake."""
+
+    @contextmanager
+    def _lock_machine(self, key: str) -> Iterator[LockMachine]:
+        with super()._lock_machine(key) as locks:
+            locks.fences = self.issuer
+            yield locks
+
+    issuer: Fences | None = None
+
+
+@pytest.mark.parametrize(
+    ("issuer", "problem"),
+    [
+        (
+            None,
+            "has no fence issuer, so it cannot grant a run lock: a store's _lock_machine hook passes fences=",
+        ),
+        (
+            lambda now_us: 0,
+            "fence issuer of the lock machine of 'k' returned 0: a fence is a whole number > 0",
+        ),
+        (lambda now_us: "7", "returned '7': a fence is a whole number > 0"),
+    ],
+    ids=["no-issuer", "zero", "not-an-int"],
+)
+def test_a_record_machine_store_without_a_real_fence_refuses_to_grant(
+    issuer: Fences | None, problem: str
+) -> None:
+    backend = _NoFences()
+    backend.issuer = issuer
+    with pytest.raises(ConfigurationError, match=re.escape(problem)):
+        backend.start("k", "t1", run=RunClaim(ME, LEASE), meta=META)
+    with pytest.raises(ConfigurationError, match=re.escape(problem)):
+        backend.claim("k", "t1", meta=META, run=RunClaim(ME, LEASE))
+    assert backend.read("k").free and backend.records == {}  # nothing was stored, no fence 0 issued
+    assert claim(backend, "t1") is None and backend.dequeue("k", "t1")  # what needs no fence still works
 
 
 # Attempts: two deliveries of one job share its token; each settles only its own run.

@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from .._moved import renamed
+from ..errors import ConfigurationError
 from ..locks import (
     QUEUED,
     RUNNING,
@@ -34,7 +35,8 @@ Fences = Callable[[int], int]
 class LockMachine:
     """One key's locks as of ``now``, with lapsed leases and autoexpired locks dropped.
 
-    ``fences`` issues the fence of a run lock this machine grants (see :meth:`Backend.start`).
+    ``fences`` issues the fence of a run lock this machine grants (see :meth:`Backend.start`);
+    a machine made without one can read and release, and refuses to grant a run lock.
     """
 
     def __init__(self, key: str, record: Record | None, now: float, fences: Fences | None = None) -> None:
@@ -105,8 +107,8 @@ class LockMachine:
             started, fence = self.r["started"], self.r.get("f", 0)  # a re-take keeps its run's fence
         else:
             started, fence = self.now, 0
-        if not fence and self.fences is not None:
-            fence = self.fences(int(self.now * 1_000_000))
+        if not fence:
+            fence = self._issue()
         claim.fence = fence
         self.r = {
             "token": token,
@@ -121,6 +123,22 @@ class LockMachine:
             "f": fence,
         }
         self.changed = True
+
+    def _issue(self) -> int:
+        """A new fence from ``fences``; a store that gave none, or whose issuer gave no fence, is an error."""
+        if self.fences is None:
+            raise ConfigurationError(
+                f"the lock machine of {self.key!r} has no fence issuer, so it cannot grant a run lock: "
+                "a store's _lock_machine hook passes fences=, a callable issuing each fence "
+                "(README: Writing a store)"
+            )
+        fence = self.fences(int(self.now * 1_000_000))
+        if type(fence) is not int or fence < 1:
+            raise ConfigurationError(
+                f"the fence issuer of the lock machine of {self.key!r} returned {fence!r}: "
+                "a fence is a whole number > 0, greater than every fence issued before for the key"
+            )
+        return fence
 
     def _retakes(self, token: str, run: RunClaim) -> bool:
         """Whether ``run`` may take the run lock: none is held, or this token's, by this attempt."""
