@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from uniqjob.locks import Holder
-from uniqjob.stores.redis import RedisBackend, _lua, _semaphore_lua, _store
+from uniqjob.stores.redis import RedisBackend, _lua, _semaphore_lua, _semaphores, _store
 from uniqjob.stores.redis._prelude import CLOCK
 from uniqjob.stores.redis._semaphores import RedisSemaphores
 
@@ -126,3 +126,48 @@ def test_the_lock_scripts_argv_and_snapshot_are_read_by_the_names_of_one_table()
     assert ", ".join(_lua.SNAPSHOT) + " = _scan_json(" in store
     letters = ", ".join(f"'{letter}'" for letter in _lua.QUEUE_FIELDS.values())
     assert f"redis.pcall('HMGET', KEYS[1], {letters})" in _lua.CLAIM
+
+
+def _elements(table: str) -> int:
+    """How many elements a Lua table constructor's text (braces included) holds at its top level."""
+    depth = count = 0
+    for char in table:
+        depth += char in "{(["
+        depth -= char in "})]"
+        count += char == "," and depth == 1
+    return count + (table.strip("{} \n") != "")
+
+
+def _tables(body: str, opening: str) -> list[str]:
+    """Every table constructor in ``body`` that follows ``opening`` (e.g. ``return {``), braces included."""
+    found = []
+    for at in (m.end() - 1 for m in re.finditer(re.escape(opening), body)):
+        depth = 0
+        for end in range(at, len(body)):
+            depth += body[end] == "{"
+            depth -= body[end] == "}"
+            if depth == 0:
+                found.append(body[at : end + 1])
+                break
+    return found
+
+
+def test_the_semaphore_scripts_replies_are_read_by_the_names_their_heads_state() -> None:
+    source = inspect.getsource(_semaphore_lua)
+    stated = {}
+    for name in _semaphore_lua.__all__:
+        if name == "PRELUDE":
+            continue
+        head = source[: source.index(f"\n{name} = (")].rpartition("# KEYS:")[2]
+        replied = re.search(r"Returns \{(.*?)\}", re.sub(r"\n#\s*", " ", head), re.S)
+        if replied is not None:
+            stated[name] = _names(replied.group(1))
+    assert stated == {name: reply._fields for name, reply in _semaphores.REPLIES.items()}  # type: ignore[attr-defined]
+    for name, fields in stated.items():  # and each script returns that many fields, wherever it returns
+        body = getattr(_semaphore_lua, name)[len(_semaphore_lua.PRELUDE) :]
+        returns = _tables(body, "return {")
+        assert returns and {_elements(t) for t in returns} == {len(fields)}, name
+    promotion = re.search(r"a promotion is \{(.*?)\}", source)
+    assert promotion is not None and _names(promotion.group(1)) == _semaphores._Promoted._fields
+    made = _tables(_semaphore_lua.PRELUDE, "promos[#promos + 1] = {")
+    assert len(made) == 2 and {_elements(t) for t in made} == {len(_semaphores._Promoted._fields)}

@@ -5,6 +5,10 @@ waiters, meta, done; see ``_semaphores.py``), reads the server's ``TIME``
 through the shared ``clock()`` (``_prelude.py``; the records keep their times in
 milliseconds, ``ms(clock())``, as 0.3.0 stored them), and settles the key
 before acting, exactly as ``stores/_machine.py`` does for the file and memory stores.
+
+Each script's head states its KEYS, ARGV and reply; an array reply is named
+field by field (``Returns {status, promotions, ...}``), and ``_semaphores.py``
+reads it by those names (its ``REPLIES``; a test holds the two in step).
 """
 
 from __future__ import annotations
@@ -171,7 +175,7 @@ return {'full', promos, 0, redis.call('HGETALL', SLOTS), now}
 
 # KEYS: slots, parked, entries, waiters, meta, done (the key's six structures).
 # ARGV: token, holder, lease_ms, takeover holder or '', caller, handoff_ms
-# Returns {status, promotions, position, busy holder}.
+# Returns {status, promotions, position, busy (the running holder in the way, or '')}.
 START = (
     PRELUDE
     + """
@@ -361,7 +365,8 @@ return {count, promos}
 
 # KEYS: slots, parked, entries, waiters, meta, done (the key's six structures).
 # ARGV: how many parked calls to show.
-# Returns {now_ms, meta (flat hash), slots (flat hash), parked count, head tokens, head entries}.
+# Returns {now_ms, meta (flat hash), slots (flat hash), parked (how many), head (the first tokens),
+#          entries (their parked calls, '' if gone)}.
 READ = (
     PRELUDE
     + """

@@ -28,7 +28,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import redis
 from redis.commands.core import Script
@@ -45,6 +45,7 @@ from ..semaphores import (
     SemaphoreState,
     SemaphoreStore,
     SlotInfo,
+    Via,
     decode_holder,
     encode_holder,
 )
@@ -93,14 +94,80 @@ def _where(client: Any) -> str:
             return type(client).__name__
 
 
+# The scripts' replies, by name: each is the array its script's head in _semaphore_lua states
+# ("Returns {...}"), field for field (tests/test_redis_semaphores.py holds the two in step).
+
+
+class _Promoted(NamedTuple):
+    """One promotion in a reply's ``promotions``: "a promotion is {token, via, payload, redo}"."""
+
+    token: Any
+    via: Any
+    payload: Any
+    redo: Any
+
+
+class _Acquired(NamedTuple):
+    status: Any
+    promotions: Any
+    position: Any
+    slots: Any  # a flat hash: token, slot, ...
+    now_ms: Any
+
+
+class _Started(NamedTuple):
+    status: Any
+    promotions: Any
+    position: Any
+    busy: Any
+
+
+class _Settled(NamedTuple):
+    status: Any
+    promotions: Any
+
+
+class _Counted(NamedTuple):
+    count: Any
+    promotions: Any
+
+
+class _Read(NamedTuple):
+    now_ms: Any
+    meta: Any  # a flat hash
+    slots: Any  # a flat hash
+    parked: Any
+    head: Any
+    entries: Any
+
+
+#: The reply of each script that answers with an array, read by these names.
+REPLIES: dict[str, type[tuple[Any, ...]]] = {
+    "ACQUIRE": _Acquired,
+    "START": _Started,
+    "RENEW": _Settled,
+    "RELEASE": _Settled,
+    "REQUEUE": _Settled,
+    "REAP": _Counted,
+    "DROP": _Counted,
+    "READ": _Read,
+}
+
+
 def _promotions(flat: Sequence[Any]) -> tuple[Promotion, ...]:
     out = []
-    for token, via, payload, redo in flat:
-        via_text = _text(via)
-        out.append(
-            Promotion(_text(token), "inline" if via_text == "inline" else "queue", _text(payload), int(redo))
-        )
+    for p in map(_Promoted._make, flat):
+        via: Via = "inline" if _text(p.via) == "inline" else "queue"
+        out.append(Promotion(_text(p.token), via, _text(p.payload), int(p.redo)))
     return tuple(out)
+
+
+def _settled(reply: _Settled) -> Outcome:
+    return Outcome(_text(reply.status), _promotions(reply.promotions))  # type: ignore[arg-type]
+
+
+def _counted(reply: _Counted) -> Outcome:
+    return Outcome("ok", _promotions(reply.promotions), count=int(reply.count))
 
 
 def _record(part: int, what: str, raw: Any, texts: Sequence[str], numbers: Sequence[str]) -> dict[str, Any]:
@@ -280,13 +347,13 @@ class RedisSemaphores(SemaphoreStore):
             encode_holder(park.holder if park else None), _ms(park.lease) if park and park.lease else 0,
             job_class, args, encode_holder(caller), _ms(handoff),
         ]  # fmt: skip
-        status, promos, position, flat, now_ms = self._eval(self._acquire, key, argv)
+        reply = _Acquired._make(self._eval(self._acquire, key, argv))
         with self._reading(key):
-            slots = _slots(flat, int(now_ms))
+            slots = _slots(reply.slots, int(reply.now_ms))
         return Outcome(
-            _text(status),  # type: ignore[arg-type]
-            _promotions(promos),
-            position=int(position),
+            _text(reply.status),  # type: ignore[arg-type]
+            _promotions(reply.promotions),
+            position=int(reply.position),
             slots=slots,
         )
 
@@ -309,28 +376,27 @@ class RedisSemaphores(SemaphoreStore):
             encode_holder(caller),
             _ms(handoff),
         ]
-        status, promos, position, busy = self._eval(self._start, key, argv)
+        reply = _Started._make(self._eval(self._start, key, argv))
         with self._reading(key):
-            runner = _holder(0, f"slot {token}", _text(busy))
+            runner = _holder(0, f"slot {token}", _text(reply.busy))
         return Outcome(
-            _text(status),  # type: ignore[arg-type]
-            _promotions(promos),
-            position=int(position),
+            _text(reply.status),  # type: ignore[arg-type]
+            _promotions(reply.promotions),
+            position=int(reply.position),
             holder=runner,
         )
 
     def renew(
         self, key: str, token: str, lease: float, *, caller: Holder, handoff: float = HANDOFF
     ) -> Outcome:
-        status, promos = self._eval(
-            self._renew, key, [token, _ms(lease), encode_holder(caller), _ms(handoff)]
+        reply = _Settled._make(
+            self._eval(self._renew, key, [token, _ms(lease), encode_holder(caller), _ms(handoff)])
         )
-        return Outcome(_text(status), _promotions(promos))  # type: ignore[arg-type]
+        return _settled(reply)
 
     def release(self, key: str, token: str, *, caller: Holder, handoff: float = HANDOFF) -> Outcome:
         argv = [token, encode_holder(caller), _ms(handoff), _ms(TOMBSTONE)]
-        status, promos = self._eval(self._release, key, argv)
-        return Outcome(_text(status), _promotions(promos))  # type: ignore[arg-type]
+        return _settled(_Settled._make(self._eval(self._release, key, argv)))
 
     def requeue(
         self,
@@ -343,8 +409,7 @@ class RedisSemaphores(SemaphoreStore):
         handoff: float = HANDOFF,
     ) -> Outcome:
         argv = [token, _ms(lease), encode_holder(holder), encode_holder(caller), _ms(handoff)]
-        status, promos = self._eval(self._requeue, key, argv)
-        return Outcome(_text(status), _promotions(promos))  # type: ignore[arg-type]
+        return _settled(_Settled._make(self._eval(self._requeue, key, argv)))
 
     def handed(self, key: str, token: str, promoter: Holder) -> bool:
         return bool(self._eval(self._handed, key, [token, encode_holder(promoter)]))
@@ -358,34 +423,38 @@ class RedisSemaphores(SemaphoreStore):
         argv: list[Any] = [encode_holder(caller), _ms(handoff)]
         for token, holder in dead:
             argv += [token, encode_holder(holder)]
-        count, promos = self._eval(self._reap, key, argv)
-        return Outcome("ok", _promotions(promos), count=int(count))
+        return _counted(_Counted._make(self._eval(self._reap, key, argv)))
 
     def discard_parked(self, key: str) -> list[tuple[str, str]]:
         flat = self._eval(self._discard, key, [])
         return [(_text(flat[i]), _text(flat[i + 1])) for i in range(0, len(flat), 2)]
 
     def drop(self, key: str, tokens: Sequence[str], *, caller: Holder, handoff: float = HANDOFF) -> Outcome:
-        count, promos = self._eval(self._drop, key, [encode_holder(caller), _ms(handoff), *tokens])
-        return Outcome("ok", _promotions(promos), count=int(count))
+        argv = [encode_holder(caller), _ms(handoff), *tokens]
+        return _counted(_Counted._make(self._eval(self._drop, key, argv)))
 
     def read(self, key: str, *, head: int = 5) -> SemaphoreState:
-        now_ms, meta_flat, slot_flat, parked, tokens, entries = self._eval(self._read, key, [head])
-        meta = {_text(meta_flat[i]): _text(meta_flat[i + 1]) for i in range(0, len(meta_flat), 2)}
+        reply = _Read._make(self._eval(self._read, key, [head]))
+        flat = reply.meta
+        meta = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
         with self._reading(key):
             limit = meta.get("limit", "1")
             if not limit.isdigit():
                 raise _Malformed(4, f"field limit is {limit!r}, not a whole number")
-            infos = [_parked(_text(token), raw) for token, raw in zip(tokens, entries, strict=True) if raw]
-            slots = _slots(slot_flat, int(now_ms))
+            infos = [
+                _parked(_text(token), raw)
+                for token, raw in zip(reply.head, reply.entries, strict=True)
+                if raw
+            ]
+            slots = _slots(reply.slots, int(reply.now_ms))
         return SemaphoreState(
             key=key,
             limit=int(limit),
             job_class=meta.get("cls", ""),
             slots=slots,
-            parked=int(parked),
+            parked=int(reply.parked),
             head=tuple(infos),
-            now=int(now_ms) / 1000,
+            now=int(reply.now_ms) / 1000,
         )
 
     def scan(self) -> Iterator[str]:
