@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..stores._machine import MachineStore
+from ..stores._machine_store import MachineStore
 from ..stores.file import FileSemaphores
 from ..stores.memory import MemorySemaphores
 

@@ -22,7 +22,8 @@ from importlib import import_module
 
 from ..errors import ConfigurationError
 from . import _records
-from ._machine import Machine, MachineStore
+from ._machine import Machine
+from ._machine_store import MachineStore
 from ._records import LockMachine, LockMachineBackend
 from ._urls import scheme_of, shown
 from .base import Backend, Store

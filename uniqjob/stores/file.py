@@ -18,7 +18,7 @@ from urllib.parse import unquote
 
 from ..errors import BackendError, ConfigurationError, CorruptRecordError
 from ._files import RecordFiles
-from ._machine import MachineStore
+from ._machine_store import MachineStore
 from ._records import LockMachineBackend
 from ._schema import lock_problem, semaphore_problem
 from ._stripes import Stripes, describe_error

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import cast
 
-from ._machine import MachineStore
+from ._machine_store import MachineStore
 from ._records import LockMachineBackend, Record
 from ._template import Held, RecordStore
 from ._urls import Invalid, bad, options, split
