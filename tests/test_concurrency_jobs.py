@@ -38,7 +38,7 @@ from tests.conftest import STORES, FakeClock, make_store
 from uniqjob import UniqueJob
 from uniqjob.concurrency import Park, Parked, Promotion, Semaphore, discard_parked, store_for, sweep
 from uniqjob.concurrency._courier import Courier
-from uniqjob.concurrency._job import key_of
+from uniqjob.concurrency._settings import key_of
 from uniqjob.concurrency.semaphore import courier
 from uniqjob.errors import ConcurrencyLimitExceeded, ConfigurationError, UniqueKeyError, UnstorableCallError
 from uniqjob.integrations import perform

@@ -28,7 +28,7 @@ from tests.redis_server import RedisServer
 from uniqjob import UniqueJob
 from uniqjob._undo import undos
 from uniqjob.concurrency import Park, Parked, _job, discard_parked, store_for, sweep
-from uniqjob.concurrency._job import ConcurrencyPolicy
+from uniqjob.concurrency._settings import ConcurrencyPolicy
 from uniqjob.concurrency.codec import decode_call, encode_call
 from uniqjob.errors import BackendError, ConcurrencyLimitExceeded, CorruptRecordError, UnstorableCallError
 from uniqjob.heartbeat import heartbeat

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from . import _conflicts, config, settings
 from ._plan import JobPlan, build_lock, plan_of, planned_values
 from .concurrency import _job as _concurrency
-from .concurrency._job import ConcurrencyPolicy
+from .concurrency._settings import ConcurrencyPolicy
 from .concurrency.semaphore import Semaphore
 from .errors import ConfigurationError, JobNotUnique
 from .joblock import JobLock, Strategy

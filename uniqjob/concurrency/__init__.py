@@ -8,6 +8,7 @@ limits"). The slots are kept by the stores (the contract,
 
 - :mod:`.semaphore`: :class:`Semaphore`, the policy above any store (liveness, heartbeat,
   delivering promotions through the pusher the job layer registers, waiting inline);
+- ``_settings``: a job class's ``concurrency_*`` settings, checked and resolved into its semaphore;
 - ``_job``: the hooks ``UniqueJob`` calls, and that pusher (a promoted call to its class's queue);
 - :mod:`.codec`: parked calls stored as typed JSON;
 - :func:`sweep`: reclaim dead holders' slots and push what that promotes, for every key;

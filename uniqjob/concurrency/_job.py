@@ -1,7 +1,8 @@
-"""Concurrency limits on job classes: settings, keys, and the hooks that ``UniqueJob`` calls.
+"""Concurrency limits on job classes: the hooks that ``UniqueJob`` calls.
 
-``job.py`` calls four hooks, each a line: :func:`check` when a class is
-defined, :func:`push` where ``enqueue`` hands a job to its queue, and
+``job.py`` calls four hooks, each a line: :func:`check` (from ``_settings``,
+where a class's settings are checked and resolved) when a class is defined,
+:func:`push` where ``enqueue`` hands a job to its queue, and
 :func:`mark_inline` and :func:`execute` where a job is performed. Uniqueness
 comes first (a duplicate is refused at once, it never waits in line), then the
 slot; the slot is released after the uniqueness locks, so a promoted job never
@@ -14,7 +15,6 @@ uniqueness step frees the slot), and its error reaches the caller.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -22,15 +22,13 @@ from contextlib import ExitStack
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from .._undo import undos
-from ..errors import BackendError, ConcurrencyLimitExceeded, ConfigurationError
-from ..keys import digest
+from ..errors import BackendError, ConcurrencyLimitExceeded
 from ..locks import local_holder, new_token
-from ..settings import seconds
 from ..stores.semaphores import Park, Promotion, SemaphoreStore
-from ._stores import store_for
+from ._settings import check, semaphore_of
 from .codec import decode_call, encode_call
 from .semaphore import Hold, Semaphore, on_promotion
 
@@ -39,35 +37,16 @@ if TYPE_CHECKING:
     from ..joblock import JobLock
 
 __all__ = [
-    "POLICIES",
-    "SETTINGS",
-    "ConcurrencyPolicy",
     "Parked",
     "check",
     "execute",
     "free",
-    "key_of",
     "push",
+    "semaphore_of",
     "settle_slot",
 ]
 
 log = logging.getLogger(__name__)
-
-ConcurrencyPolicy = Literal["block", "discard", "raise"]
-POLICIES: tuple[ConcurrencyPolicy, ...] = ("block", "discard", "raise")
-
-#: Every concurrency setting a job class may define; any other ``concurrency_*`` attribute is a typo.
-SETTINGS = frozenset(
-    {
-        "concurrency_limit",
-        "concurrency_duration",
-        "concurrency_on_conflict",
-        "concurrency_key",
-        "concurrency_wait_timeout",
-    }
-)
-
-_KEY_TEXT_MAX = 200  # a longer key value is digested, like any non-text one
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,87 +60,6 @@ class Parked:
     key: str
     token: str
     position: int
-
-
-def _seconds(value: object, what: str, *, allow_none: bool = False) -> float | None:
-    if value is None and not allow_none:
-        raise ConfigurationError(f"{what} must be set")
-    return seconds(value, what)
-
-
-def check(cls: type[UniqueJob]) -> None:
-    """Raise :class:`ConfigurationError` naming the first bad ``concurrency_*`` setting of ``cls``."""
-    name = cls.__qualname__
-    own = [attr for attr in vars(cls) if attr.startswith("concurrency_")]
-    for attr in own:
-        if attr not in SETTINGS:
-            known = ", ".join(sorted(SETTINGS))
-            raise ConfigurationError(f"{name}.{attr} is not a uniqjob setting (known: {known})")
-    key = inspect.getattr_static(cls, "concurrency_key")
-    if not isinstance(key, (classmethod, staticmethod)):
-        raise ConfigurationError(f"{name}.concurrency_key must be a classmethod taking perform's arguments")
-    limit = cls.concurrency_limit
-    if limit is None:
-        stray = sorted(a for a in own if a != "concurrency_limit")
-        if stray:
-            raise ConfigurationError(f"{name}.{stray[0]} has no effect without concurrency_limit")
-        return
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-        raise ConfigurationError(
-            f"{name}.concurrency_limit must be a whole number >= 1 or None, got {limit!r}"
-        )
-    _seconds(cls.concurrency_duration, f"{name}.concurrency_duration")
-    if cls.concurrency_on_conflict not in POLICIES:
-        raise ConfigurationError(
-            f"{name}.concurrency_on_conflict must be one of {', '.join(POLICIES)}; "
-            f"got {cls.concurrency_on_conflict!r}"
-        )
-    _seconds(cls.concurrency_wait_timeout, f"{name}.concurrency_wait_timeout", allow_none=True)
-
-
-def key_of(cls: type[UniqueJob], args: Sequence[Any], kwargs: dict[str, Any]) -> str:
-    """Return the concurrency key of a call: ``module.QualName``, then ``:`` and the key value.
-
-    A short printable text is kept as written (``order-42``), so people can
-    read it in ``uniqjob locks``; any other value becomes a digest of its
-    canonical encoding (``#3f0a...``), as lock keys do.
-    """
-    value = cls.concurrency_key(*args, **kwargs)
-    base = cls.job_name()
-    if value is None:
-        return base
-    if (
-        isinstance(value, str)
-        and value
-        and len(value) <= _KEY_TEXT_MAX
-        and value.isprintable()
-        and not value.startswith("#")
-    ):
-        return f"{base}:{value}"
-    return f"{base}:#{digest(value, 'concurrency_key()')}"
-
-
-def lease_of(cls: type[UniqueJob]) -> tuple[float, float]:
-    """Return (lease, heartbeat interval) of ``cls``'s slots: the lease is floored at two beats."""
-    interval = float(cls.unique_run_lease) / 3
-    duration = _seconds(cls.concurrency_duration, f"{cls.__qualname__}.concurrency_duration")
-    assert duration is not None
-    return max(duration, 2 * interval), interval
-
-
-def semaphore_of(cls: type[UniqueJob], args: Sequence[Any], kwargs: dict[str, Any]) -> Semaphore:
-    """Return the semaphore a call of ``cls`` with these arguments counts against."""
-    if cls.concurrency_limit is None:
-        raise ConfigurationError(f"{cls.__qualname__} has no concurrency_limit")
-    lease, interval = lease_of(cls)
-    return Semaphore(
-        store_for(cls.backend()),
-        key_of(cls, args, kwargs),
-        limit=cls.concurrency_limit,
-        lease=lease,
-        interval=interval,
-        job_class=cls.job_name(),
-    )
 
 
 def _refuse(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> None:
