@@ -25,10 +25,11 @@ client, a valkey client, a bug in a wire path) is a
 from __future__ import annotations
 
 import json
+from collections import namedtuple
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import redis
 from redis.commands.core import Script
@@ -95,63 +96,20 @@ def _where(client: Any) -> str:
 
 
 # The scripts' replies, by name: each is the array its script's head in _semaphore_lua states
-# ("Returns {...}"), field for field (tests/test_redis_semaphores.py holds the two in step).
-
-
-class _Promoted(NamedTuple):
-    """One promotion in a reply's ``promotions``: "a promotion is {token, via, payload, redo}"."""
-
-    token: Any
-    via: Any
-    payload: Any
-    redo: Any
-
-
-class _Acquired(NamedTuple):
-    status: Any
-    promotions: Any
-    position: Any
-    slots: Any  # a flat hash: token, slot, ...
-    now_ms: Any
-
-
-class _Started(NamedTuple):
-    status: Any
-    promotions: Any
-    position: Any
-    busy: Any
-
-
-class _Settled(NamedTuple):
-    status: Any
-    promotions: Any
-
-
-class _Counted(NamedTuple):
-    count: Any
-    promotions: Any
-
-
-class _Read(NamedTuple):
-    now_ms: Any
-    meta: Any  # a flat hash
-    slots: Any  # a flat hash
-    parked: Any
-    head: Any
-    entries: Any
-
+# ("Returns {...}", and "a promotion is {...}"), field for field (tests/test_redis_semaphores.py
+# holds the two in step).
+_Promoted = namedtuple("_Promoted", "token via payload redo")
+_Acquired = namedtuple("_Acquired", "status promotions position slots now_ms")
+_Started = namedtuple("_Started", "status promotions position busy")
+_Settled = namedtuple("_Settled", "status promotions")
+_Counted = namedtuple("_Counted", "count promotions")
+_Read = namedtuple("_Read", "now_ms meta slots parked head entries")
 
 #: The reply of each script that answers with an array, read by these names.
 REPLIES: dict[str, type[tuple[Any, ...]]] = {
-    "ACQUIRE": _Acquired,
-    "START": _Started,
-    "RENEW": _Settled,
-    "RELEASE": _Settled,
-    "REQUEUE": _Settled,
-    "REAP": _Counted,
-    "DROP": _Counted,
-    "READ": _Read,
-}
+    "ACQUIRE": _Acquired, "START": _Started, "RENEW": _Settled, "RELEASE": _Settled,
+    "REQUEUE": _Settled, "REAP": _Counted, "DROP": _Counted, "READ": _Read,
+}  # fmt: skip
 
 
 def _promotions(flat: Sequence[Any]) -> tuple[Promotion, ...]:
