@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from uniqjob.joblock import JobLock
 from uniqjob.locks import Holder, LockState, QueueMeta, QueueRecord, RunClaim
 from uniqjob.stores.memory import MemoryBackend
 
@@ -117,3 +118,10 @@ def test_slot_and_slot_backend_are_the_lock_machine_and_its_backend_with_a_warni
     run = RunClaim(ME, 5.0)
     assert old.claim("k", "t", meta=META) is None and old.start("k", "t", run=run, meta=META) is None
     assert run.fence == 1_000_001 and old.read("k").run is not None  # its _slot hook did the work
+
+
+def test_job_lock_slots_is_candidate_keys_with_a_warning() -> None:
+    lock = JobLock(MemoryBackend(), "k", limit=3)
+    with pytest.warns(DeprecationWarning, match=r"JobLock\.slots\(\) is deprecated.*candidate_key") as caught:
+        assert lock.slots() == lock.candidate_keys() == ["k", "k#2", "k#3"]
+    assert caught[0].filename == __file__

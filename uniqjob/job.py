@@ -291,7 +291,7 @@ class UniqueJob:
     def after_dequeue(cls, *args: Any, **kwargs: Any) -> bool:
         """Drop the key's queue lock while it is still queued (its job left the queue); True if dropped."""
         lock = cls.lock(*args, **kwargs)
-        return any(lock.backend.dequeue(slot) for slot in lock.slots())
+        return any(lock.backend.dequeue(key) for key in lock.candidate_keys())
 
     @classmethod
     def is_locked(cls, *args: Any, **kwargs: Any) -> bool:

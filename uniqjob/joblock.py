@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Literal
 
+from ._moved import renamed
 from ._undo import undos
 from .errors import BackendError, CorruptRecordError, JobNotUnique
 from .heartbeat import Beat, deadline, heartbeat
@@ -82,7 +83,7 @@ class JobLock:
     ``lease`` (seconds) is how long the run lock outlives its last heartbeat;
     ``ttl`` bounds the queue lock's life from enqueue (autoexpire).
     ``strategy`` says what is locked when; ``limit`` lets up to that many calls
-    hold one key at once (each in its own slot: ``key``, ``key#2``, ...). With
+    hold one key at once (each under a key of its own: ``key``, ``key#2``, ...). With
     ``adopt``, :meth:`start` takes over a queued lock of any token, for queues
     that cannot carry the token to the worker.
 
@@ -100,7 +101,7 @@ class JobLock:
         "_base",
         "_beat",
         "_granted_at",
-        "_slot_fixed",
+        "_key_fixed",
         "adopt",
         "backend",
         "conflict",
@@ -142,8 +143,8 @@ class JobLock:
         self.limit = limit
         #: The state that blocked the last failed acquire or start, for logs and errors.
         self.conflict: LockState | None = None
-        # A key travelling with a job names its slot; a fresh lock picks one.
-        self._slot_fixed = token is not None and strategy != "while_executing"
+        # A key travelling with a job is the one it holds; a fresh lock picks one of candidate_keys().
+        self._key_fixed = token is not None and strategy != "while_executing"
         self._beat: Beat | None = None
         #: The fence of the run lock this call holds (or last held); None before it has one.
         self.fence: int | None = None
@@ -177,11 +178,16 @@ class JobLock:
         beat = self._beat
         return beat is not None and (beat.lost.is_set() or beat.presumed_lost())
 
-    def slots(self) -> list[str]:
+    def candidate_keys(self) -> list[str]:
         """Return the keys this lock may take: its own once taken, else one per allowed holder."""
-        if self._slot_fixed or self.limit == 1:
+        if self._key_fixed or self.limit == 1:
             return [self.key]
         return [self._base] + [f"{self._base}#{n}" for n in range(2, self.limit + 1)]
+
+    def slots(self) -> list[str]:
+        """Deprecated: :meth:`candidate_keys` ("slot" now means only a concurrency slot)."""
+        renamed("uniqjob.JobLock.slots()", "JobLock.candidate_keys()")
+        return self.candidate_keys()
 
     # -- enqueue -----------------------------------------------------------------------
 
@@ -198,18 +204,18 @@ class JobLock:
         meta = self.meta
         if meta.job_id:
             meta = QueueMeta(meta.cls, meta.args)  # replace(meta, job_id=""), minus its introspection
-        for slot in self.slots():
+        for candidate in self.candidate_keys():
             for _ in range(_ATTEMPTS):
                 self._granted_at = heartbeat.clock()
                 try:
-                    state = self.backend.claim(slot, self.token, meta=meta, ttl=self.ttl, run=claim)
+                    state = self.backend.claim(candidate, self.token, meta=meta, ttl=self.ttl, run=claim)
                 except CorruptRecordError:
                     raise  # the store answered: nothing was applied
                 except BackendError:
-                    self._undo_claim(slot)
+                    self._undo_claim(candidate)
                     raise
                 if state is None:
-                    self.key, self.conflict, self._slot_fixed = slot, None, True
+                    self.key, self.conflict, self._key_fixed = candidate, None, True
                     if claim is not None:
                         self.fence = claim.fence
                     return True
@@ -222,16 +228,14 @@ class JobLock:
                     break
         return False
 
-    def _undo_claim(self, slot: str) -> None:
+    def _undo_claim(self, key: str) -> None:
         """A claim failed but may have been applied: undo it, token-checked, once the store answers.
 
         The lock then draws a new token, so nothing it takes later carries
         the one being undone.
         """
         backend, token = self.backend, self.token
-        undos.add(
-            lambda: backend.reclaim(slot, token, token), f"the lock {slot!r} of token {token}", (token,)
-        )
+        undos.add(lambda: backend.reclaim(key, token, token), f"the lock {key!r} of token {token}", (token,))
         self.token = new_token()
 
     def _reclaim_ours(self, state: LockState) -> bool:
@@ -285,7 +289,7 @@ class JobLock:
             self.backend.dequeue(self.key, None if self.adopt else self.token)
             return
         claim = RunClaim(local_holder(), self.lease, self._attempt)
-        for slot in self.slots():
+        for candidate in self.candidate_keys():
             for _ in range(_ATTEMPTS):
                 self._granted_at = heartbeat.clock()
                 # A start that fails is not undone here: the token is its job's, and a second
@@ -293,7 +297,7 @@ class JobLock:
                 # and its queue lock is then an orphan; the job layer drops an inline call's
                 # queued lock.
                 state = self.backend.start(
-                    slot,
+                    candidate,
                     self.token,
                     run=claim,
                     meta=self.meta,
@@ -302,7 +306,7 @@ class JobLock:
                     queue_lock=mode,
                 )
                 if state is None:
-                    self.key, self.conflict, self._slot_fixed = slot, None, True
+                    self.key, self.conflict, self._key_fixed = candidate, None, True
                     self.fence = claim.fence
                     return
                 self.conflict = state
@@ -432,12 +436,12 @@ class JobLock:
         return self.backend.dequeue(self.key, self.token)
 
     def held(self, *, run_conflicts: bool = False) -> bool:
-        """Would a claim of this key conflict now? Orphans don't count; every slot must be held.
+        """Would a claim of this key conflict now? Orphans don't count; every one of its keys must be held.
 
         ``run_conflicts``: a live run lock alone conflicts too (a claim that runs
         at once, as an inline enqueue does).
         """
-        return all(_held(self.backend.read(slot), run_conflicts) for slot in self.slots())
+        return all(_held(self.backend.read(candidate), run_conflicts) for candidate in self.candidate_keys())
 
 
 def _held(state: LockState, run_conflicts: bool) -> bool:
