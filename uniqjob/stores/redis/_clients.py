@@ -57,9 +57,14 @@ def _server(spec: RedisURL) -> redis.Redis:
 
 
 def _sentinel(spec: RedisURL) -> redis.Redis:
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
     from redis.sentinel import Sentinel
 
-    sentinels = Sentinel(spec.nodes, sentinel_kwargs=spec.sentinel)  # type: ignore[no-untyped-call]
+    # Each Sentinel is asked once: the client asks the next one when one fails, and redis-py's
+    # default retry (with backoff) on each would stretch a lookup far past the timeout.
+    once = {**spec.sentinel, "retry": Retry(NoBackoff(), 0)}
+    sentinels = Sentinel(spec.nodes, sentinel_kwargs=once)  # type: ignore[no-untyped-call]
     master: redis.Redis = sentinels.master_for(spec.service, **spec.connection)  # type: ignore[no-untyped-call]
     return master
 
@@ -67,11 +72,12 @@ def _sentinel(spec: RedisURL) -> redis.Redis:
 def _cluster(spec: RedisURL) -> RedisCluster:
     import redis
     from redis.cluster import ClusterNode, RedisCluster
+    from redis.exceptions import RedisClusterException
 
     seeds = [ClusterNode(host, port) for host, port in spec.nodes]  # type: ignore[no-untyped-call]
     try:
         return RedisCluster(startup_nodes=seeds, **spec.connection)
-    except (redis.RedisError, OSError) as exc:
+    except (redis.RedisError, RedisClusterException, OSError) as exc:
         names = ", ".join(_name(host, port) for host, port in spec.nodes)
         raise BackendError(f"cannot reach the {spec.kind} at {names}: {exc}", spec.flavor) from exc
 
