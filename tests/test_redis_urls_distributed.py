@@ -139,6 +139,7 @@ BAD = [
     pytest.param("redis+cluster://a:x", "'a:x': the port must be a number 1-65535", id="port-text"),
     pytest.param("redis+cluster://a/3", "the path /3: a cluster has only database 0", id="cluster-db"),
     pytest.param("redis+cluster://a?db=1", "option db=1: a cluster has only database 0", id="cluster-db-opt"),
+    pytest.param("redis+cluster://a?health_check_interval=5", "is not for a cluster", id="cluster-health"),
     pytest.param("redis+sentinel://s:26379", "no master name", id="no-master"),
     pytest.param("redis+sentinel://s:26379/", "no master name", id="empty-master"),
     pytest.param("redis+sentinel://s/m/1/2", "the path is /MASTER_NAME[/DB], got /m/1/2", id="long-path"),
@@ -479,3 +480,29 @@ def test_the_command_lists_locks_over_a_cluster(cluster: Cluster) -> None:
     done = run_uniqjob("locks", "--url", cluster.url() + "?namespace=cli", "--json")
     assert done.returncode == 0, done.stderr
     assert {key for key in keys if key in done.stdout} == keys
+
+
+def test_a_job_class_names_a_cluster_by_unique_backend(cluster: Cluster) -> None:
+    url = cluster.url() + "?namespace=classy"
+
+    class Report(UniqueJob):
+        unique_backend = url
+        held: ClassVar[list[bool]] = []
+
+        def perform(self, n: int) -> int:
+            self.held.append(not Report.backend().read(Report.lock_key(n)).free)
+            return n + 1
+
+    assert Report.enqueue(1) == 2 and Report.held == [True]
+    backend = Report.backend()
+    assert isinstance(backend, RedisBackend) and isinstance(backend.client, RedisCluster)
+    assert backend.namespace == "classy" and backend is uniqjob.configure(url)
+
+
+def test_redis_backend_takes_a_sentinel_url(sentinels: SentinelGroup) -> None:
+    backend = RedisBackend(sentinels.url(db=3), timeout=2)
+    key = f"b-{uuid.uuid4().hex}"
+    assert backend.claim(key, "tok", meta=QueueMeta("app.Job", "[]", "j")) is None
+    with redis.Redis(port=sentinels.current_master().port, db=3) as raw:
+        assert raw.exists(f"uniqjob:{{{key}}}:q") == 1
+    backend.close()

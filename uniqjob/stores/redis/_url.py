@@ -55,7 +55,7 @@ REDIS_URL_OPTIONS: dict[str, str] = {
     "username": "ACL user (also user@ before the host)",
     "password": "password (also :password@ before the host)",
     "client_name": "the name CLIENT LIST shows for the connections, no spaces",
-    "health_check_interval": "whole seconds between redis-py's PINGs of an idle connection (default 0: off)",
+    "health_check_interval": "whole seconds between PINGs of an idle connection (default 0: off); not in a cluster",
     "namespace": "the prefix of every Redis key of the store, no '{' or '}' (default uniqjob)",
     "replicas": "replicas that must acknowledge each grant (Redis WAIT), 0 or more (default 0: none)",
     "replica_timeout": "seconds to wait for that acknowledgement before the grant is undone (default 1)",
@@ -267,6 +267,8 @@ def _option(spec: RedisURL, name: str, value: str, kwargs: Mapping[str, Any]) ->
     if name in ("socket_timeout", "socket_connect_timeout"):
         return {name: seconds(name, value)}
     if name == "health_check_interval":
+        if spec.topology == "cluster":  # redis-py's cluster client would drop it without a word
+            raise Invalid("option 'health_check_interval' is not for a cluster: its client takes none")
         return {name: whole(f"option {name!r}", value, "a whole number of seconds")}
     if name == "ssl_check_hostname":
         return {name: flag(name, value)}
