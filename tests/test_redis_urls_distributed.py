@@ -343,34 +343,35 @@ def valkey_sentinels() -> Iterator[SentinelGroup]:
         yield group
 
 
-def _url(request: pytest.FixtureRequest, form: str) -> str:
-    """The URL of ``form`` on its topology (started on first use, for the module)."""
-    if form.endswith("+cluster"):
-        group: Cluster = request.getfixturevalue("valkey_cluster" if form.startswith("valkey") else "cluster")
-        return group.url(form)
-    if form.endswith("+sentinel"):
-        watched: SentinelGroup = request.getfixturevalue(
-            "valkey_sentinels" if form.startswith("valkey") else "sentinels"
-        )
-        return watched.url(form, db=1)
-    server: RedisServer = request.getfixturevalue("valkey_server")
-    return f"{form}://127.0.0.1:{server.port}/1"
-
-
 FORMS = ["redis+cluster", "redis+sentinel", "valkey", "valkey+cluster", "valkey+sentinel"]
+
+
+def _topology(request: pytest.FixtureRequest, form: str) -> Cluster | SentinelGroup | RedisServer:
+    """What ``form``'s URLs reach in these tests (started on first use, for the module)."""
+    shape = form.partition("+")[2] or "server"
+    name = {"cluster": "cluster", "sentinel": "sentinels", "server": "valkey_server"}[shape]
+    if form.startswith("valkey") and shape != "server":
+        name = f"valkey_{name}"
+    found: Cluster | SentinelGroup | RedisServer = request.getfixturevalue(name)
+    return found
+
+
+def _url(request: pytest.FixtureRequest, form: str) -> str:
+    """The URL of ``form`` on its topology, database 1 where there are databases."""
+    where = _topology(request, form)
+    if isinstance(where, Cluster):
+        return where.url(form)
+    if isinstance(where, SentinelGroup):
+        return where.url(form, db=1)
+    return f"{form}://127.0.0.1:{where.port}/1"
 
 
 def _raw(request: pytest.FixtureRequest, form: str, key: str) -> redis.Redis:
     """A plain client of the server that holds ``key`` in ``form``'s topology now."""
-    if form.endswith("+cluster"):
-        group: Cluster = request.getfixturevalue("valkey_cluster" if form.startswith("valkey") else "cluster")
-        return redis.Redis(port=group.master_of(key).port, decode_responses=True)
-    if form.endswith("+sentinel"):
-        watched: SentinelGroup = request.getfixturevalue(
-            "valkey_sentinels" if form.startswith("valkey") else "sentinels"
-        )
-        return redis.Redis(port=watched.current_master().port, db=1, decode_responses=True)
-    server: RedisServer = request.getfixturevalue("valkey_server")
+    where = _topology(request, form)
+    if isinstance(where, Cluster):
+        return redis.Redis(port=where.master_of(key).port, decode_responses=True)
+    server = where.current_master() if isinstance(where, SentinelGroup) else where
     return redis.Redis(port=server.port, db=1, decode_responses=True)
 
 

@@ -55,7 +55,7 @@ REDIS_URL_OPTIONS: dict[str, str] = {
     "username": "ACL user (also user@ before the host)",
     "password": "password (also :password@ before the host)",
     "client_name": "the name CLIENT LIST shows for the connections, no spaces",
-    "health_check_interval": "whole seconds between PINGs of an idle connection (default 0: off); not in a cluster",
+    "health_check_interval": "whole seconds between PINGs of an idle connection (default 0: off); no cluster",
     "namespace": "the prefix of every Redis key of the store, no '{' or '}' (default uniqjob)",
     "replicas": "replicas that must acknowledge each grant (Redis WAIT), 0 or more (default 0: none)",
     "replica_timeout": "seconds to wait for that acknowledgement before the grant is undone (default 1)",
