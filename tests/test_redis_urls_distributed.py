@@ -507,3 +507,45 @@ def test_redis_backend_takes_a_sentinel_url(sentinels: SentinelGroup) -> None:
     with redis.Redis(port=sentinels.current_master().port, db=3) as raw:
         assert raw.exists(f"uniqjob:{{{key}}}:q") == 1
     backend.close()
+
+
+def _acl_user(ports: list[int], user: str, password: str) -> None:
+    """Add an ACL user to each server (the default user stays as it was, for the other tests)."""
+    for port in ports:
+        with redis.Redis(port=port, socket_timeout=2) as raw:
+            raw.execute_command("ACL", "SETUSER", user, "on", f">{password}", "~*", "&*", "+@all")
+
+
+def test_a_cluster_url_authenticates_to_every_node(cluster: Cluster) -> None:
+    _acl_user(cluster.ports, "urls-app", "s3cret")
+    seeds = cluster.url().partition("://")[2]
+    backend = stores.from_url(f"redis+cluster://urls-app:s3cret@{seeds}?namespace=acl")
+    assert isinstance(backend, RedisBackend) and isinstance(backend.client, RedisCluster)
+    try:
+        for n in range(6):  # keys on every master
+            assert backend.claim(f"acl-{n}", "t", meta=QueueMeta("app.Job", "[]", "j"), ttl=30) is None
+        users = {node.redis_connection.acl_whoami() for node in backend.client.get_primaries()}
+        assert users == {"urls-app"}
+    finally:
+        backend.close()
+    with pytest.raises(BackendError) as caught:
+        stores.from_url(f"redis+cluster://urls-app:wrong@{seeds}")
+    assert "invalid username-password pair" in str(caught.value) and "wrong" not in str(caught.value)
+
+
+def test_sentinel_credentials_reach_the_sentinels_and_the_url_user_the_master(
+    sentinels: SentinelGroup,
+) -> None:
+    _acl_user([s.port for s in sentinels.sentinels], "watch", "spw")
+    _acl_user([s.port for s in sentinels.servers[:2]], "app", "mpw")
+    hosts = sentinels.url().partition("://")[2].rpartition("/")[0]
+    url = f"redis+sentinel://app:mpw@{hosts}/{SERVICE}/0?sentinel_username=watch&sentinel_password=spw"
+    backend = stores.from_url(url)
+    assert isinstance(backend, RedisBackend)
+    assert backend.claim(f"auth-{uuid.uuid4().hex}", "t", meta=QueueMeta("app.Job", "[]", "j")) is None
+    assert backend.client.acl_whoami() == "app"
+    backend.close()
+    wrong = stores.from_url(url.replace("sentinel_password=spw", "sentinel_password=nope"))
+    with pytest.raises(BackendError, match="No master found for 'mymaster'"):
+        wrong.read("anything")
+    wrong.close()
