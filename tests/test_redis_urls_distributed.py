@@ -549,3 +549,23 @@ def test_sentinel_credentials_reach_the_sentinels_and_the_url_user_the_master(
     with pytest.raises(BackendError, match="No master found for 'mymaster'"):
         wrong.read("anything")
     wrong.close()
+
+
+def test_the_command_lists_locks_behind_sentinel(sentinels: SentinelGroup) -> None:
+    url = sentinels.url(db=4)
+    backend = stores.from_url(url)
+    key = f"cli-s-{uuid.uuid4().hex[:8]}"
+    assert backend.claim(key, "t", meta=QueueMeta("app.Job", "[]", "j"), ttl=60) is None
+    backend.close()
+    done = run_uniqjob("locks", "--url", url, "--json")
+    assert done.returncode == 0, done.stderr
+    assert key in done.stdout
+
+
+def test_the_command_exits_69_on_an_unreachable_cluster() -> None:
+    seeds = f"127.0.0.1:{_free_port()},127.0.0.1:{_free_port()}"
+    done = run_uniqjob("locks", "--url", f"redis+cluster://app:hunter2@{seeds}?timeout=0.5")
+    assert done.returncode == 69
+    shown = seeds.replace(",", ", ")
+    assert f"lock store unavailable: redis: cannot reach the Redis Cluster at {shown}: " in done.stderr
+    assert "Traceback" not in done.stderr and "hunter2" not in done.stderr
