@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import config
+from . import config, settings
 from ._calls import Binder, binder, describe_call
+from ._ticks import tick_of
 from .errors import UniqueKeyError
 from .joblock import JobLock
 from .keys import KeyPlan
@@ -123,6 +124,7 @@ def build_lock(
     worker's, rebuilding a job's lock from the key and token it was sent.
     """
     plan = cls._plan
+    tick = key is None and cls.unique_once_per is not None  # a worker's given key has its tick
     if plan.plain:
         # UniqueJob's own lock_key(), job_name(), backend() and autoexpire(), in line: the
         # same values, without four calls on the path of every enqueue.
@@ -141,6 +143,14 @@ def build_lock(
         if key is None:
             key = cls.lock_key(*args, **kwargs)
         backend, ttl, name = cls.backend(), cls.autoexpire(), cls.job_name()
+    strategy = cls.unique_strategy
+    if cls.unique_once_per is not None:
+        strategy = "until_expired"  # kept to the tick's end
+        if tick:
+            period = settings.once_per(cls.unique_once_per, f"{cls.__qualname__}.unique_once_per")
+            assert period is not None
+            now = tick_of(backend, key, period)
+            key, ttl = now.key, now.ttl
     return JobLock(
         backend,
         key,
@@ -149,7 +159,7 @@ def build_lock(
         ttl=ttl,
         meta=QueueMeta(name, describe_call(args, kwargs)),
         adopt=adopt,
-        strategy=cls.unique_strategy,
+        strategy=strategy,
         limit=cls.unique_lock_limit,
         on_lost=cls.unique_on_lost,
     )
