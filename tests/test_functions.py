@@ -104,7 +104,7 @@ def test_methods_leave_self_out_of_the_key() -> None:
     assert first.build.lock_key(7) == second.build.lock_key(7) == Reports.build.lock_key(first, 7)
     assert first.build.lock_key(7) == make_key("tests.functions_jobs.Reports.build", {"account_id": 7})
     assert not first.build.is_locked(7)
-    with pytest.raises(UniqueKeyError, match="self: values of type tests.functions_jobs.Reports"):
+    with pytest.raises(UniqueKeyError, match=r"self: values of type tests\.functions_jobs\.Reports"):
         first.keyed.lock_key(7)  # args names self: then it is keyed, and must be a key's value
 
 
@@ -140,7 +140,11 @@ def test_once_per_runs_once_per_tick_of_the_store_s_clock() -> None:
     [
         ({"on_conflct": "raise"}, "@unique has no option 'on_conflct' (did you mean 'on_conflict'?"),
         ({"autoexpire": 5}, "did you mean 'lock_autoexpire'?"),
-        ({"on_conflict": "rase"}, "@unique(on_conflict=...) on tests.test_functions.test_bad_options_fail_when_the_function_is_decorated.<locals>.f: on_conflict must be"),
+        (
+            {"on_conflict": "rase"},
+            "@unique(on_conflict=...) on tests.test_functions.test_bad_options_fail_when_the_function_is_"
+            "decorated.<locals>.f: on_conflict must be",
+        ),
         ({"strategy": "until_done"}, "strategy must be one of until_executed"),
         ({"lock_autoexpire": -1}, "lock_autoexpire must be positive and finite, got -1"),
         ({"run_lease": "long"}, "run_lease must be a number of seconds or a timedelta"),
@@ -189,9 +193,15 @@ def test_what_cannot_be_decorated_is_a_configuration_error() -> None:
 def test_an_async_perform_is_refused_when_the_class_is_defined(kind: str) -> None:
     async def perform(*args: object) -> None: ...
 
-    wrap = {"method": lambda f: f, "staticmethod": staticmethod, "classmethod": classmethod}[kind]
-    with pytest.raises(ConfigurationError, match=r"Fetch.perform is an async function: it would run unlocked"):
-        type("Fetch", (UniqueJob,), {"perform": wrap(perform)})
+    body: Any = {
+        "method": perform,
+        "staticmethod": staticmethod(perform),
+        "classmethod": classmethod(perform),
+    }
+    with pytest.raises(
+        ConfigurationError, match=r"Fetch.perform is an async function: it would run unlocked"
+    ):
+        type("Fetch", (UniqueJob,), {"perform": body[kind]})
 
 
 # -- on real rq worker processes -------------------------------------------------------------

@@ -62,6 +62,7 @@ class UniqueFunction(Generic[P, R]):
     unique_job: type[UniqueJob]
     __name__: str
     __qualname__: str
+    __wrapped__: Callable[P, R]
 
     def __init__(self, function: Callable[P, R], job: type[UniqueJob], bound: tuple[Any, ...] = ()) -> None:
         functools.update_wrapper(self, function)
