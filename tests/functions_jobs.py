@@ -47,16 +47,6 @@ class Reports:
     def build(self, account_id: int) -> str:
         return f"{self.prefix}{account_id}"
 
-    @classmethod
-    @unique
-    def for_class(cls, account_id: int) -> str:
-        return f"{cls.__name__}{account_id}"
-
-    @staticmethod
-    @unique
-    def plain(account_id: int) -> int:
-        return account_id
-
     @unique(args=("self", "account_id"))
     def keyed(self, account_id: int) -> str:
         return f"{self.prefix}{account_id}"

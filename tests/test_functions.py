@@ -104,12 +104,6 @@ def test_methods_leave_self_out_of_the_key() -> None:
     assert first.build.lock_key(7) == second.build.lock_key(7) == Reports.build.lock_key(first, 7)
     assert first.build.lock_key(7) == make_key("tests.functions_jobs.Reports.build", {"account_id": 7})
     assert not first.build.is_locked(7)
-    assert Reports.for_class(7) == first.for_class(7) == "Reports7"  # under @classmethod: cls is left out
-    assert Reports.for_class.lock_key(7) == make_key(
-        "tests.functions_jobs.Reports.for_class", {"account_id": 7}
-    )
-    assert Reports.plain(7) == first.plain(7) == 7  # under @staticmethod: a plain function
-    assert Reports.plain.lock_key(7) == make_key("tests.functions_jobs.Reports.plain", {"account_id": 7})
     with pytest.raises(UniqueKeyError, match=r"self: values of type tests\.functions_jobs\.Reports"):
         first.keyed.lock_key(7)  # args names self: then it is keyed, and must be a key's value
 

@@ -17,9 +17,10 @@ class's is: ``send_report(42)`` has the key ``make_key("mod.send_report",
 name, so a queue's own API (``q.enqueue(send_report, 42)``) ships a reference
 to it, and the worker calls it: under the run lock.
 
-On a method (a function defined in a class body whose first parameter is
-``self``, or ``cls`` under ``@classmethod``), that parameter is left out of the
-key unless ``args`` names it.
+On an instance method (a function defined in a class body whose first
+parameter is ``self``), ``self`` is left out of the key unless ``args`` names
+it. (Under ``@classmethod`` or ``@staticmethod`` it is not typed: decorate a
+module-level function instead.)
 """
 
 from __future__ import annotations
@@ -183,9 +184,9 @@ def _decorate(function: Callable[..., Any], attrs: dict[str, Any]) -> UniqueFunc
 
 
 def _is_method(qualname: str, params: list[str]) -> bool:
-    """Defined in a class body (not in a function) with ``self`` (or ``cls``) first: a method."""
+    """Defined in a class body (not in a function) with ``self`` first: an instance method."""
     parts = qualname.split(".")
-    return len(parts) > 1 and parts[-2] != "<locals>" and params[:1] in (["self"], ["cls"])
+    return len(parts) > 1 and parts[-2] != "<locals>" and params[:1] == ["self"]
 
 
 def _in_options(message: str, name: str, module: str) -> str:
