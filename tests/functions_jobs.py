@@ -37,6 +37,16 @@ def queued(name: str) -> str:
     return name
 
 
+@unique(queue=queue, run_lease=1.0, once_per="1d")
+def ticked(name: str) -> str:
+    """Once a day, on an RQQueue: the tick's lock outlives the run, in the worker too."""
+    r = client()
+    job_started(r, name)
+    wait_for_gate(r, name)
+    job_done(r, name)
+    return name
+
+
 class Reports:
     """Instance methods: ``self`` is not part of the key."""
 

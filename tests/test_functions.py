@@ -19,7 +19,7 @@ from rq.job import Job, JobStatus
 
 import uniqjob
 from tests.conftest import FakeClock
-from tests.functions_jobs import Reports, gated, queued, send_report
+from tests.functions_jobs import Reports, gated, queued, send_report, ticked
 from tests.integration_workers import REPO, URL_VAR, Workers, count, open_gate, wait_until
 from tests.redis_server import RedisServer
 from tests.rq_jobs import QUEUE, rq_queue
@@ -159,6 +159,7 @@ def test_once_per_runs_once_per_tick_of_the_store_s_clock() -> None:
         ({"once_per": "5x"}, "once_per: bad period '5x'"),
         ({"once_per": 60, "lock_autoexpire": 5}, "drop unique_lock_autoexpire"),
         ({"once_per": 60, "strategy": "while_executing"}, "takes no unique_strategy 'while_executing'"),
+        ({"once_per": 60, "on_conflict": "reschedule"}, "'reschedule' would run them in a later tick"),
     ],
 )
 def test_bad_options_fail_when_the_function_is_decorated(options: dict[str, Any], message: str) -> None:
@@ -262,6 +263,22 @@ def test_enqueue_on_an_rq_queue_takes_the_queue_lock_at_enqueue(
     wait_until(lambda: job.get_status() == JobStatus.FINISHED, "the job to finish")
     assert job.return_value() == "b" and count(redis_client, "started", "b") == 1
     wait_until(lambda: not queued.is_locked("b"), "its lock to go")
+
+
+def test_once_per_on_an_rq_queue_keeps_the_tick_after_the_worker_ran_it(
+    workers: Workers, redis_client: redis.Redis
+) -> None:
+    start_worker(workers, "one")
+    job = ticked.enqueue("t")
+    assert isinstance(job, Job)
+    open_gate(redis_client, "t")
+    wait_until(lambda: job.get_status() == JobStatus.FINISHED, "the job to finish")
+    assert job.return_value() == "t"
+    lock = ticked.lock("t")
+    state = uniqjob.default_backend().read(lock.key)
+    assert state.run is None and state.queue is not None and state.queue.state == "queued"
+    assert ticked.is_locked("t") and ticked.enqueue("t") is None  # the tick ran: kept to its end
+    assert count(redis_client, "started", "t") == 1
 
 
 def test_wraps_is_what_update_wrapper_sets() -> None:

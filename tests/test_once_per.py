@@ -149,6 +149,8 @@ def test_bad_once_per_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
     assert "argument --once-per: bad period '5x'" in capsys.readouterr().err
     assert main(["run", "--once-per", "0.5", "--", "true"]) == 64
     assert "a tick must be at least 1s" in capsys.readouterr().err
+    assert main(["run", "--once-per", "5m", "--wait", "10", "--", "true"]) == 64
+    assert "--wait has no use with --once-per" in capsys.readouterr().err
 
 
 # -- several hosts, as real processes ------------------------------------------------------------

@@ -124,7 +124,8 @@ def build_lock(
     worker's, rebuilding a job's lock from the key and token it was sent.
     """
     plan = cls._plan
-    tick = key is None and cls.unique_once_per is not None  # a worker's given key has its tick
+    period: object = cls.unique_once_per
+    tick = key is None and period is not None  # a worker's given key has its tick already
     if plan.plain:
         # UniqueJob's own lock_key(), job_name(), backend() and autoexpire(), in line: the
         # same values, without four calls on the path of every enqueue.
@@ -144,12 +145,11 @@ def build_lock(
             key = cls.lock_key(*args, **kwargs)
         backend, ttl, name = cls.backend(), cls.autoexpire(), cls.job_name()
     strategy = cls.unique_strategy
-    if cls.unique_once_per is not None:
+    if period is not None:
         strategy = "until_expired"  # kept to the tick's end
-        if tick:
-            period = settings.once_per(cls.unique_once_per, f"{cls.__qualname__}.unique_once_per")
-            assert period is not None
-            now = tick_of(backend, key, period)
+        seconds = settings.once_per(period, f"{cls.__qualname__}.unique_once_per")
+        if tick and seconds is not None:
+            now = tick_of(backend, key, seconds)
             key, ttl = now.key, now.ttl
     return JobLock(
         backend,

@@ -166,7 +166,9 @@ class UniqueJob:
         queue = cls.unique_queue
         if queue is None:
             return cls._run(lock, args, kwargs)
-        if cls.unique_strategy != "while_executing" and not lock.acquire(gone=queue.job_gone):
+        # An until_expired lock outlives its job on purpose: its job being gone proves nothing.
+        gone = None if lock.strategy == "until_expired" else queue.job_gone
+        if cls.unique_strategy != "while_executing" and not lock.acquire(gone=gone):
             return _conflicts.apply(cls, lock, args, kwargs)
         try:
             # Made once the lock is ours: a duplicate needs no id, and acquire() records none.
@@ -274,7 +276,9 @@ class UniqueJob:
             return True  # nothing is locked at enqueue
         lock = cls.lock(*args, **kwargs)
         queue = cls.unique_queue
-        if lock.acquire(gone=queue.job_gone if queue is not None else None):
+        if lock.acquire(
+            gone=queue.job_gone if queue is not None and lock.strategy != "until_expired" else None
+        ):
             return True
         _conflicts.apply(cls, lock, args, kwargs)
         return False

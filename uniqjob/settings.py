@@ -128,6 +128,11 @@ def _check_once_per(cls: type[UniqueJob], name: str, autoexpire: object) -> None
             f"{name}.unique_once_per keeps each tick's lock until the tick ends: it takes no"
             f" unique_strategy {cls.unique_strategy!r}"
         )
+    if cls.unique_on_conflict == "reschedule":
+        raise ConfigurationError(
+            f"{name}.unique_once_per drops a tick's duplicates: unique_on_conflict 'reschedule' would"
+            " run them in a later tick"
+        )
     if autoexpire is not None:
         raise ConfigurationError(
             f"{name}.unique_once_per sets the lock's expiry (its tick's end): drop unique_lock_autoexpire"

@@ -143,6 +143,9 @@ def run_command(args: argparse.Namespace) -> int:
         raise UsageError("--key must not be empty")
     if args.key is not None and not _is_text(args.key):
         raise UsageError("--key must be text (UTF-8): it holds bytes that are not")
+    if args.once_per is not None and args.wait:
+        # The tick's lock lasts until the tick ends: a waiter would only run the tick again.
+        raise UsageError("--wait has no use with --once-per: each tick runs once, on one host")
     key = args.key if args.key is not None else command_key(argv)
     name = _preview(shlex.join(argv))
     # Signals are taken over before the lock, so one that arrives while we wait
