@@ -81,6 +81,13 @@ def test_a_key_function_and_other_settings_reach_the_job_class() -> None:
     job = report.unique_job
     assert issubclass(job, UniqueJob)
     assert (job.unique_lock_limit, job.concurrency_limit) == (2, 3)
+
+    @unique(concurrency_limit=1, concurrency_key=lambda account_id: f"account-{account_id}")
+    def per_account(account_id: int) -> int:
+        return account_id
+
+    assert per_account.unique_job.semaphore(5).key == f"{__name__}.{per_account.__qualname__}:account-5"
+    assert per_account(5) == 5
     assert report(12) == 12
 
 
