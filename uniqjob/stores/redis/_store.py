@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, TypeVar
@@ -40,6 +41,8 @@ from ._url import redis_client_from_url
 __all__ = ["RedisBackend"]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 _QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k"}
 _QUIET = (b"Q", "Q")  # the mark of a snapshot that need not be read: see _lua's snapshot()
@@ -445,6 +448,9 @@ class RedisBackend(Backend):
                 seconds, micros = self._call(self.client.time)
                 first = first_minute(seconds + micros / 1_000_000, window)
             for name, fields in zip(page, self._call(partial(self._hashes, page)), strict=True):
+                if not isinstance(fields, dict):  # another type: counts are for people, never an outage
+                    log.warning("skipping %s: not a hash of dropped duplicates (%s)", name, fields)
+                    continue
                 counts = {_text(f): _text(v) for f, v in fields.items()}
                 cls = counts.pop("c", "")
                 length = counts.pop("n", "")
@@ -460,7 +466,7 @@ class RedisBackend(Backend):
         pipe = self.client.pipeline(transaction=False)
         for name in names:
             pipe.hgetall(name)
-        return pipe.execute()
+        return pipe.execute(raise_on_error=False)
 
     def _exist(self, names: list[str]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
