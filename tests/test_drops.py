@@ -21,6 +21,7 @@ from redis.crc import key_slot
 import uniqjob
 from tests.conftest import FakeClock
 from tests.redis_server import RedisServer
+from tests.support.topologies import Cluster
 from uniqjob import JobLock, JobNotUnique, Queue, UniqueJob, stores
 from uniqjob.locks import Holder, QueueMeta, RunClaim, local_holder
 from uniqjob.ops import duplicates
@@ -257,3 +258,18 @@ def test_a_long_file_counter_log_is_compacted(tmp_path: Path, clock: FakeClock) 
     assert b.duplicates() == {"tests.Job": refusals}
     clock.advance(3700)
     assert b.duplicates() == {}
+
+
+def test_counts_in_a_redis_cluster_are_kept_beside_each_lock_and_summed_over_every_node() -> None:
+    with Cluster(masters=3, replicas=0) as cluster:
+        client = redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+        b = RedisBackend(client, namespace="c")  # type: ignore[arg-type]
+        meta = QueueMeta("app.Job")
+        keys = [f"app.Job:{i}" for i in range(30)]
+        for key in keys:
+            assert b.claim(key, "t1", meta=meta) is None
+            assert b.claim(key, "t2", meta=meta, count=True) is not None  # one script: one slot
+        nodes = {client.get_node_from_key(f"c:{{{key}}}:d").name for key in keys}  # type: ignore[no-untyped-call]
+        assert len(nodes) == 3  # the counts are spread over every master
+        assert b.duplicates() == {"app.Job": 30}
+        client.close()
