@@ -13,10 +13,6 @@ import sys
 from typing import Any
 
 import anyio
-import pytest
-
-pytest.importorskip("mcp")
-
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 

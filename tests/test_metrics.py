@@ -16,9 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip("prometheus_client")
-
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -27,6 +24,7 @@ from tests.conftest import SHARED_STORES, store_url
 from tests.test_drops import Export
 from uniqjob import ops, stores
 from uniqjob.concurrency import store_for
+from uniqjob.errors import BackendError
 from uniqjob.locks import Holder, QueueMeta, RunClaim, local_holder
 from uniqjob.metrics import UniqjobCollector, render
 from uniqjob.stores.base import Backend
@@ -201,3 +199,23 @@ def test_an_empty_store_reports_zeros(tmp_path: Path) -> None:
     got = samples(render(stores.from_url((tmp_path / "locks").as_uri())))
     assert set(got.values()) == {0}
     assert ("uniqjob_duplicates_total", ()) not in got  # no class, no sample
+
+
+def test_stats_counts_a_corrupt_record_and_exits_65(tmp_path: Path) -> None:
+    url = (tmp_path / "locks").as_uri()
+    backend = stores.from_url(url)
+    assert backend.claim("k", "t1", meta=QueueMeta("a.B")) is None
+    (record,) = (tmp_path / "locks").glob("*.json")
+    record.write_text("{not json")
+    done = uniqjob_cli("stats", "--url", url, "--json")
+    assert done.returncode == 65
+    assert json.loads(done.stdout)["locks"] == {"queued": 0, "running": 0, "orphaned": 0, "corrupt": 1}
+    table = uniqjob_cli("stats", "--url", url)
+    assert table.returncode == 65
+    assert "locks: 0 queued, 0 running, 0 orphaned, 1 corrupt (see uniqjob locks)" in table.stdout
+
+
+def test_a_scrape_of_an_unreachable_store_raises_a_backend_error_naming_it() -> None:
+    down = stores.from_url("redis://127.0.0.1:1/0?timeout=2")  # nothing listens on port 1
+    with pytest.raises(BackendError, match=r"127\.0\.0\.1:1"):
+        render(down)

@@ -84,7 +84,7 @@ def _text(figures: Stats) -> str:
         lines += [f"  {n:>8}  {escape(cls)}" for cls, n in figures.duplicates.items()]
     else:
         lines.append("  none")
-    corrupt = f", {figures.corrupt} corrupt" if figures.corrupt else ""
+    corrupt = f", {figures.corrupt} corrupt (see uniqjob locks)" if figures.corrupt else ""
     lines.append(
         f"locks: {figures.queued} queued, {figures.running} running, {figures.orphaned} orphaned{corrupt}"
     )
