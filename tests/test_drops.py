@@ -22,7 +22,7 @@ import uniqjob
 from tests.conftest import FakeClock
 from tests.redis_server import RedisServer
 from tests.support.topologies import Cluster
-from uniqjob import JobLock, JobNotUnique, Queue, UniqueJob, stores
+from uniqjob import CorruptRecordError, JobLock, JobNotUnique, Queue, UniqueJob, stores
 from uniqjob.locks import Holder, QueueMeta, RunClaim, local_holder
 from uniqjob.ops import duplicates
 from uniqjob.stores._droplog import COMPACT
@@ -273,3 +273,13 @@ def test_counts_in_a_redis_cluster_are_kept_beside_each_lock_and_summed_over_eve
         assert len(nodes) == 3  # the counts are spread over every master
         assert b.duplicates() == {"app.Job": 30}
         client.close()
+
+
+def test_a_refusal_that_finds_a_damaged_record_is_not_counted(redis_backend: RedisBackend) -> None:
+    b = redis_backend
+    meta = QueueMeta("tests.Job")
+    assert b.start("k", "t1", run=RunClaim(local_holder(), 60.0), meta=meta, queue="keep") is None
+    b.client.set(f"{b.namespace}:{{k}}:q", "not a hash")  # what the refusal's snapshot reads
+    with pytest.raises(CorruptRecordError, match="a Redis string where a hash belongs"):
+        b.start("k", "t2", run=RunClaim(local_holder(), 60.0), meta=meta, queue="keep", count=True)
+    assert b.duplicates() == {}

@@ -203,6 +203,12 @@ local function count_drop(now, drop, rtok)
     redis.call('PEXPIRE', KEYS[4], 3660000)
   end
 end
+-- A refusal's reply (a snapshot, or what names a damaged record), its drop counted once it is read.
+local function refused(now, drop, rtok, q)
+  local reply = snapshot(now, q)
+  if type(reply) == 'string' then count_drop(now, drop, rtok) end
+  return reply
+end
 local function take_back(drop)
   if string.sub(drop, 1, 1) ~= '=' then return end
   local b = string.sub(drop, 2)
@@ -242,8 +248,7 @@ if present(q) then
   elseif q[1] == ARGV[1] then
     mine = true  -- a retry whose first reply was lost
   else
-    count_drop(now, drop, run and run[1])
-    return snapshot(now, q)
+    return refused(now, drop, run and run[1], q)
   end
 else
   q = false
@@ -255,10 +260,7 @@ if mode ~= 'r' then
 end
 local fence
 if present(run) then
-  if not (mine and own_run(run, ARGV[1], ARGV[13])) then
-    count_drop(now, drop, run[1])
-    return snapshot(now, q)
-  end
+  if not (mine and own_run(run, ARGV[1], ARGV[13])) then return refused(now, drop, run[1], q) end
   fence = tonumber(run[3])  -- our own run lock: the fence it was granted
   if run[3] and not fence then return corrupt(2, 'field f (fence) is not a number') end
   if fence then redis.call('PEXPIRE', KEYS[2], ARGV[12]) end
@@ -299,13 +301,10 @@ if mode ~= 'k' then
 end
 local held = present(run)
 local drop = string.sub(ARGV[7], 3)
-if held and not own_run(run, ARGV[1], ARGV[13]) then
-  count_drop(now, drop, run[1])
-  return snapshot(now)
-end
-take_back(drop)
+if held and not own_run(run, ARGV[1], ARGV[13]) then return refused(now, drop, run[1]) end
 local fence = held and tonumber(run[4])
 if held and run[4] and not fence then return corrupt(2, 'field f (fence) is not a number') end
+take_back(drop)
 if fence then
   set_run(ARGV[1], run[3] or now, 8, run[4])  -- a re-take: the same run, its fence
 else
