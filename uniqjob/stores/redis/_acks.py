@@ -38,12 +38,12 @@ class Acks:
         self.timeout = timeout
         self._wait = (replicas, max(1, round(timeout * 1000)))  # WAIT's timeout 0 would block for ever
 
-    def run(self, script: Script, numkeys: int, items: Sequence[Any]) -> tuple[Any, int]:
+    def run(self, script: Script, numkeys: int, items: Sequence[Any]) -> tuple[Any, int | Exception]:
         """The script's reply and how many replicas acknowledged it (and every earlier write)."""
         return self.scripts.acked(script, numkeys, items, self._wait)
 
     def check(
-        self, acked: int, what: str, undo: Callable[[], object] | None, owner: object, store: str
+        self, acked: int | Exception, what: str, undo: Callable[[], object] | None, owner: object, store: str
     ) -> None:
         """Raise BackendError (naming ``owner``, the store) if fewer than ``replicas`` acknowledged ``what``.
 
@@ -51,15 +51,19 @@ class Acks:
         what this call granted. If it fails too, the error says so: what was
         granted then stays on the master until it is undone later or lapses.
         """
-        if acked >= self.replicas:
+        if isinstance(acked, Exception):
+            told = f"{what} on the master but the wait for {self.replicas} replicas failed ({acked})"
+        elif acked >= self.replicas:
             return
-        told = f"{what} on the master but acknowledged by {acked} of {self.replicas} replicas "
-        told += f"within {self.timeout}s"
+        else:
+            told = f"{what} on the master but acknowledged by {acked} of {self.replicas} replicas "
+            told += f"within {self.timeout}s"
         if undo is None:
             raise BackendError(f"{told}; not confirmed ({owner!r})", store)
         try:
             undo()
         except Exception as exc:
-            told += f", and undoing it failed too ({exc}): it stays on the master until undone or lapsed"
+            told += f", and undoing it failed too ({exc.__cause__ or exc}): "
+            told += "it stays on the master until undone or lapsed"
             raise BackendError(f"{told} ({owner!r})", store) from exc
         raise BackendError(f"{told}; undone ({owner!r})", store)

@@ -192,6 +192,8 @@ class RedisBackend(Backend):
         if isinstance(client, str):
             client = redis_client_from_url(client, timeout=timeout)
         self.client: redis.Redis = client
+        if replicas:
+            _check_wait(client, self.replica_timeout)
         self.namespace = namespace
         self._prefix = namespace + ":{"
         self._holder: tuple[Holder | None, list[str]] = (None, [])
@@ -491,6 +493,17 @@ class RedisBackend(Backend):
             self.client.close()
         except Exception as exc:
             raise self._fail(exc) from exc
+
+
+def _check_wait(client: Any, replica_timeout: float) -> None:
+    """Refuse a ``replica_timeout`` the client's socket timeout would cut short (WAIT replies after it)."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    limit = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
+    if isinstance(limit, int | float) and limit <= replica_timeout:
+        raise ConfigurationError(
+            f"replica_timeout ({replica_timeout}s) must be shorter than the client's socket timeout "
+            f"({limit}s): the wait for replicas would time out the connection instead"
+        )
 
 
 def _if_int(what: str, reply: Any) -> str:

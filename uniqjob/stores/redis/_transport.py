@@ -315,9 +315,10 @@ class Scripts:
 
     def acked(
         self, script: Script, numkeys: int, items: Sequence[Any], wait: tuple[int, int]
-    ) -> tuple[Any, int]:
+    ) -> tuple[Any, int | Exception]:
         """Run ``script`` as :meth:`call` does, then ``WAIT replicas timeout_ms`` (``wait``) on the same
-        connection, both sent in one round trip; the script's reply and how many replicas acknowledged.
+        connection, both sent in one round trip; the script's reply and how many replicas acknowledged
+        (or the error ``WAIT`` replied: a master that became a replica, say).
 
         ``WAIT`` counts the writes of its own connection, so it goes where the script went: this
         thread's kept connection, one connection of the client's pool (a pipeline), or on a
@@ -333,7 +334,7 @@ class Scripts:
                 )
                 command = pack_after(head, items, lanes.encoding, lanes.errors) + tail
                 try:
-                    replies: tuple[Any, int] = lanes.call(command, _exchange_pair)
+                    replies: tuple[Any, int | Exception] = lanes.call(command, _exchange_pair)
                 except NoScriptError:  # as in call(): the server lost its scripts
                     if attempt:
                         raise
@@ -346,7 +347,7 @@ class Scripts:
 
     def _on_owner(
         self, script: Script, numkeys: int, items: Sequence[Any], wait: tuple[int, int]
-    ) -> tuple[Any, int]:
+    ) -> tuple[Any, int | Exception]:
         """:func:`_piped` on the cluster primary that owns ``items[0]``'s slot; one redirect followed."""
         cluster = self.client
         node = cluster.get_node_from_key(items[0])
@@ -377,11 +378,12 @@ def _piped(
     wait: tuple[int, int],
     *,
     asking: bool = False,
-) -> tuple[Any, int]:
+) -> tuple[Any, int | Exception]:
     """``EVALSHA`` then ``WAIT`` through ``client``'s pipeline: one connection, one round trip.
 
     An error reply to the script is raised once both replies are read (the
-    script loaded and both sent again if the server did not know it).
+    script loaded and both sent again if the server did not know it); one to
+    ``WAIT`` is returned in place of its count.
     """
     for attempt in (0, 1):
         pipe = client.pipeline(transaction=False)
@@ -396,9 +398,7 @@ def _piped(
             continue
         if isinstance(reply, Exception):
             raise reply
-        if isinstance(acked, Exception):
-            raise acked
-        return reply, int(acked)
+        return reply, acked if isinstance(acked, Exception) else int(acked)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -462,12 +462,12 @@ def _wire_error(exc: Exception, data: bytes) -> Exception:
     return redis.InvalidResponse(f"bad reply {data[:40]!r}")  # a length or an integer that is not one
 
 
-def _exchange_pair(sock: Any, command: bytes) -> tuple[Any, int]:
+def _exchange_pair(sock: Any, command: bytes) -> tuple[Any, int | Exception]:
     """Send ``command``, two commands (a script, then ``WAIT``), and read both replies.
 
     Both are read before either is acted on, so the connection stays in step:
     an error reply to the first is raised then, as :func:`_exchange` raises it;
-    the second must be an integer.
+    the second is an integer, or the error ``WAIT`` replied (returned, not raised).
     """
     data = b""
     replies: list[Any] = []
@@ -497,8 +497,8 @@ def _exchange_pair(sock: Any, command: bytes) -> tuple[Any, int]:
     reply, acked = replies
     if isinstance(reply, Exception):
         raise reply
-    if type(acked) is not int:
-        raise acked if isinstance(acked, Exception) else redis.InvalidResponse(f"WAIT replied {acked!r}")
+    if type(acked) is not int and not isinstance(acked, redis.ResponseError):
+        raise redis.InvalidResponse(f"WAIT replied {acked!r}")
     return reply, acked
 
 
