@@ -61,7 +61,7 @@ class Pair:
 @pytest.fixture(scope="module")
 def pair() -> Iterator[Pair]:
     with (
-        RedisServer() as master,
+        RedisServer(extra_args=("--repl-diskless-sync-delay", "0")) as master,
         RedisServer(extra_args=("--replicaof", "127.0.0.1", str(master.port))) as replica,
     ):
         group = Pair(master, replica)
