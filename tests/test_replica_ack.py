@@ -9,6 +9,7 @@ unacknowledged: ``WAIT`` then counts 0 of 1 until ``replica_timeout``.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -26,7 +27,7 @@ from tests.support import sigstop
 from tests.support.topologies import Cluster
 from uniqjob import JobLock
 from uniqjob._undo import undos
-from uniqjob.errors import BackendError, ConfigurationError
+from uniqjob.errors import BackendError, ConfigurationError, CorruptRecordError
 from uniqjob.locks import QueueMeta, RunClaim, local_holder
 from uniqjob.stores.redis import RedisBackend
 from uniqjob.stores.semaphores import Park
@@ -204,6 +205,20 @@ def test_the_job_does_not_run_and_a_failed_undo_is_retried(store: RedisBackend, 
     wait_until(lambda: store.read("k").queue is None, "the background undo of the claim")
 
 
+def test_a_script_error_and_a_lost_script_cache_keep_the_connection_in_step(
+    store: RedisBackend, pair: Pair
+) -> None:
+    pair.admin.set("acks:{bad}:q", "not a hash")  # the script's error reply comes before WAIT's
+    with pytest.raises(CorruptRecordError, match=re.escape("acks:{bad}:q")):
+        store.claim("bad", "t", meta=META)
+    assert store.claim("good", "t", meta=META) is None  # WAIT's reply was read with it: nothing left over
+    pair.admin.script_flush()  # NOSCRIPT: loaded again, and the pair sent again
+    assert store.claim("after-flush", "t", meta=META, run=_run_claim()) is None
+    assert store.semaphores().read("none").slots == ()
+    pair.admin.script_flush()
+    assert _acquire(store, "slot-after-flush", "t") == "taken"
+
+
 def test_replica_timeout_must_fit_in_the_socket_timeout(pair: Pair) -> None:
     client = redis.Redis(port=pair.master.port, socket_timeout=1.0)
     with pytest.raises(ConfigurationError, match=r"replica_timeout \(1.0s\) must be shorter .* \(1.0s\)"):
@@ -314,4 +329,43 @@ def test_cluster_grants_are_acknowledged_on_the_master_that_owns_the_key(cluster
         assert held is not None and held.token == f"t-{keys[0]}"
     finally:
         os.kill(replica.pid, signal.SIGCONT)
+    store.close()
+
+
+def _node_id(server: RedisServer) -> str:
+    with redis.Redis(port=server.port, decode_responses=True) as client:
+        return str(client.execute_command("CLUSTER", "MYID"))  # type: ignore[no-untyped-call]
+
+
+def _setslot(server: RedisServer, *args: object) -> None:
+    with redis.Redis(port=server.port) as client:
+        client.execute_command("CLUSTER", "SETSLOT", *args)  # type: ignore[no-untyped-call]
+
+
+def test_cluster_redirects_are_followed_once(cluster: Cluster) -> None:
+    """A slot that moved since the client read its map (MOVED), and one that is moving (ASK)."""
+    seeds = [ClusterNode("127.0.0.1", p) for p in cluster.ports[:3]]  # type: ignore[no-untyped-call]
+    client = RedisCluster(startup_nodes=seeds)
+    store = RedisBackend(client, replicas=1, replica_timeout=TIMEOUT, namespace="moves")  # type: ignore[arg-type]
+    moving, moved = "moving-key", "moved-key"
+    for key in (moving, moved):
+        # the client's slot map is read now; then the key's empty slot goes to another master
+        assert store.renew(key, "nobody", 30.0) is False
+        source = cluster.master_of("moves:{" + key + "}:r")
+        target = next(m for m in cluster.primaries() if m.port != source.port)
+        with redis.Redis(port=source.port) as admin:
+            slot = admin.cluster("KEYSLOT", "moves:{" + key + "}:r")
+        _setslot(target, slot, "IMPORTING", _node_id(source))
+        _setslot(source, slot, "MIGRATING", _node_id(target))
+        if key == moved:
+            for master in cluster.primaries():
+                _setslot(master, slot, "NODE", _node_id(target))
+            # MOVED: the map is read again and the claim sent to the new owner, acknowledged by its replica
+            assert store.claim(key, "t", meta=META, run=_run_claim()) is None
+            assert cluster.master_of("moves:{" + key + "}:r").port == target.port
+        else:
+            # ASK (the key is not on the source): the one-key renewal is sent to the target after ASKING
+            assert store.renew(key, "nobody", 30.0) is False
+            for master in cluster.primaries():
+                _setslot(master, slot, "NODE", _node_id(source))  # back where it was
     store.close()
