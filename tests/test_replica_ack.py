@@ -334,12 +334,12 @@ def test_cluster_grants_are_acknowledged_on_the_master_that_owns_the_key(cluster
 
 def _node_id(server: RedisServer) -> str:
     with redis.Redis(port=server.port, decode_responses=True) as client:
-        return str(client.execute_command("CLUSTER", "MYID"))  # type: ignore[no-untyped-call]
+        return str(client.execute_command("CLUSTER", "MYID"))
 
 
 def _setslot(server: RedisServer, *args: object) -> None:
     with redis.Redis(port=server.port) as client:
-        client.execute_command("CLUSTER", "SETSLOT", *args)  # type: ignore[no-untyped-call]
+        client.execute_command("CLUSTER", "SETSLOT", *args)
 
 
 def test_cluster_redirects_are_followed_once(cluster: Cluster) -> None:
