@@ -9,6 +9,18 @@ of any of them. One that too few acknowledged within ``replica_timeout`` is
 undone on the master, token-checked, and the call fails closed with
 :class:`~uniqjob.errors.BackendError`.
 
+What waits: the lock store's claim and start, the semaphore store's acquire
+and start (each grants its caller), a release that promotes a parked call (a
+grant to another), and both stores' lease renewals (a renewal the replicas
+did not see must not count as confirmed: the holder would trust a lease that
+a promoted replica ends sooner; it is not undone, only refused). What does
+not: ``attach`` (a job id recorded in a lock already held: lost, the lock is
+only harder to prove gone), ``requeue`` (a held key turned back to queued
+for its retry under the same token: no new holder; lost, the old state lapses
+with its lease), and reaps and drops, whose promotions, like every queue
+promotion, are held by their promoter until handed and then started, and the
+start waits.
+
 Why ``WAIT`` and not ``WAITAOF``: a failover promotes a replica, and what it
 must hold is the grant in memory, which is what ``WAIT`` confirms; ``WAITAOF``
 confirms a write to the append-only file (Redis 7.2 and later, and only where
