@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
+from typing import Any
 
 import pytest
 import redis
@@ -71,13 +72,17 @@ def pair() -> Iterator[Pair]:
         group.admin.close()
 
 
-@pytest.fixture(params=["kept", "pooled"])
+@pytest.fixture(params=["kept", "pooled", "valkey-py"])
 def store(request: pytest.FixtureRequest, pair: Pair) -> Iterator[RedisBackend]:
-    """A backend with ``replicas=1`` on the master: on kept connections, or through a blocking pool."""
+    """A backend with ``replicas=1`` on the master: kept connections, a blocking pool, or valkey-py."""
     pair.admin.flushall()
     pair.synced()
+    client: Any
     if request.param == "kept":
         client = redis.Redis(port=pair.master.port, socket_timeout=5)
+    elif request.param == "valkey-py":
+        valkey = pytest.importorskip("valkey")
+        client = valkey.Valkey(port=pair.master.port, socket_timeout=5)
     else:
         client = redis.Redis(
             connection_pool=redis.BlockingConnectionPool(port=pair.master.port, socket_timeout=5)  # type: ignore[no-untyped-call]
