@@ -354,11 +354,11 @@ class Scripts:
         try:
             return _piped(node.redis_connection, script, numkeys, items, wait)
         except AskError as exc:  # MovedError too: the slot map this client holds is out of date
-            if isinstance(exc, MovedError) or type(exc).__name__ == "MovedError":
+            if isinstance(exc, MovedError):
                 cluster.nodes_manager.initialize()
                 node = cluster.get_node_from_key(items[0])
                 return _piped(node.redis_connection, script, numkeys, items, wait)
-            # ASK: the slot is moving, and this key is already on the node it names
+            # ASK: the slot is moving and the key is not on this node: ask the one it names (ASKING first)
             target = cluster.get_node(host=exc.host, port=exc.port)
             if target is None:
                 raise
