@@ -194,14 +194,15 @@ def _with_replica(server: Any, run: Callable[[], None]) -> None:
     """Run ``run`` while a replica of ``server`` (a redis-server of its own) is in sync; then stop it."""
     from tests.redis_server import RedisServer
 
+    master = redis.Redis(port=server.port)
+    master.config_set("repl-diskless-sync-delay", 0)  # the first sync at once, not 5 s later
     with RedisServer(extra_args=("--replicaof", "127.0.0.1", str(server.port))) as replica:
-        master = redis.Redis(port=server.port)
         deadline = time.monotonic() + 30
         while master.wait(1, 100) < 1:  # online, and every write so far acknowledged
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the replica on port {replica.port} did not come into sync")
         run()
-        master.close()
+    master.close()
 
 
 def _database(url: str, db: int) -> str:
