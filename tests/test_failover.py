@@ -165,11 +165,15 @@ def _every_key_runs_again(group: SentinelGroup, keys: int, replicas: int, direct
     FailoverJob.unique_backend = sentinel_backend([s.port for s in group.sentinels], replicas)
     FailoverJob.performs = directory / f"performs-{os.getpid()}.jsonl"
     for key in range(keys):
-        wait_until(partial(_runs, key), f"key {key} to run again", FailoverJob.unique_run_lease + 5)
+        wait_until(partial(_runs, key), f"key {key} to run again", FailoverJob.unique_run_lease + 10)
 
 
 def _runs(key: int) -> bool:
-    return bool(FailoverJob.run(key) == "done")
+    """True once ``key`` performs; False while it is held, or while the new master's replica catches up."""
+    try:
+        return bool(FailoverJob.run(key) == "done")
+    except BackendError:
+        return False
 
 
 def _check(figures: Figures, *, acknowledged: bool) -> None:
