@@ -8,8 +8,9 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -17,7 +18,7 @@ from benchmarks.report import Report
 
 __all__ = ["SECTIONS", "main"]
 
-SECTIONS = ("redis", "parallel", "scale", "file", "memory")
+SECTIONS = ("redis", "replicas", "parallel", "scale", "file", "memory")
 
 
 def _whole(text: str, least: int) -> int:
@@ -147,6 +148,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "redis" in args.sections:
             progress(f"redis and peers: {args.iterations} samples per operation")
             redis_bench.run_redis(report, client, args.iterations, args.warmup)
+        if "replicas" in args.sections:
+            progress(
+                f"replica acknowledgement: a replica of the server, {args.iterations} samples per operation"
+            )
+            _with_replica(
+                server, lambda: redis_bench.run_replicas(report, client, args.iterations, args.warmup)
+            )
         if "parallel" in args.sections:
             progress(f"parallel: {args.processes} processes")
             parallel.run_parallel(report, url, args.processes, args.parallel_ops, args.rounds)
@@ -180,6 +188,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.meta["seconds"] = round(time.monotonic() - began, 1)
     print(report.to_json() if args.json else report.to_text())
     return 0
+
+
+def _with_replica(server: Any, run: Callable[[], None]) -> None:
+    """Run ``run`` while a replica of ``server`` (a redis-server of its own) is in sync; then stop it."""
+    from tests.redis_server import RedisServer
+
+    master = redis.Redis(port=server.port)
+    master.config_set("repl-diskless-sync-delay", 0)  # the first sync at once, not 5 s later
+    with RedisServer(extra_args=("--replicaof", "127.0.0.1", str(server.port))) as replica:
+        deadline = time.monotonic() + 30
+        while master.wait(1, 100) < 1:  # online, and every write so far acknowledged
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the replica on port {replica.port} did not come into sync")
+        run()
+    master.close()
 
 
 def _database(url: str, db: int) -> str:

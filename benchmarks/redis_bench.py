@@ -16,7 +16,7 @@ from uniqjob.locks import RunClaim, local_holder
 from uniqjob.stores.redis import RedisBackend
 from uniqjob.stores.redis._transport import pack
 
-__all__ = ["LABELS", "LAYERS", "load_locks", "run_redis", "run_scale"]
+__all__ = ["ACKED", "LABELS", "LAYERS", "load_locks", "run_redis", "run_replicas", "run_scale"]
 
 LABELS = {
     "joblock.fresh": "fresh enqueue · JobLock.acquire",
@@ -27,6 +27,8 @@ LABELS = {
     "job.cycle": "full cycle · enqueue, then lock_from() + execute()",
 }
 LAYERS = {"joblock": "JobLock", "job": "UniqueJob"}
+# The operations timed with replica acknowledgement (replicas=1), each beside the same without it.
+ACKED = ("joblock.fresh", "job.fresh", "joblock.cycle", "job.cycle")
 
 PEER_NAMES = {"redis_py": "redis-py Lock", "redis_lock": "python-redis-lock"}
 PEER_LABELS = {
@@ -194,6 +196,35 @@ def run_redis(report: Report, client: redis.Redis, iterations: int, warmup: int)
                     note=cheapest.label.split(" · ")[1].split(" acquire")[0],
                 )
             )
+
+
+def run_replicas(report: Report, client: redis.Redis, iterations: int, warmup: int) -> None:
+    """Time fresh enqueue and the full cycle on a master with one replica: plain, and with ``replicas=1``.
+
+    Both are sampled in the same rounds, each alternately with PING on that master,
+    so the rows' ratios differ only by the wait for the replica's acknowledgement.
+    """
+    plain = Workload(RedisBackend(client, namespace="plain")).ops()
+    acked = Workload(RedisBackend(client, namespace="acked", replicas=1, replica_timeout=1.0)).ops()
+    series = [(client.ping, plain[name]) for name in ACKED] + [(client.ping, acked[name]) for name in ACKED]
+    results = interleaved(series, iterations, warmup)
+    for i, name in enumerate(ACKED):
+        without, with_acks = results[i], results[i + len(ACKED)]
+        label = LABELS[name]
+        report.rows.append(
+            Row.timed(f"replicas.{name}.plain", f"Redis + 1 replica, replicas=0 · {label}", without, "PING")
+        )
+        report.rows.append(
+            Row.timed(f"replicas.{name}", f"Redis + 1 replica, replicas=1 · {label}", with_acks, "PING")
+        )
+    report.figures.update(
+        {
+            f"replicas_{name.replace('.', '_')}_added_us": round(
+                results[i + len(ACKED)].op.median_us - results[i].op.median_us, 1
+            )
+            for i, name in enumerate(ACKED)
+        }
+    )
 
 
 def load_locks(backend: RedisBackend, count: int, *, first_id: int, running: bool = False) -> None:

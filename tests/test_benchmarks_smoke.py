@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from benchmarks.cli import main
-from benchmarks.redis_bench import LABELS, PEER_LABELS, PEER_NAMES, peer_missing
+from benchmarks.redis_bench import ACKED, LABELS, PEER_LABELS, PEER_NAMES, peer_missing
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,6 +21,7 @@ EXPECTED = (
     ["redis.ping", "redis.evalsha", "redis.kept.ping", "redis.kept.evalsha"]
     + [f"redis.{name}" for name in LABELS]
     + [f"peers.{peer}.{name}" for peer in PEER_NAMES for name in PEER_LABELS]
+    + [f"replicas.{name}{plain}" for name in ACKED for plain in ("", ".plain")]
     + ["parallel.ping", "parallel.joblock.cycle", "parallel.job.cycle"]
     + [f"scale.{n}{e}" for n in LABELS if not n.endswith("cycle") for e in ("", ".empty")]
     + ["file.filelock", "file.flock", *(f"file.{name}" for name in LABELS)]

@@ -51,6 +51,7 @@ from ..semaphores import (
     encode_holder,
 )
 from . import _semaphore_lua as lua
+from ._acks import Acks
 from ._prelude import CORRUPT
 from ._transport import Lanes, Scripts
 
@@ -64,6 +65,8 @@ _TYPES = ("hash", "list", "hash", "zset", "hash", "zset")  # what each of _PARTS
 _STATES = frozenset({"reserved", "promoted", "running"})
 _VIAS = frozenset({"queue", "inline"})
 _NUMBER = (int, float)
+# The statuses by which a step granted its own token a slot (see RedisSemaphores._granting).
+_TAKEN, _RUN, _OK, _NONE = frozenset({"taken"}), frozenset({"run"}), frozenset({"ok"}), frozenset[str]()
 
 
 class _Malformed(Exception):
@@ -198,11 +201,19 @@ class RedisSemaphores(SemaphoreStore):
     name = "redis"
 
     def __init__(
-        self, client: redis.Redis, *, namespace: str = "uniqjob", lanes: Lanes | None = None
+        self,
+        client: redis.Redis,
+        *,
+        namespace: str = "uniqjob",
+        lanes: Lanes | None = None,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
     ) -> None:
         self.client = client
         self.namespace = namespace
         self._scripts = Scripts(client, lanes)
+        # replicas > 0: every grant of a slot waits for that many replicas (see _acks), as the lock store's
+        self._acks = Acks(self._scripts, replicas, replica_timeout) if replicas else None
         register = client.register_script
         self._acquire = register(lua.ACQUIRE)
         self._start = register(lua.START)
@@ -284,6 +295,49 @@ class RedisSemaphores(SemaphoreStore):
         except Exception as exc:
             raise self._failed(exc) from exc
 
+    def _granting(
+        self,
+        script: Script,
+        key: str,
+        args: Sequence[Any],
+        own: frozenset[str],
+        caller: Holder,
+        *,
+        renew: bool = False,
+    ) -> Any:
+        """Run a script whose reply is ``[status, promotions, ...]``; with ``replicas``, acknowledged.
+
+        What it granted: the slot of its token (``args[0]``) if the status is in
+        ``own`` (with ``renew``: the slot's longer lease), and a slot to each
+        call it promoted. Too few replicas acknowledged: the call fails closed,
+        after the token's granted slot is released (token-checked; what that
+        release promotes, like the promotions of this reply, is not handed out:
+        each is pushed again once its handoff lapses). A lease extended is not
+        undone, only not confirmed.
+        """
+        acks = self._acks
+        if acks is None:
+            return self._eval(script, key, args)
+        try:
+            reply, acked = acks.run(script, len(_PARTS), [*self._keys(key), *args])
+        except redis.ResponseError as exc:
+            raise self._explain(key, exc) from exc
+        except Exception as exc:
+            raise self._failed(exc) from exc
+        mine = _text(reply[0]) in own
+        promoted = len(reply[1])
+        if mine or promoted:
+            token = args[0]
+            granted = [f"the {'lease of the ' if renew else ''}slot of {token}"] if mine else []
+            granted += [f"{promoted} promoted call{'s' if promoted > 1 else ''}"] if promoted else []
+            undo = partial(self._release_token, key, token, caller) if mine and not renew else None
+            acks.check(acked, f"{' and '.join(granted)} of {key!r}, granted", undo, self, self.name)
+        return reply
+
+    def _release_token(self, key: str, token: str, caller: Holder) -> None:
+        """Free ``token``'s slot: the undo of a grant too few replicas acknowledged."""
+        self._eval(self._release, key, [token, encode_holder(caller), _ms(HANDOFF), _ms(TOMBSTONE)])
+
     def acquire(
         self,
         key: str,
@@ -305,7 +359,7 @@ class RedisSemaphores(SemaphoreStore):
             encode_holder(park.holder if park else None), _ms(park.lease) if park and park.lease else 0,
             job_class, args, encode_holder(caller), _ms(handoff),
         ]  # fmt: skip
-        reply = _Acquired._make(self._eval(self._acquire, key, argv))
+        reply = _Acquired._make(self._granting(self._acquire, key, argv, _TAKEN, caller))
         with self._reading(key):
             slots = _slots(reply.slots, int(reply.now_ms))
         return Outcome(
@@ -334,7 +388,7 @@ class RedisSemaphores(SemaphoreStore):
             encode_holder(caller),
             _ms(handoff),
         ]
-        reply = _Started._make(self._eval(self._start, key, argv))
+        reply = _Started._make(self._granting(self._start, key, argv, _RUN, caller))
         with self._reading(key):
             runner = _holder(0, f"slot {token}", _text(reply.busy))
         return Outcome(
@@ -347,14 +401,12 @@ class RedisSemaphores(SemaphoreStore):
     def renew(
         self, key: str, token: str, lease: float, *, caller: Holder, handoff: float = HANDOFF
     ) -> Outcome:
-        reply = _Settled._make(
-            self._eval(self._renew, key, [token, _ms(lease), encode_holder(caller), _ms(handoff)])
-        )
-        return _settled(reply)
+        argv = [token, _ms(lease), encode_holder(caller), _ms(handoff)]
+        return _settled(_Settled._make(self._granting(self._renew, key, argv, _OK, caller, renew=True)))
 
     def release(self, key: str, token: str, *, caller: Holder, handoff: float = HANDOFF) -> Outcome:
         argv = [token, encode_holder(caller), _ms(handoff), _ms(TOMBSTONE)]
-        return _settled(_Settled._make(self._eval(self._release, key, argv)))
+        return _settled(_Settled._make(self._granting(self._release, key, argv, _NONE, caller)))
 
     def requeue(
         self,

@@ -34,6 +34,7 @@ from .._drops import WINDOW, check_window, first_minute, minute
 from ..base import Backend, QueueMode
 from ..semaphores import SemaphoreStore
 from . import _lua as lua
+from ._acks import Acks
 from ._semaphores import RedisSemaphores
 from ._transport import Scripts
 from ._url import redis_client_from_url
@@ -195,6 +196,8 @@ class RedisBackend(Backend):
         if isinstance(client, str):
             client = redis_client_from_url(client, timeout=timeout)
         self.client: redis.Redis = client
+        if replicas:
+            _check_wait(client, self.replica_timeout)
         self.namespace = namespace
         self._prefix = namespace + ":{"
         self._holder: tuple[Holder | None, list[str]] = (None, [])
@@ -213,12 +216,19 @@ class RedisBackend(Backend):
             self._reclaim = self._script(lua.RECLAIM)
             self._read = self._script(lua.READ)
             self._purge = self._script(lua.PURGE)
+            self._acks = Acks(self._scripts, replicas, self.replica_timeout) if replicas else None
         except Exception as exc:
             raise ConfigurationError(f"cannot use {_where(client)} as a Redis client: {exc!r}") from exc
 
     def semaphores(self) -> SemaphoreStore:
         """A new semaphore store on this server and client, under ``<namespace>:c:``."""
-        return RedisSemaphores(self.client, namespace=self.namespace, lanes=self._scripts.lanes)
+        return RedisSemaphores(
+            self.client,
+            namespace=self.namespace,
+            lanes=self._scripts.lanes,
+            replicas=self.replicas,
+            replica_timeout=self.replica_timeout,
+        )
 
     def __repr__(self) -> str:
         return f"RedisBackend({_where(self.client)})"
@@ -254,9 +264,40 @@ class RedisBackend(Backend):
         try:
             return self._run(script, numkeys, items)
         except Exception as exc:
-            if str(exc).startswith(lua.CORRUPT):
-                self._corrupt(exc, items[:numkeys])
-            raise self._fail(exc) from exc
+            raise self._failed_script(exc, items[:numkeys]) from exc
+
+    def _failed_script(self, exc: Exception, names: list[Any]) -> Exception:
+        """What a caller sees for a script that raised ``exc``: a CorruptRecordError, else a BackendError."""
+        if str(exc).startswith(lua.CORRUPT):
+            try:
+                self._corrupt(exc, names)
+            except CorruptRecordError as corrupt:
+                return corrupt
+        return self._fail(exc)
+
+    def _granted(
+        self,
+        script: Script,
+        numkeys: int,
+        items: list[Any],
+        grant: Callable[[Any], str],
+        undo: Callable[[], object] | None,
+    ) -> Any:
+        """Run a script that may grant, acknowledged by ``replicas`` (see _acks); its reply.
+
+        ``grant(reply)`` names what the reply granted ("" : nothing); a grant too
+        few replicas acknowledged is undone by ``undo`` and fails closed.
+        """
+        acks = self._acks
+        assert acks is not None
+        try:
+            reply, acked = acks.run(script, numkeys, items)
+        except Exception as exc:
+            raise self._failed_script(exc, items[:numkeys]) from exc
+        what = grant(reply)
+        if what:
+            acks.check(acked, what, undo, self, self.name)
+        return reply
 
     def _corrupt(self, exc: Exception, names: list[Any]) -> None:
         """Raise the CorruptRecordError a script's ``UNIQJOB_CORRUPT <i> <reason>`` reply stands for."""
@@ -352,7 +393,12 @@ class RedisBackend(Backend):
     ) -> LockState | None:
         flag = ("q" if run is None else "r") + _drop(count, counted)
         items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
-        reply = self._eval(self._claim, 4, items)
+        if self._acks is None:
+            reply = self._eval(self._claim, 4, items)
+        else:
+            what = f"the {'queue lock' if run is None else 'queue and run locks'} of {key!r}, granted"
+            undo = partial(self.reclaim, key, token, token if run is not None else None)
+            reply = self._granted(self._claim, 4, items, partial(_if_int, what), undo)
         if type(reply) is int:  # taken: 1, or with ``run`` the run lock's fence
             if run is not None:
                 run.fence = reply
@@ -374,7 +420,15 @@ class RedisBackend(Backend):
     ) -> LockState | None:
         flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock] + _drop(count, counted)
         items = self._items(key, token, meta, ttl, flag=flags, run=run, keys=self._tallied(key))
-        reply = self._eval(self._start, 4, items)
+        if self._acks is None:
+            reply = self._eval(self._start, 4, items)
+        else:
+            # Undone: the run lock of this token and attempt; the queue lock is left as a failed
+            # start leaves it (an orphan once the run lock is gone, reclaimed by the next claim).
+            undo = partial(self.finish, key, token, keep_queue=True, attempt=run.attempt)
+            reply = self._granted(
+                self._start, 4, items, partial(_if_int, f"the run lock of {key!r}, granted"), undo
+            )
         if type(reply) is int:  # the fence of the run lock now held
             run.fence = reply
             return None
@@ -389,7 +443,13 @@ class RedisBackend(Backend):
         return bool(self._eval(self._requeue, 2, items))
 
     def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
-        return bool(self._eval(self._renew, 1, [self._keys(key)[1], token, _ms(lease), attempt]))
+        items = [self._keys(key)[1], token, _ms(lease), attempt]
+        if self._acks is None:
+            return bool(self._eval(self._renew, 1, items))
+        # A renewal extends a held lease: nothing to undo, but one the replicas did not see must not
+        # count as confirmed, or the holder would trust a lease a promoted replica ends sooner.
+        what = f"the lease of the run lock of {key!r}, extended"
+        return bool(self._granted(self._renew, 1, items, partial(_if_one, what), None))
 
     def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
         items = [*self._keys(key)[:2], token, "1" if keep_queue else "0", attempt]
@@ -482,6 +542,26 @@ class RedisBackend(Backend):
             self.client.close()
         except Exception as exc:
             raise self._fail(exc) from exc
+
+
+def _check_wait(client: Any, replica_timeout: float) -> None:
+    """Refuse a ``replica_timeout`` the client's socket timeout would cut short (WAIT replies after it)."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    limit = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
+    if isinstance(limit, int | float) and limit <= replica_timeout:
+        raise ConfigurationError(
+            f"replica_timeout ({replica_timeout}s) must be shorter than the client's socket timeout "
+            f"({limit}s): the wait for replicas would time out the connection instead"
+        )
+
+
+def _if_int(what: str, reply: Any) -> str:
+    """``what`` if a claim or start ``reply`` granted (an integer), else "" (a conflict's snapshot)."""
+    return what if type(reply) is int else ""
+
+
+def _if_one(what: str, reply: Any) -> str:
+    return what if reply == 1 else ""
 
 
 def _take(items: Iterator[T], count: int) -> list[T]:

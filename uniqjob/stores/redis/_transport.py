@@ -36,13 +36,13 @@ import os
 import select
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
 from redis._parsers import _RESP2Parser
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
+from redis.exceptions import AskError, MovedError, NoScriptError
 
 __all__ = ["Lanes", "Scripts", "evalsha_head", "is_noscript", "pack", "pack_after"]
 
@@ -215,7 +215,7 @@ class Lanes:
             if conn.can_read() and not maint():
                 raise redis.ConnectionError("Connection not ready") from None
 
-    def call(self, command: bytes) -> Any:
+    def call(self, command: bytes, exchange: Callable[[Any, bytes], Any] | None = None) -> Any:
         """Send a packed command on this thread's connection and return its reply.
 
         The reply is read here, not by redis-py's parser: an integer as an
@@ -223,19 +223,22 @@ class Lanes:
         reply raised as redis-py raises it (``NoScriptError``, ``ResponseError``,
         ...). As through the pool: a failure to connect is raised at once, and a
         connection error or timeout of the call itself is retried by the
-        client's retry policy.
+        client's retry policy. ``exchange`` sends and reads (:func:`_exchange`: one
+        reply; :func:`_exchange_pair`: the two replies of two commands sent together).
         """
         lane: _Lane | None = getattr(self._local, "lane", None)
         # The usual call, in line: this thread's lane, its socket unchanged and quiet (see _lane).
         if lane is None or lane.pid != os.getpid() or lane.conn._sock is not lane.sock or lane.poller.poll(0):
             lane = self._lane()
         conn = lane.conn
+        if exchange is None:
+            exchange = _exchange
         try:
             try:
-                return _exchange(lane.sock, command)
+                return exchange(lane.sock, command)
             except _RETRIED as exc:
                 conn.disconnect()
-                return self._retry(conn, command, exc)
+                return self._retry(conn, command, exc, exchange)
         except redis.ResponseError:
             raise  # an error reply leaves the connection in step
         except BaseException:
@@ -246,7 +249,7 @@ class Lanes:
             raise
 
     @staticmethod
-    def _retry(conn: Any, command: bytes, first: Exception) -> Any:
+    def _retry(conn: Any, command: bytes, first: Exception, exchange: Callable[[Any, bytes], Any]) -> Any:
         # The first failure counts as the policy's first attempt, so a call is
         # tried no more often, and waits no longer, than through the pool.
         pending = [first]
@@ -256,7 +259,7 @@ class Lanes:
                 raise pending.pop()
             if conn._sock is None:
                 conn.connect()
-            return _exchange(conn._sock, command)
+            return exchange(conn._sock, command)
 
         return conn.retry.call_with_retry(attempt, lambda _error: conn.disconnect())
 
@@ -310,10 +313,93 @@ class Scripts:
             script.sha = self.client.script_load(script.script)
             return self.client.evalsha(script.sha, numkeys, *items)
 
+    def acked(
+        self, script: Script, numkeys: int, items: Sequence[Any], wait: tuple[int, int]
+    ) -> tuple[Any, int | Exception]:
+        """Run ``script`` as :meth:`call` does, then ``WAIT replicas timeout_ms`` (``wait``) on the same
+        connection, both sent in one round trip; the script's reply and how many replicas acknowledged
+        (or the error ``WAIT`` replied: a master that became a replica, say).
+
+        ``WAIT`` counts the writes of its own connection, so it goes where the script went: this
+        thread's kept connection, one connection of the client's pool (a pipeline), or on a
+        cluster client the connection to the primary that owns the first key's slot (its slot
+        map refreshed and the call sent again once, should that node redirect it).
+        """
+        lanes = self.lanes
+        if lanes is not None:
+            tail = pack(["WAIT", *wait])
+            for attempt in (0, 1):
+                head = self._heads.get((script.sha, numkeys, len(items))) or self._head(
+                    script, numkeys, len(items)
+                )
+                command = pack_after(head, items, lanes.encoding, lanes.errors) + tail
+                try:
+                    replies: tuple[Any, int | Exception] = lanes.call(command, _exchange_pair)
+                except NoScriptError:  # as in call(): the server lost its scripts
+                    if attempt:
+                        raise
+                    script.sha = self.client.script_load(script.script)
+                    continue
+                return replies
+        if not callable(getattr(self.client, "get_node_from_key", None)):
+            return _piped(self.client, script, numkeys, items, wait)
+        return self._on_owner(script, numkeys, items, wait)
+
+    def _on_owner(
+        self, script: Script, numkeys: int, items: Sequence[Any], wait: tuple[int, int]
+    ) -> tuple[Any, int | Exception]:
+        """:func:`_piped` on the cluster primary that owns ``items[0]``'s slot; one redirect followed."""
+        cluster = self.client
+        node = cluster.get_node_from_key(items[0])
+        try:
+            return _piped(node.redis_connection, script, numkeys, items, wait)
+        except AskError as exc:  # MovedError too: the slot map this client holds is out of date
+            if isinstance(exc, MovedError):
+                cluster.nodes_manager.initialize()
+                node = cluster.get_node_from_key(items[0])
+                return _piped(node.redis_connection, script, numkeys, items, wait)
+            # ASK: the slot is moving and the key is not on this node: ask the one it names (ASKING first)
+            target = cluster.get_node(host=exc.host, port=exc.port)
+            if target is None:
+                raise
+            return _piped(target.redis_connection, script, numkeys, items, wait, asking=True)
+
     def close(self) -> None:
         """Close the kept connections, if any (a later call opens new ones)."""
         if self.lanes is not None:
             self.lanes.close()
+
+
+def _piped(
+    client: Any,
+    script: Script,
+    numkeys: int,
+    items: Sequence[Any],
+    wait: tuple[int, int],
+    *,
+    asking: bool = False,
+) -> tuple[Any, int | Exception]:
+    """``EVALSHA`` then ``WAIT`` through ``client``'s pipeline: one connection, one round trip.
+
+    An error reply to the script is raised once both replies are read (the
+    script loaded and both sent again if the server did not know it); one to
+    ``WAIT`` is returned in place of its count.
+    """
+    for attempt in (0, 1):
+        pipe = client.pipeline(transaction=False)
+        if asking:
+            pipe.execute_command("ASKING")
+        pipe.evalsha(script.sha, numkeys, *items)
+        pipe.execute_command("WAIT", *wait)
+        replies = pipe.execute(raise_on_error=False)
+        reply, acked = replies[-2:]
+        if is_noscript(reply) and not attempt:
+            script.sha = client.script_load(script.script)
+            continue
+        if isinstance(reply, Exception):
+            raise reply
+        return reply, acked if isinstance(acked, Exception) else int(acked)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def is_noscript(exc: BaseException) -> bool:
@@ -332,6 +418,7 @@ def _exchange(sock: Any, command: bytes) -> Any:
     and an error reply the ``ResponseError`` redis-py would raise for it; a
     reply of any other type, or more than one, is an ``InvalidResponse``.
     """
+    data = b""
     try:
         sock.sendall(command)
         data = _more(sock)
@@ -361,13 +448,58 @@ def _exchange(sock: Any, command: bytes) -> Any:
             return data[end + 2 : -2] if length >= 0 else None
         if kind == _STATUS:
             return data[1:end]
-    except TimeoutError as exc:  # socket.timeout
-        raise redis.TimeoutError("Timeout reading from socket") from exc
-    except OSError as exc:
-        raise redis.ConnectionError(f"Error while talking to the server: {exc}") from exc
-    except ValueError as exc:  # a length or an integer that is not one
-        raise redis.InvalidResponse(f"bad reply {data[:40]!r}") from exc
+    except (OSError, ValueError) as exc:
+        raise _wire_error(exc, data) from exc
     raise _RESP2Parser.parse_error(data[1:end].decode("utf-8", "replace"))  # type: ignore[no-untyped-call]
+
+
+def _wire_error(exc: Exception, data: bytes) -> Exception:
+    """The redis-py error for a failure while sending or reading: a socket's, or a bad length."""
+    if isinstance(exc, TimeoutError):  # socket.timeout
+        return redis.TimeoutError("Timeout reading from socket")
+    if isinstance(exc, OSError):
+        return redis.ConnectionError(f"Error while talking to the server: {exc}")
+    return redis.InvalidResponse(f"bad reply {data[:40]!r}")  # a length or an integer that is not one
+
+
+def _exchange_pair(sock: Any, command: bytes) -> tuple[Any, int | Exception]:
+    """Send ``command``, two commands (a script, then ``WAIT``), and read both replies.
+
+    Both are read before either is acted on, so the connection stays in step:
+    an error reply to the first is raised then, as :func:`_exchange` raises it;
+    the second is an integer, or the error ``WAIT`` replied (returned, not raised).
+    """
+    data = b""
+    replies: list[Any] = []
+    try:
+        sock.sendall(command)
+        data = _more(sock)
+        at = 0
+        while len(replies) < 2:
+            try:
+                if data[at : at + 1] == b"-":
+                    end = data.find(b"\r\n", at)
+                    if end < 0:
+                        raise _Short
+                    text = data[at + 1 : end].decode("utf-8", "replace")
+                    value: Any = _RESP2Parser.parse_error(text)  # type: ignore[no-untyped-call]
+                    at = end + 2
+                else:
+                    value, at = _parse(data, at)
+            except _Short:
+                data += _more(sock)
+                continue
+            replies.append(value)
+        if at != len(data):
+            raise redis.InvalidResponse("more than two replies to two commands")
+    except (OSError, ValueError) as exc:
+        raise _wire_error(exc, data) from exc
+    reply, acked = replies
+    if isinstance(reply, Exception):
+        raise reply
+    if type(acked) is not int and not isinstance(acked, redis.ResponseError):
+        raise redis.InvalidResponse(f"WAIT replied {acked!r}")
+    return reply, acked
 
 
 class _Short(Exception):
