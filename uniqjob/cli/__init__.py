@@ -39,6 +39,7 @@ from ._common import (
     say,
 )
 from ._concurrency import add_discard_parked_parser
+from ._dashboard import add_dashboard_parser
 from ._locks import add_locks_parser, add_reap_parser, add_release_parser
 from ._run import add_run_parser
 
@@ -53,6 +54,7 @@ SUBCOMMANDS: list[AddParser] = [
     add_release_parser,
     add_reap_parser,
     add_discard_parked_parser,
+    add_dashboard_parser,
 ]
 
 _EPILOG = """\
