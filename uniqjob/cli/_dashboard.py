@@ -76,6 +76,7 @@ def dashboard_command(args: argparse.Namespace) -> int:
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
+        sock.listen(2048)  # now: a client that reads the line below may connect at once
     except OSError as exc:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     host, port = sock.getsockname()[:2]
