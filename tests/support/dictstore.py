@@ -5,7 +5,8 @@ Locks are a :class:`~uniqjob.stores._records.SlotBackend` and semaphores a
 one mutex. Each writes its hook (``_slot``, ``_machine``) and what the hooks
 cannot give: ``scan`` (the contracts' one streaming read), ``purge`` (an
 operator's forced release; optional, the contract suite holds it) and a
-fence counter handed to each :class:`Slot`. Everything else, every
+fence counter and a counter of dropped duplicates handed to each :class:`Slot`, and
+``duplicates`` to read the latter. Everything else, every
 transition, comes from the two bases. ``tests/conftest.py`` registers it
 under ``dict://`` and puts it in the one list of stores, so both contract
 suites run against it.
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from uniqjob.stores import _drops
 from uniqjob.stores._machine import Machine, MachineStore
 from uniqjob.stores._records import Slot, SlotBackend
 from uniqjob.stores.semaphores import SemaphoreStore
@@ -37,6 +39,7 @@ class DictBackend(SlotBackend):
         self.records: dict[str, dict[str, Any]] = {}
         self.mutex = threading.Lock()
         self.last_fence = 0  # fences outlive their records: a purge or a release never resets them
+        self.drops: _drops.Counts = {}  # dropped duplicates, counted by the Slot under the mutex
 
     def _fence(self, now_us: int) -> int:
         self.last_fence = max(now_us, self.last_fence + 1)
@@ -45,7 +48,7 @@ class DictBackend(SlotBackend):
     @contextmanager
     def _slot(self, key: str) -> Iterator[Slot]:
         with self.mutex:
-            slot = Slot(key, copy.deepcopy(self.records.get(key)), self.clock(), self._fence)
+            slot = Slot(key, copy.deepcopy(self.records.get(key)), self.clock(), self._fence, self._count)
             yield slot
             if slot.changed:
                 record = slot.record()
@@ -54,10 +57,17 @@ class DictBackend(SlotBackend):
                 else:
                     self.records[key] = record
 
+    def _count(self, cls: str, now: float, n: int) -> None:
+        _drops.add(self.drops, cls, now, n)
+
     def scan(self) -> Iterator[str]:
         with self.mutex:
             keys = list(self.records)
         yield from keys
+
+    def duplicates(self, window: float = _drops.WINDOW) -> dict[str, int]:
+        with self.mutex:
+            return _drops.totals(self.drops, self.clock(), window)
 
     def purge(self, key: str) -> list[str]:
         with self.mutex:

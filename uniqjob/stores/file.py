@@ -17,11 +17,12 @@ from typing import Any, ClassVar
 from urllib.parse import unquote
 
 from ..errors import BackendError, ConfigurationError, CorruptRecordError
+from . import _drops
 from ._files import RecordFiles
 from ._machine import MachineStore
 from ._records import SlotBackend
 from ._schema import lock_problem, semaphore_problem
-from ._stripes import Stripes, describe_error
+from ._stripes import STRIPES, Stripes, describe_error
 from ._template import Held, RecordStore
 from ._urls import Invalid, bad, options, seconds, split
 from .semaphores import SemaphoreStore
@@ -103,7 +104,37 @@ class _FileRecords(RecordStore):
                 self.clock(),
                 functools.partial(self._files.write, path, stripe, existed=record is not None),
                 functools.partial(self._fence, stripe),
+                functools.partial(self._count, stripe),
             )
+
+    def _drops_file(self, stripe: int) -> str:
+        return os.path.join(self._stripes.directory, f".{stripe:02d}.drops")
+
+    def _counts(self, stripe: int) -> tuple[_drops.Counts, bool]:
+        """The dropped duplicates the stripe's file holds, and whether there is one; a damaged one is {}."""
+        path = self._drops_file(stripe)
+        try:
+            record = self._files.parse(path)
+        except CorruptRecordError as exc:
+            # Counts are for people: a damaged file never blocks a lock, it is written over (logged).
+            log.warning("dropped-duplicate counts %s: %s; counting afresh", path, exc.reason)
+            return {}, True
+        if record is None:
+            return {}, False
+        counts = record.get("counts")
+        if not isinstance(counts, dict) or not all(
+            isinstance(b, dict) and all(isinstance(n, int) and str(m).isdigit() for m, n in b.items())
+            for b in counts.values()
+        ):
+            log.warning("dropped-duplicate counts %s: not {class: {minute: count}}; counting afresh", path)
+            return {}, True
+        return counts, True
+
+    def _count(self, stripe: int, cls: str, now: float, n: int) -> None:
+        """Count in the stripe's drops file, ``.NN.drops``, written as a record is; its lock is held."""
+        counts, existed = self._counts(stripe)
+        _drops.add(counts, cls, now, n)
+        self._files.write(self._drops_file(stripe), stripe, {"key": "", "counts": counts}, existed=existed)
 
     def close(self) -> None:
         """Close the stripes' lock files (they are opened again on next use)."""
@@ -132,6 +163,10 @@ class FileBackend(_FileRecords, SlotBackend):
     fence outlives its key's record (which goes with its last lock) without
     a file per key: a new one is greater than every fence of any key of the
     stripe, and so of its own. These files are never deleted.
+
+    Dropped duplicates: each stripe counts those of its keys in ``.NN.drops``
+    (``{class: {minute: count}}``), under the stripe's lock, so in the same
+    step as the refusal; :meth:`duplicates` sums them.
     """
 
     _kind = "lock"
@@ -142,6 +177,15 @@ class FileBackend(_FileRecords, SlotBackend):
         """A new semaphore store in this directory's ``concurrency/``, on this backend's timeout and clock."""
         clock = lambda: self.clock()  # noqa: E731, PLW0108 - a clock swapped in later is followed
         return FileSemaphores(self.directory / "concurrency", timeout=self.timeout, clock=clock)
+
+    def duplicates(self, window: float = _drops.WINDOW) -> dict[str, int]:
+        """Sum the counts of every stripe's ``.NN.drops`` (each file is replaced whole, so read unlocked)."""
+        now = self.clock()
+        out: dict[str, int] = {}
+        for stripe in range(STRIPES):
+            for cls, n in _drops.totals(self._counts(stripe)[0], now, window).items():
+                out[cls] = out.get(cls, 0) + n
+        return out
 
     def scan(self) -> Iterator[str]:
         """Yield the key of every record, a record with bad fields too (:meth:`read` then raises).
