@@ -6,7 +6,8 @@
 - ``account-2``: an Export whose worker died while running it (a stale slot, and its
   uniqueness lock orphaned) with one parked behind it;
 - ``account-3``: one Export in its queue whose argument holds a ``<script>``;
-- a lock held by a live process (this one), and a queued Report with a job id.
+- a lock held by a live process (this one), and a queued Report with a job id;
+- three duplicates dropped: the Report twice, the first Export once.
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ class Scene:
     live: str  # lock key held by this process, running
     report: str  # lock key of the queued Report
     held: int = 8  # uniqueness locks held: 3 + 2 + 1 Exports, the live one, the Report
+    drops: tuple[tuple[str, int], ...] = (
+        ("tests.dashboard_jobs.Report", 2),
+        ("tests.dashboard_jobs.Export", 1),
+    )
 
 
 def _crash(backend: Backend, entry: tuple[Any, ...]) -> None:
@@ -101,6 +106,8 @@ def build(backend: Backend) -> Scene:
     )
     assert live is None
     Report.enqueue("2026-12-01")
+    for duplicate in (Report.enqueue("2026-12-01"), Report.enqueue("2026-12-01"), Export.enqueue(1, "first")):
+        assert duplicate is None  # dropped, and counted
     return Scene(
         backlog=Export.semaphore(1).key,
         blocked=Export.semaphore(2).key,

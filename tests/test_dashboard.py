@@ -102,6 +102,56 @@ def test_home_cards_total_every_key(client: TestClient, scene: Scene) -> None:
     assert 'href="/locks#concurrency"' in page.text
 
 
+def test_home_counts_the_duplicates_dropped_in_the_last_hour(client: TestClient, scene: Scene) -> None:
+    shown = text(client.get("/").text)
+    assert (
+        "Dropped duplicates 3 in the last hour 2 tests.dashboard_jobs.Report 1 tests.dashboard_jobs.Export"
+        in shown
+    )
+
+
+def test_home_names_the_classes_that_drop_most(
+    backend: Backend, client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert "Dropped duplicates 0 in the last hour: none" in text(client.get("/").text)
+    dashboard_jobs.build(backend)
+    monkeypatch.setattr(_data, "DROPS_SHOWN", 1)
+    shown = text(client.get("/").text)
+    assert "2 tests.dashboard_jobs.Report and 1 more class(es)" in shown
+
+
+def test_metrics_are_the_stores_figures(backend: Backend, scene: Scene) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for app in (create_app(backend), create_app(backend, read_only=True)):
+        response = TestClient(app).get("/metrics")
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(response.text)
+            for s in family.samples
+        }
+        assert samples[("uniqjob_concurrency_parked_jobs", ())] == 3
+        assert samples[("uniqjob_concurrency_slots_held", (("lease", "fresh"),))] == 2
+        assert samples[("uniqjob_concurrency_slots_held", (("lease", "stale"),))] == 1
+        assert samples[("uniqjob_concurrency_keys_at_limit", ())] == 3
+        assert samples[("uniqjob_locks", (("state", "queued"),))] == 6
+        assert samples[("uniqjob_locks", (("state", "running"),))] == 2
+        assert samples[("uniqjob_locks_orphaned", ())] == 1
+        for job, count in scene.drops:
+            assert samples[("uniqjob_duplicates_total", (("job", job),))] == count
+
+
+def test_metrics_without_prometheus_client_say_what_to_install(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delitem(sys.modules, "uniqjob.metrics", raising=False)
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    response = TestClient(create_app(backend)).get("/metrics")
+    assert response.status_code == 501
+    assert "uniqjob.metrics needs prometheus_client: pip install 'uniqjob[metrics]'" in text(response.text)
+
+
 def test_locks_page_concurrency_totals_and_rows(client: TestClient, scene: Scene) -> None:
     page = client.get("/locks").text
     shown = text(page)

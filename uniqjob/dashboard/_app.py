@@ -10,6 +10,7 @@ refuses those requests with 403.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import hmac
 import secrets
 from importlib import resources
@@ -26,7 +27,7 @@ from starlette.routing import Route
 
 from .. import config
 from ..errors import BackendError
-from ..ops import LockRelease, Released, discard_parked, release
+from ..ops import LockRelease, Released, discard_parked, duplicates, release
 from ..stores.base import Backend
 from . import _data
 from ._format import duration
@@ -35,6 +36,7 @@ __all__ = ["create_app"]
 
 _MAX_FORM = 64 * 1024  # a form carries a key and a token; anything bigger is not ours
 _KINDS = ("lock", "concurrency")
+_PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"  # the text exposition format
 
 
 class _Refused(Exception):
@@ -74,6 +76,7 @@ class _Dashboard:
             Route("/confirm/discard-parked", self.confirm_discard, name="confirm_discard"),
             Route("/release", self.release, methods=["POST"], name="release"),
             Route("/discard-parked", self.discard, methods=["POST"], name="discard_parked"),
+            Route("/metrics", self.metrics, name="metrics"),
             Route("/static/dashboard.js", self.dashboard_js, name="script"),
         ]
         self.app = Starlette(
@@ -108,6 +111,8 @@ class _Dashboard:
             "home.html",
             concurrency=_data.concurrency_totals(backend).totals,
             locks=_data.uniqueness(backend, limit=0),
+            drops=duplicates(backend, window=_data.DROPS_WINDOW),
+            drops_shown=_data.DROPS_SHOWN,
         )
 
     def locks(self, request: Request) -> Response:
@@ -171,6 +176,14 @@ class _Dashboard:
         return self.render(
             request, "done.html", status=200 if count else 409, key=params["key"], discarded=count
         )
+
+    def metrics(self, request: Request) -> Response:
+        """The store's figures in Prometheus' text format (:func:`uniqjob.metrics.render`)."""
+        try:
+            metrics = importlib.import_module("uniqjob.metrics")
+        except ImportError as exc:
+            raise _Refused(501, str(exc)) from None
+        return Response(metrics.render(self.store()), media_type=_PROMETHEUS)
 
     def dashboard_js(self, request: Request) -> Response:
         return Response(self.script, media_type="text/javascript")

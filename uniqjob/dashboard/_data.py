@@ -18,6 +18,8 @@ from ..stores.base import Backend
 
 __all__ = [
     "CLASSES",
+    "DROPS_SHOWN",
+    "DROPS_WINDOW",
     "ROWS",
     "TOP",
     "LockConfirm",
@@ -34,6 +36,10 @@ __all__ = [
 TOP = 100
 #: Held locks listed on the Locks page (the counts cover every key).
 ROWS = 200
+#: The Dropped duplicates card counts the last hour (the longest window the stores keep).
+DROPS_WINDOW = 3600
+#: Job classes the Dropped duplicates card names, most dropped first.
+DROPS_SHOWN = 5
 #: Job classes offered in the class filter's suggestions.
 CLASSES = 100
 
