@@ -10,8 +10,8 @@ refuses those requests with 403.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import hmac
+import importlib
 import secrets
 from importlib import resources
 from typing import Any
