@@ -446,3 +446,14 @@ def test_the_command_without_the_extra_says_what_to_install() -> None:
     assert done.returncode == 78
     assert "uniqjob dashboard needs the dashboard extra (uvicorn is missing)" in done.stderr
     assert "pip install 'uniqjob[dashboard]'" in done.stderr
+
+
+def test_the_command_is_listed_with_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+    from uniqjob.cli import main
+
+    assert main(["--help"]) == 0
+    assert "dashboard" in capsys.readouterr().out
+    assert main(["dashboard", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "usage: uniqjob dashboard [-h] [--url URL] [--host HOST] [--port PORT] [--read-only]" in out
+    assert "serving on http://HOST:PORT/" in out and "uniqjob dashboard --read-only" in out

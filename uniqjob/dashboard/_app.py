@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import importlib
 import secrets
+import time
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
@@ -106,6 +107,7 @@ class _Dashboard:
 
     def home(self, request: Request) -> Response:
         backend = self.store()
+        began = time.monotonic()
         return self.render(
             request,
             "home.html",
@@ -113,18 +115,23 @@ class _Dashboard:
             locks=_data.uniqueness(backend, limit=0),
             drops=duplicates(backend, window=_data.DROPS_WINDOW),
             drops_shown=_data.DROPS_SHOWN,
+            took=time.monotonic() - began,
         )
 
     def locks(self, request: Request) -> Response:
         backend = self.store()
         job_class = request.query_params.get("class") or None
+        began = time.monotonic()
+        report = _data.concurrency_page(backend, top=_data.TOP)
+        locks = _data.uniqueness(backend, job_class=job_class, limit=_data.ROWS)
         return self.render(
             request,
             "locks.html",
-            report=_data.concurrency_page(backend, top=_data.TOP),
+            report=report,
             top=_data.TOP,
-            locks=_data.uniqueness(backend, job_class=job_class, limit=_data.ROWS),
+            locks=locks,
             job_class=job_class or "",
+            took=time.monotonic() - began,
         )
 
     def _writable(self) -> None:

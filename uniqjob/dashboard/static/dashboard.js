@@ -2,7 +2,16 @@
 // The pages work without this script: links lead to confirmation pages with their form.
 (function () {
   "use strict";
-  var PERIOD = 5000; // ms between the end of one refresh and the start of the next
+  var PERIOD = 5000; // ms between the end of one refresh and the start of the next, at least
+  // A big store takes a while to read: wait twice as long as the last read took,
+  // so an open page never keeps the store busy more than a third of the time.
+  var took = 0;
+
+  function readTime(doc) {
+    var main = doc.querySelector("main[data-took]");
+    var seconds = main ? parseFloat(main.getAttribute("data-took")) : 0;
+    return isFinite(seconds) ? seconds * 1000 : 0;
+  }
   var dialog = document.getElementById("confirm-dialog");
   var stamp = document.getElementById("refreshed");
 
@@ -33,6 +42,7 @@
           return;
         }
         var fresh = parse(html);
+        took = readTime(fresh);
         document.querySelectorAll("[data-refresh][id]").forEach(function (old) {
           var now = fresh.getElementById(old.id);
           if (now) {
@@ -52,7 +62,7 @@
 
   function loop() {
     refresh().then(function () {
-      window.setTimeout(loop, PERIOD);
+      window.setTimeout(loop, Math.max(PERIOD, 2 * took));
     });
   }
 
@@ -87,5 +97,6 @@
   if (dialog) {
     dialog.addEventListener("close", function () { dialog.innerHTML = ""; });
   }
-  window.setTimeout(loop, PERIOD);
+  took = readTime(document);
+  window.setTimeout(loop, Math.max(PERIOD, 2 * took));
 })();
