@@ -19,10 +19,13 @@ import redis
 from redis.crc import key_slot
 
 import uniqjob
+from tests.conftest import FakeClock
 from tests.redis_server import RedisServer
+from tests.support.topologies import Cluster
 from uniqjob import JobLock, JobNotUnique, Queue, UniqueJob, stores
 from uniqjob.locks import Holder, QueueMeta, RunClaim, local_holder
 from uniqjob.ops import duplicates
+from uniqjob.stores._droplog import COMPACT
 from uniqjob.stores.base import Backend
 from uniqjob.stores.file import FileBackend
 from uniqjob.stores.redis import RedisBackend
@@ -211,15 +214,62 @@ def test_a_damaged_redis_counter_never_blocks_a_lock(
     assert "not a hash of dropped duplicates" in caplog.text
 
 
-def test_a_damaged_file_counter_is_counted_afresh(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_damaged_file_counter_line_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     b = FileBackend(tmp_path / "locks")
     meta = QueueMeta("tests.Job")
     assert b.claim("k", "t1", meta=meta) is None
     assert b.claim("k", "t2", meta=meta, count=True) is not None
     (counts,) = list((tmp_path / "locks").glob(".*.drops"))
-    counts.write_text("{not json")
-    assert b.duplicates() == {}
-    assert "counting afresh" in caplog.text
-    assert b.claim("k", "t3", meta=meta, count=True) is not None
-    assert b.duplicates() == {"tests.Job": 1}
     assert os.stat(counts).st_mode & 0o777 == 0o600
+    with counts.open("a") as f:
+        f.write('\n[29000000, 1, "tests.Jo')  # an append cut short by a crash
+    assert b.claim("k", "t3", meta=meta, count=True) is not None
+    assert b.duplicates() == {"tests.Job": 2}
+    assert "skipped 1 unreadable line(s) of dropped-duplicate counts" in caplog.text
+
+
+def test_a_file_counter_that_is_no_regular_file_never_blocks_a_lock(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    b = FileBackend(tmp_path / "locks")
+    meta = QueueMeta("tests.Job")
+    assert b.claim("k", "t1", meta=meta) is None
+    (counts,) = [p for p in (tmp_path / "locks").iterdir() if p.suffix == ".json"]
+    stripe = int(counts.name[:2], 16) % 64
+    drops = tmp_path / "locks" / f".{stripe:02d}.drops"
+    drops.symlink_to(tmp_path / "elsewhere")
+    assert b.claim("k", "t2", meta=meta, count=True) is not None  # refused as ever, uncounted
+    assert b.duplicates() == {}
+    assert "not counting a duplicate" in caplog.text and not (tmp_path / "elsewhere").exists()
+
+
+def test_a_long_file_counter_log_is_compacted(tmp_path: Path, clock: FakeClock) -> None:
+    b = FileBackend(tmp_path / "locks", clock=clock)
+    meta = QueueMeta("tests.Job")
+    assert b.claim("k", "t1", meta=meta) is None
+    refusals = 0
+    for _ in range(3):
+        for _ in range(300):
+            assert b.claim("k", "t2", meta=meta, count=True) is not None
+            refusals += 1
+        clock.advance(60)
+    (log,) = list((tmp_path / "locks").glob(".*.drops"))
+    assert log.stat().st_size <= COMPACT  # rewritten as it grew: one line per class and minute
+    assert b.duplicates() == {"tests.Job": refusals}
+    clock.advance(3700)
+    assert b.duplicates() == {}
+
+
+def test_counts_in_a_redis_cluster_are_kept_beside_each_lock_and_summed_over_every_node() -> None:
+    with Cluster(masters=3, replicas=0) as cluster:
+        client = redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+        b = RedisBackend(client, namespace="c")  # type: ignore[arg-type]
+        meta = QueueMeta("app.Job")
+        keys = [f"app.Job:{i}" for i in range(30)]
+        for key in keys:
+            assert b.claim(key, "t1", meta=meta) is None
+            assert b.claim(key, "t2", meta=meta, count=True) is not None  # one script: one slot
+        nodes = {client.get_node_from_key(f"c:{{{key}}}:d").name for key in keys}  # type: ignore[no-untyped-call]
+        assert len(nodes) == 3  # the counts are spread over every master
+        assert b.duplicates() == {"app.Job": 30}
+        client.close()

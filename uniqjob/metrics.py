@@ -8,7 +8,8 @@ An application that already runs ``prometheus_client`` registers the collector::
 
 and :func:`render` returns the text exposition format on its own (the
 dashboard serves it at ``/metrics``). Every figure is over the whole store,
-every key and every process, read with :mod:`uniqjob.ops`:
+every key and every process, read with :func:`uniqjob.ops.stats` (so the
+same as ``uniqjob stats`` shows):
 
 - ``uniqjob_concurrency_parked_jobs``, ``uniqjob_concurrency_oldest_parked_age_seconds``,
   ``uniqjob_concurrency_slots_held{lease="fresh|stale"}``, ``uniqjob_concurrency_keys_at_limit``;
@@ -19,7 +20,6 @@ every key and every process, read with :mod:`uniqjob.ops`:
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator
 
 try:
@@ -30,9 +30,7 @@ except ImportError as exc:  # the optional extra
     raise ImportError("uniqjob.metrics needs prometheus_client: pip install 'uniqjob[metrics]'") from exc
 
 from . import config
-from .locks import QUEUED, RUNNING
-from .ops import CORRUPT, concurrency, duplicates, iter_rows
-from .stores._drops import WINDOW
+from .ops import stats
 from .stores.base import Backend
 
 __all__ = ["UniqjobCollector", "render"]
@@ -45,12 +43,10 @@ class UniqjobCollector(Collector):
         self.store = store
 
     def collect(self) -> Iterator[Metric]:
-        store = self.store if self.store is not None else config.default_backend()
-        totals = concurrency(store, top=0).totals
+        figures = stats(self.store if self.store is not None else config.default_backend())
+        totals = figures.concurrency
         yield _gauge(
-            "uniqjob_concurrency_parked_jobs",
-            "Jobs parked behind a concurrency key at its limit",
-            totals.parked,
+            "uniqjob_concurrency_parked_jobs", "Jobs parked behind full concurrency keys", totals.parked
         )
         yield _gauge(
             "uniqjob_concurrency_oldest_parked_age_seconds",
@@ -68,25 +64,17 @@ class UniqjobCollector(Collector):
         yield _gauge(
             "uniqjob_concurrency_keys_at_limit", "Concurrency keys holding their limit", totals.keys_at_limit
         )
-
-        states: Counter[str] = Counter()
-        orphans = 0
-        for row in iter_rows(store):
-            if row.state != CORRUPT:
-                states[row.state] += 1
-                orphans += row.orphaned
         locks = GaugeMetricFamily("uniqjob_locks", "Held unique locks, by state", labels=["state"])
-        for state in (QUEUED, RUNNING):
-            locks.add_metric([state], states[state])
+        locks.add_metric(["queued"], figures.queued)
+        locks.add_metric(["running"], figures.running)
         yield locks
-        yield _gauge("uniqjob_locks_orphaned", "Held unique locks whose holder is dead", orphans)
-
+        yield _gauge("uniqjob_locks_orphaned", "Held unique locks whose holder is dead", figures.orphaned)
         drops = GaugeMetricFamily(
             "uniqjob_duplicates_total",
             "Duplicates dropped, rescheduled or raised over the last hour, per job class",
             labels=["job"],
         )
-        for job, count in duplicates(store, window=WINDOW).items():
+        for job, count in figures.duplicates.items():
             drops.add_metric([job], count)
         yield drops
 

@@ -12,7 +12,8 @@ objects), offered here beside the rest.
 - :func:`sweep`: settle every concurrency key (dead holders' slots freed, promotions pushed);
 - :func:`release_slots`, :func:`discard_parked`: an operator's escape hatches for one concurrency key;
 - :func:`concurrency`, :func:`concurrency_key`, :func:`iter_keys`: concurrency figures, for metrics;
-- :func:`duplicates`: the duplicates dropped per job class over the last hour, as the store counted them.
+- :func:`duplicates`: the duplicates dropped per job class over the last hour, as the store counted them;
+- :func:`stats`: all the figures above over the whole store, in one read (``uniqjob stats``, metrics).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from ..concurrency import Released, discard_parked, sweep
 from ..concurrency import release as release_slots
 from ..concurrency.ops import stale
-from ._drops import duplicates
+from ._drops import Stats, duplicates, stats
 from ._figures import ConcurrencyReport, KeyReport, Totals, concurrency, concurrency_key, iter_keys
 from ._locks import CORRUPT, LockRelease, LockRow, Reaped, iter_rows, reap, release
 
@@ -32,6 +33,7 @@ __all__ = [
     "LockRow",
     "Reaped",
     "Released",
+    "Stats",
     "Totals",
     "concurrency",
     "concurrency_key",
@@ -43,5 +45,6 @@ __all__ = [
     "release",
     "release_slots",
     "stale",
+    "stats",
     "sweep",
 ]

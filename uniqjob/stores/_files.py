@@ -46,7 +46,7 @@ class RecordFiles:
         self._dir = str(stripes.directory)
         self._spare_paths: dict[int, list[str]] = {}
 
-    def parse(self, path: str, key: str = "") -> Record | None:
+    def _parse(self, path: str, key: str = "") -> Record | None:
         """Read the record at ``path`` as far as its key; None if there is none.
 
         Anything unreadable is a :class:`CorruptRecordError` naming the file (and ``key``, if given).
@@ -87,7 +87,7 @@ class RecordFiles:
 
     def load(self, path: str, key: str) -> Record | None:
         """Read ``key``'s record at ``path``, every field checked; None if there is none."""
-        record = self.parse(path, key if self.hint_key else "")
+        record = self._parse(path, key if self.hint_key else "")
         if record is None:
             return None
         if record["key"] != key:
@@ -212,7 +212,7 @@ class RecordFiles:
                     # Under its stripe's lock: never a record half written over (a spare being
                     # rewritten in place may still be open to a reader that found it under a record's name).
                     with self.stripes.locked(Stripes.of_name(entry.name)):
-                        record = self.parse(entry.path)
+                        record = self._parse(entry.path)
                     if record is not None and self.stripes.of(record["key"])[0] != entry.path:
                         # Not where its key's record goes: purged by its path, never by that key.
                         raise CorruptRecordError(entry.path, f"holds key {record['key']!r} of another file")

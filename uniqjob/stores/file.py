@@ -18,6 +18,7 @@ from urllib.parse import unquote
 
 from ..errors import BackendError, ConfigurationError, CorruptRecordError
 from . import _drops
+from ._droplog import DropLog
 from ._files import RecordFiles
 from ._machine import MachineStore
 from ._records import SlotBackend
@@ -82,6 +83,7 @@ class _FileRecords(RecordStore):
         self.clock = clock
         self._stripes = Stripes(self.directory, timeout, self.name)
         self._files = RecordFiles(self._stripes, self._kind, self._problem, hint_key=self._hint_key)
+        self._drops = DropLog(str(self.directory))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.directory)!r})"
@@ -107,34 +109,8 @@ class _FileRecords(RecordStore):
                 functools.partial(self._count, stripe),
             )
 
-    def _drops_file(self, stripe: int) -> str:
-        return os.path.join(self._stripes.directory, f".{stripe:02d}.drops")
-
-    def _counts(self, stripe: int) -> tuple[_drops.Counts, bool]:
-        """The dropped duplicates the stripe's file holds, and whether there is one; a damaged one is {}."""
-        path = self._drops_file(stripe)
-        try:
-            record = self._files.parse(path)
-        except CorruptRecordError as exc:
-            # Counts are for people: a damaged file never blocks a lock, it is written over (logged).
-            log.warning("dropped-duplicate counts %s: %s; counting afresh", path, exc.reason)
-            return {}, True
-        if record is None:
-            return {}, False
-        counts = record.get("counts")
-        if not isinstance(counts, dict) or not all(
-            isinstance(b, dict) and all(isinstance(n, int) and str(m).isdigit() for m, n in b.items())
-            for b in counts.values()
-        ):
-            log.warning("dropped-duplicate counts %s: not {class: {minute: count}}; counting afresh", path)
-            return {}, True
-        return counts, True
-
     def _count(self, stripe: int, cls: str, now: float, n: int) -> None:
-        """Count in the stripe's drops file, ``.NN.drops``, written as a record is; its lock is held."""
-        counts, existed = self._counts(stripe)
-        _drops.add(counts, cls, now, n)
-        self._files.write(self._drops_file(stripe), stripe, {"key": "", "counts": counts}, existed=existed)
+        self._drops.add(stripe, cls, now, n)  # the stripe's lock is held
 
     def close(self) -> None:
         """Close the stripes' lock files (they are opened again on next use)."""
@@ -164,9 +140,9 @@ class FileBackend(_FileRecords, SlotBackend):
     a file per key: a new one is greater than every fence of any key of the
     stripe, and so of its own. These files are never deleted.
 
-    Dropped duplicates: each stripe counts those of its keys in ``.NN.drops``
-    (``{class: {minute: count}}``), under the stripe's lock, so in the same
-    step as the refusal; :meth:`duplicates` sums them.
+    Dropped duplicates: each stripe appends those of its keys to ``.NN.drops``
+    (see :mod:`uniqjob.stores._droplog`), under the stripe's lock, so in the
+    same step as the refusal; :meth:`duplicates` sums them.
     """
 
     _kind = "lock"
@@ -179,11 +155,13 @@ class FileBackend(_FileRecords, SlotBackend):
         return FileSemaphores(self.directory / "concurrency", timeout=self.timeout, clock=clock)
 
     def duplicates(self, window: float = _drops.WINDOW) -> dict[str, int]:
-        """Sum the counts of every stripe's ``.NN.drops`` (each file is replaced whole, so read unlocked)."""
+        """Sum the counts of every stripe's ``.NN.drops`` (read unlocked: a line is one append)."""
+        _drops.check_window(window)
         now = self.clock()
         out: dict[str, int] = {}
         for stripe in range(STRIPES):
-            for cls, n in _drops.totals(self._counts(stripe)[0], now, window).items():
+            counts = self._drops.read(self._drops.path(stripe), now)
+            for cls, n in _drops.totals(counts, now, window).items():
                 out[cls] = out.get(cls, 0) + n
         return out
 

@@ -213,7 +213,7 @@ end
 )
 
 # KEYS: queue lock, run lock, last fence, dropped duplicates.
-# ARGV: token, ttl_ms, cls, cls_len, args, job_id, mode ('q' or 'r', then the drop: see count_drop()),
+# ARGV: token, ttl_ms, cls, cls_len, args, job_id, mode ('q' or 'r', then a drop: see count_drop),
 #       host, node, pid, pstart, lease_ms, attempt
 # Returns 1 when the queue lock is taken (mode 'q'), the fence when both are
 # (mode 'r'), else a snapshot of what is in the way. Idempotent for its token:
@@ -281,7 +281,7 @@ return fence
 # KEYS: queue lock, run lock, last fence, dropped duplicates.
 # ARGV: token, ttl_ms, cls, cls_len, args, job_id, flags, host, node, pid, pstart, lease_ms, attempt
 # flags: 'a' (adopt) or '-', then the queue mode: 'r' (run), 'x' (release) or 'k' (keep), then
-# the drop (see count_drop()).
+# a drop: see count_drop.
 # A run lock of the same token but another attempt is a second delivery: in the way.
 # Returns the fence when the run lock is taken (a re-take keeps the one it
 # holds), else a snapshot of what is in the way.
