@@ -12,15 +12,15 @@
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 from typing import Any
 
 import uniqjob
 from tests.concurrency_jobs import RecordingQueue
+from tests.test_concurrency_jobs import dead_holder
 from uniqjob import UniqueJob
 from uniqjob.concurrency import store_for
-from uniqjob.locks import Holder, QueueMeta, RunClaim, local_holder
+from uniqjob.locks import QueueMeta, RunClaim, local_holder
 from uniqjob.stores.base import Backend
 
 QUEUE = RecordingQueue()
@@ -49,14 +49,6 @@ class Report(UniqueJob):
 
     def perform(self, day: str) -> str:
         return day
-
-
-def dead_holder() -> Holder:
-    """A holder on this host whose process has exited: a worker killed mid-job."""
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    me = local_holder()
-    return Holder(me.host, me.node, proc.pid, 12345)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from tests.test_readme import _BLOCK
 from uniqjob import ops
 from uniqjob.concurrency import store_for
 from uniqjob.dashboard import _data, create_app
+from uniqjob.dashboard._format import duration
 from uniqjob.locks import QueueMeta
 from uniqjob.stores.base import Backend
 
@@ -457,3 +458,18 @@ def test_the_command_is_listed_with_its_help(capsys: pytest.CaptureFixture[str])
     out = " ".join(capsys.readouterr().out.split())
     assert "usage: uniqjob dashboard [-h] [--url URL] [--host HOST] [--port PORT] [--read-only]" in out
     assert "serving on http://HOST:PORT/" in out and "uniqjob dashboard --read-only" in out
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (None, "-"),
+        (4.25, "4.2 s"),
+        (60, "1 min 00 s"),
+        (185.5, "3 min 05 s"),
+        (7385, "2 h 03 min"),
+        (90000, "1 d 01 h"),
+    ],
+)
+def test_durations_read_as_people_write_them(seconds: float | None, shown: str) -> None:
+    assert duration(seconds) == shown

@@ -103,6 +103,12 @@ def key_row(page: sync_api.Page, key: str) -> sync_api.Locator:
     return page.locator(f'tr[data-key="{key}"]')
 
 
+def confirm(page: sync_api.Page, key: str, action: str = "Release") -> sync_api.Locator:
+    """Click ``action`` in ``key``'s row of the Locks page; return the confirmation dialog."""
+    key_row(page, key).get_by_role("link", name=action).click()
+    return page.locator("dialog#confirm-dialog")
+
+
 def figure(page: sync_api.Page, selector: str) -> str:
     return page.locator(selector).inner_text().strip()
 
@@ -165,8 +171,7 @@ def test_release_with_a_fresh_lease_warns_then_promotes_the_oldest_parked(
     page: sync_api.Page, served: Served, scene: Scene, store: Backend
 ) -> None:
     page.goto(served.url + "locks")
-    key_row(page, scene.backlog).get_by_role("link", name="Release").click()
-    dialog = page.locator("dialog#confirm-dialog")
+    dialog = confirm(page, scene.backlog)
     expect(dialog).to_contain_text("a job is probably still running; releasing lets another start beside it")
     QUEUE.pushed.clear()
     dialog.get_by_role("button", name=re.compile("anyway")).click()
@@ -180,14 +185,12 @@ def test_a_stale_lease_asks_less_and_frees_only_it(
     page: sync_api.Page, served: Served, scene: Scene, store: Backend
 ) -> None:
     page.goto(served.url + "locks")
-    key_row(page, scene.blocked).get_by_role("link", name="Release").click()
-    dialog = page.locator("dialog#confirm-dialog")
+    dialog = confirm(page, scene.blocked)
     expect(dialog).to_contain_text("Frees the 1 stale slot(s)")
     assert "probably still running" not in dialog.inner_text()
     dialog.get_by_role("button", name="Cancel").or_(dialog.get_by_role("link", name="Cancel")).click()
     expect(dialog).to_be_hidden()
-    key_row(page, scene.blocked).get_by_role("link", name="Release").click()
-    dialog.get_by_role("button", name="Release").click()
+    confirm(page, scene.blocked).get_by_role("button", name="Release").click()
     expect(page.locator("#outcome")).to_contain_text("Released 1 slot(s)")
     after = ops.concurrency_key(scene.blocked, store)
     assert after is not None and (after.stale, after.parked) == (0, 0)
@@ -197,8 +200,7 @@ def test_discard_parked_says_how_many_and_empties_the_key(
     page: sync_api.Page, served: Served, scene: Scene, store: Backend
 ) -> None:
     page.goto(served.url + "locks")
-    key_row(page, scene.backlog).get_by_role("link", name="Discard parked").click()
-    dialog = page.locator("dialog#confirm-dialog")
+    dialog = confirm(page, scene.backlog, "Discard parked")
     expect(dialog).to_contain_text("2 parked job(s) will never run")
     dialog.get_by_role("button", name=re.compile("Discard")).click()
     expect(page.locator("#outcome")).to_contain_text("Discarded 2 parked job(s)")
@@ -236,8 +238,7 @@ def test_the_refresh_keeps_the_scroll_and_an_open_confirmation(
     dashboard_jobs.Report.enqueue("2026-12-02")
     expect(page.locator("#uniqueness-body .cards .figure").first).to_have_text("9", timeout=15_000)
     assert page.evaluate("window.scrollY") == scrolled
-    key_row(page, scene.live).get_by_role("link", name="Release").click()
-    dialog = page.locator("dialog#confirm-dialog")
+    dialog = confirm(page, scene.live)
     expect(dialog).to_be_visible()
     dashboard_jobs.Report.enqueue("2026-12-03")
     time.sleep(7)  # more than one refresh period: the browser's own clock, not the store's
