@@ -392,6 +392,32 @@ def test_the_mounting_guide_runs_under_its_prefix_behind_its_auth(
     assert client.get("/admin/uniqjob/static/dashboard.js", headers=auth).status_code == 200
 
 
+def test_the_django_example_routes_its_prefix_to_the_dashboard(
+    redis_server: RedisServer, redis_client: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("django", reason="Django is not installed")
+    import types
+
+    from django.conf import settings  # type: ignore[import-untyped]
+    from django.http import HttpResponse  # type: ignore[import-untyped]
+    from django.urls import path  # type: ignore[import-untyped]
+
+    urls = types.ModuleType("dashboard_django_urls")
+    urls.urlpatterns = [path("hello", lambda request: HttpResponse("django here"))]  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, urls.__name__, urls)
+    if not settings.configured:
+        settings.configure(ROOT_URLCONF=urls.__name__, ALLOWED_HOSTS=["testserver"], SECRET_KEY="test")
+    (block,) = [m.group(3) for m in _BLOCK.finditer(DRAFT.read_text()) if "django" in m.group(3)]
+    namespace: dict[str, object] = {"__name__": "asgi"}
+    exec(compile(block.replace("redis://localhost:6379/0", redis_server.url), str(DRAFT), "exec"), namespace)
+    uniqjob.config.resolve(redis_server.url).claim("k", "t", meta=QueueMeta("app.InDjango"), ttl=60)
+    client = TestClient(namespace["application"])  # type: ignore[arg-type]
+    page = client.get("/admin/uniqjob/locks")
+    assert page.status_code == 200 and "app.InDjango" in page.text
+    assert 'href="/admin/uniqjob/confirm/release?kind=lock&amp;key=k"' in page.text
+    assert client.get("/hello").text == "django here"
+
+
 def _serve(*args: str) -> tuple[subprocess.Popen[str], str]:
     """Start ``uniqjob dashboard`` with ``args``; return it and the URL of its first stderr line."""
     proc = subprocess.Popen(
