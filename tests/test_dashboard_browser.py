@@ -168,7 +168,7 @@ def test_a_script_in_an_argument_is_shown_as_text(page: sync_api.Page, served: S
 
 
 def test_release_with_a_fresh_lease_warns_then_promotes_the_oldest_parked(
-    page: sync_api.Page, served: Served, scene: Scene, store: Backend
+    page: sync_api.Page, served: Served, scene: Scene
 ) -> None:
     page.goto(served.url + "locks")
     dialog = confirm(page, scene.backlog)
