@@ -19,8 +19,11 @@ from starlette.testclient import TestClient
 
 import uniqjob
 from tests import dashboard_jobs
+from tests.concurrency_jobs import Limited
 from tests.dashboard_jobs import QUEUE, SCRIPT, Scene
 from tests.redis_server import RedisServer
+from tests.test_concurrency_jobs import dead_holder
+from tests.test_ops import damaged
 from tests.test_readme import _BLOCK
 from uniqjob import ops
 from uniqjob.concurrency import store_for
@@ -294,6 +297,52 @@ def test_discard_parked_says_how_many_will_never_run(
     assert not dashboard_jobs.Export.is_locked(1, "second")  # their uniqueness locks went too
     again = client.post(form["action"], data={k: v for k, v in form.items() if k != "action"})
     assert again.status_code == 409 and "nothing discarded" in text(again.text)
+
+
+def test_a_mixed_key_offers_to_free_only_its_stale_slots(backend: Backend, client: TestClient) -> None:
+    uniqjob.configure(backend)
+    Limited.enqueue(5, 0)  # a fresh slot: its job waits in its queue
+    key = Limited.semaphore(5).key
+    dead = dead_holder()
+    taken = store_for(backend).acquire(
+        key,
+        "crashed",
+        limit=2,
+        lease=600,
+        running=True,
+        holder=dead,
+        park=None,
+        job_class="",
+        args="",
+        caller=dead,
+    )
+    assert taken.status == "taken"
+    page = client.get("/confirm/release", params={"kind": "concurrency", "key": key}).text
+    assert "1 of its 2 slot(s) have a fresh lease: a job is probably still running" in text(page)
+    forms = re.findall(r'<form method="post".*?</form>', page, re.S)
+    assert [re.search(r'name="force" value="(\d)"', f).group(1) for f in forms] == ["1", "0"]  # type: ignore[union-attr]
+    fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">', forms[1]))
+    done = client.post("/release", data={k: html.unescape(v) for k, v in fields.items()})
+    assert done.status_code == 200
+    assert "Released 1 slot(s)" in text(done.text) and "Kept 1 slot(s) whose lease is fresh" in text(
+        done.text
+    )
+    after = ops.concurrency_key(key, backend)
+    assert after is not None and (after.fresh, after.stale) == (1, 0)
+
+
+def test_an_unreadable_record_is_shown_first_and_removed_by_force(
+    backend: Backend, client: TestClient, scene: Scene, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    error = damaged(backend, "torn-key", monkeypatch)
+    page = client.get("/locks").text
+    assert lock_keys(page)[0] == "torn-key"
+    assert row_of(page, "torn-key").startswith(f"corrupt - - - - - - - unreadable: torn ({error.path})")
+    assert "Unreadable 1" in text(page) and "1 unreadable" in text(client.get("/").text)
+    shown, form = confirm_form(client, link(page, "Release", "torn-key"))
+    assert "Its record cannot be read (torn" in shown and form["force"] == "1"
+    status, done = post(client, form)
+    assert status == 200 and "Removed the unreadable record of torn-key" in done
 
 
 def test_posts_need_their_own_token(backend: Backend, client: TestClient, scene: Scene) -> None:

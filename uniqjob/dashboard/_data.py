@@ -92,6 +92,7 @@ def uniqueness(backend: Backend, *, job_class: str | None = None, limit: int = R
         else:
             heapq.heappushpop(oldest, item)
     rest = [row for _, _, row in sorted(oldest, key=lambda item: (-item[0], item[1]))]
+    urgent.sort(key=lambda row: row.state != CORRUPT)  # unreadable records first: each blocks its key
     found.rows = (urgent + rest)[:limit]
     found.classes = sorted(classes)
     return found
