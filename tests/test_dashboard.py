@@ -209,6 +209,8 @@ def test_a_script_in_an_argument_or_key_is_text(backend: Backend, client: TestCl
     assert "<script>window" not in page and "<script>alert" not in page and "<b>Cls" not in page
     assert html.escape(SCRIPT, quote=False) in page or html.escape(SCRIPT) in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    headers = client.get("/locks").headers  # and were markup ever let through, no inline script would run
+    assert "script-src 'self';" in headers["content-security-policy"] and headers["x-frame-options"] == "DENY"
     assert SCRIPT in text(page)
 
 

@@ -37,6 +37,16 @@ __all__ = ["create_app"]
 
 _MAX_FORM = 64 * 1024  # a form carries a key and a token; anything bigger is not ours
 _KINDS = ("lock", "concurrency")
+#: Every page: no script but ours, no framing (a confirmation cannot be clicked through another site).
+_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+        "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
 _PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"  # the text exposition format
 
 
@@ -101,7 +111,7 @@ class _Dashboard:
         page = self.env.get_template(name).render(
             request=request, link=link, read_only=self.read_only, token=self.token, **context
         )
-        return HTMLResponse(page, status_code=status)
+        return HTMLResponse(page, status_code=status, headers=_HEADERS)
 
     # -- pages (sync: Starlette runs them in a worker thread, as the store's calls block) --
 
