@@ -17,7 +17,8 @@ from uniqjob.ops import LockRow
 __all__ = ["kill_leftovers", "store"]  # fixtures shared with test_cli
 
 FIELDS = {
-    "key", "class", "args", "state", "host", "pid", "age_s", "ttl_s", "lease_s", "orphaned", "path", "reason",
+    "key", "class", "args", "job_id", "state", "host", "pid", "age_s", "ttl_s", "lease_s", "orphaned",
+    "path", "reason",
 }  # fmt: skip
 
 

@@ -76,6 +76,7 @@ def test_iter_rows_describes_each_held_key(backend: Backend) -> None:
         "42",
     )
     assert rows["export"].host is None and 0 < (rows["export"].ttl_s or 0) <= 600
+    assert (rows["export"].job_id, rows["live"].job_id) == ("job-1", None)
     assert rows["crashed"].orphaned and not rows["live"].orphaned and not rows["export"].orphaned
     assert (rows["live"].host, rows["live"].pid) == (local_holder().host, local_holder().pid)
     assert [r.key for r in ops.iter_rows(backend, job_class="Export")] == ["export"]

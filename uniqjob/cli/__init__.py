@@ -39,6 +39,7 @@ from ._common import (
     say,
 )
 from ._concurrency import add_discard_parked_parser
+from ._dashboard import add_dashboard_parser
 from ._locks import add_locks_parser, add_reap_parser, add_release_parser
 from ._mcp import add_mcp_parser
 from ._run import add_run_parser
@@ -57,6 +58,7 @@ SUBCOMMANDS: list[AddParser] = [
     add_discard_parked_parser,
     add_stats_parser,
     add_mcp_parser,
+    add_dashboard_parser,
 ]
 
 _EPILOG = """\

@@ -122,7 +122,7 @@ says: its class cannot be read), with its path and why; it blocks its key until
 removed with `uniqjob release --force KEY` (or the path, if it names no key).
 The exit status is then 65.
 
---json fields: key, class, args, state, host, pid, age_s, ttl_s, lease_s, orphaned,
+--json fields: key, class, args, job_id, state, host, pid, age_s, ttl_s, lease_s, orphaned,
 path, reason (the last two only set, and key may be null, for a corrupt record);
 when the store counted dropped duplicates in the last hour, the last line is
 {"duplicates": {CLASS: N}, "window_s": 3600} (see `uniqjob stats`)

@@ -32,6 +32,7 @@ class LockRow:
     key: str | None
     job_class: str | None = field(default=None, metadata={"json": "class"})
     args: str | None = None
+    job_id: str | None = None
     state: str = RUNNING
     host: str | None = None
     pid: int | None = None
@@ -58,6 +59,7 @@ class LockRow:
             key=state.key,
             job_class=(queue.meta.cls or None) if queue is not None else None,
             args=(queue.meta.args or None) if queue is not None else None,
+            job_id=(queue.meta.job_id or None) if queue is not None else None,
             # A run lock whose queue lock autoexpired is still a running job.
             state=queue.state if queue is not None else RUNNING,
             host=run.holder.host if run is not None else None,
