@@ -101,6 +101,17 @@ def pair(name: str) -> str:
     return _gated(name)
 
 
+def order_of(order_id: int, step: str) -> str:
+    """A plain function as a task's concurrency key: one semaphore per order."""
+    return f"order-{order_id}"
+
+
+@unique_task(concurrency_limit=1, concurrency_key=order_of, concurrency_on_conflict="discard")
+def order_step(order_id: int, step: str) -> str:
+    """One step per order at a time, whatever the step; the others are dropped."""
+    return f"{step} of {order_id}"
+
+
 @unique_task(unique_lock_autoexpire=10)
 def expiring(name: str) -> str:
     """A queue lock that expires 10 s after enqueue (plus any countdown)."""

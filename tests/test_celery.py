@@ -35,6 +35,7 @@ from tests.celery_app import (
     gate,
     late_gate,
     one_at_a_time,
+    order_step,
     pair,
     rescheduled,
 )
@@ -385,6 +386,15 @@ def test_bad_task_settings_fail_when_the_task_is_made(broker: redis.Redis) -> No
     with pytest.raises(ConfigurationError, match="a UniqueTask's queue is Celery"):
         make(unique_queue=None)
     assert make(bind=False, unique_args=("account_id",))
+
+
+def test_a_plain_function_as_the_concurrency_key_option(broker: redis.Redis) -> None:
+    job = order_step.unique_job
+    assert job.semaphore(7, "charge").key == job.semaphore(7, "ship").key != job.semaphore(8, "charge").key
+    assert job.semaphore(7, "charge").key.endswith(":order-7")
+    assert order_step.delay(7, "charge") is not None
+    assert order_step.delay(7, "ship") is None  # another step of order 7: its one slot is taken
+    assert order_step.delay(8, "charge") is not None
 
 
 def test_a_bound_task_keys_on_its_arguments_not_on_self() -> None:

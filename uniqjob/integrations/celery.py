@@ -47,6 +47,7 @@ from celery.signals import task_revoked
 
 from ..concurrency import _job as _concurrency
 from ..errors import ConfigurationError
+from ..functions import _CALLABLES
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
 from . import HEADER, KEEP, Decision, Ticket, perform, settle
@@ -264,7 +265,7 @@ def _job_for(task_cls: type[UniqueTask]) -> type[TaskJob]:
         if klass in UniqueTask.__mro__:
             continue
         namespace.update(
-            (name, value)
+            (name, _setting(klass, name, value))
             for name, value in vars(klass).items()
             if name.startswith(_SETTING_PREFIXES) and name not in _BASE_NAMES
         )
@@ -284,6 +285,19 @@ def _job_for(task_cls: type[UniqueTask]) -> type[TaskJob]:
         unique_queue=CeleryQueue(task_cls),
     )
     return type(task_cls.__name__, (TaskJob,), namespace)
+
+
+def _setting(klass: type, name: str, value: Any) -> Any:
+    """A setting as the task's UniqueJob holds it: a plain function given as a task option, a staticmethod.
+
+    (``@app.task(concurrency_key=order_of)`` puts ``order_of`` on the task class as
+    a plain function, which the job class would otherwise bind to itself.) A
+    function defined in the task class's own body is left as written.
+    """
+    in_body = inspect.isfunction(value) and value.__qualname__.startswith(f"{klass.__qualname__}.")
+    if name in _CALLABLES and inspect.isfunction(value) and not in_body:
+        return staticmethod(value)
+    return value
 
 
 def _decide(request: Any, exc: BaseException | None, result: Any) -> Decision:
