@@ -69,10 +69,10 @@ def workers(broker: redis.Redis, tmp_path: Path) -> Iterator[Workers]:
     pool.close()
 
 
-def start_worker(workers: Workers, name: str = "celery", **env: str) -> None:
+def start_worker(workers: Workers, name: str = "celery", queue: str = QUEUE, **env: str) -> None:
     """A ``celery worker``: one prefork child, so its main process stays free for control commands."""
     argv = [sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker", "-P", "prefork", "-c", "1"]
-    argv += ["--prefetch-multiplier", "1", "-Q", QUEUE, "-n", f"{name}-{uuid.uuid4().hex[:8]}@%h"]
+    argv += ["--prefetch-multiplier", "1", "-Q", queue, "-n", f"{name}-{uuid.uuid4().hex[:8]}@%h"]
     argv += ["--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO"]
     workers.start(name, argv, **env)
 
@@ -106,6 +106,25 @@ def test_duplicates_while_a_task_runs_run_once(workers: Workers, broker: redis.R
     assert gate.delay("h") is None
     open_gate(broker, "h")
     wait_until(lambda: not gate.is_locked("h"), "its lock to go")
+
+
+def test_a_duplicate_sent_by_name_is_dropped_and_logged_like_any_other(
+    workers: Workers, broker: redis.Redis
+) -> None:
+    start_worker(workers, "first")
+    gate.delay("n")
+    wait_until(lambda: count(broker, "started", "n") == 1, "the task to start")
+    start_worker(workers, "second", queue="uniqjob-test-2")  # takes the duplicate while the first runs
+    # no uniqjob header: locked by its arguments
+    app.send_task("tests.celery_app.gate", ("n",), queue="uniqjob-test-2")
+    wait_until(lambda: "succeeded" in workers.log("second"), "the second worker to drop the duplicate")
+    log = workers.log("second")
+    assert "tests.celery_app.gate dropped: " in log and "is already locked" in log
+    assert "ERROR" not in log and "Traceback" not in log and "JobNotUnique" not in log
+    assert count(broker, "started", "n") == 1
+    assert gate.is_locked("n")  # the first run's lock is untouched
+    open_gate(broker, "n")
+    wait_until(lambda: not gate.is_locked("n"), "its lock to go")
 
 
 def test_killed_worker_is_reclaimed_at_once_on_its_host(workers: Workers, broker: redis.Redis) -> None:

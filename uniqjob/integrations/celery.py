@@ -237,9 +237,12 @@ class UniqueTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         try:
             data = (request.headers or {}).get(HEADER)
             if data is None:
-                # Published around uniqjob (send_task by name, another client): lock by its arguments.
-                with self.unique_job.around_perform(*args, **kwargs):
-                    return self.run(*args, **kwargs)
+                # Published around uniqjob (send_task by name, another client): locked by its
+                # arguments, taking over a queued lock of any token; a duplicate goes the way
+                # of any conflict at execution time (the policy: logged at INFO by default).
+                adopting = self.unique_job.lock(*args, **kwargs)
+                adopting.adopt = True
+                return self.unique_job.execute(adopting, args, kwargs)
             ticket = Ticket.load(data, f"task {self.name}[{request.id}]")
             lock = self.unique_job.lock_from(ticket.key, ticket.token)
             lock.meta = replace(lock.meta, job_id=request.id or "")
