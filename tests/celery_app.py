@@ -101,6 +101,12 @@ def pair(name: str) -> str:
     return _gated(name)
 
 
+@unique_task(unique_strategy="until_expired", unique_lock_autoexpire=3)
+def once_a_while(name: str) -> str:
+    """Locked from delay() until 3 s later, however soon it ran."""
+    return _gated(name)
+
+
 def order_of(order_id: int, step: str) -> str:
     """A plain function as a task's concurrency key: one semaphore per order."""
     return f"order-{order_id}"

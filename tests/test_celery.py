@@ -34,6 +34,7 @@ from tests.celery_app import (
     flaky,
     gate,
     late_gate,
+    once_a_while,
     one_at_a_time,
     order_step,
     pair,
@@ -125,6 +126,23 @@ def test_a_duplicate_sent_by_name_is_dropped_and_logged_like_any_other(
     assert gate.is_locked("n")  # the first run's lock is untouched
     open_gate(broker, "n")
     wait_until(lambda: not gate.is_locked("n"), "its lock to go")
+
+
+def test_until_expired_holds_after_the_task_ran_until_autoexpire(
+    workers: Workers, broker: redis.Redis
+) -> None:
+    open_gate(broker, "x")  # the task ends as soon as it starts
+    start_worker(workers)
+    assert once_a_while.delay("x") is not None
+    sent = time.monotonic()
+    wait_until(lambda: count(broker, "done", "x") == 1, "the task to run")
+    while time.monotonic() - sent < 2.5:
+        assert once_a_while.is_locked("x") and once_a_while.delay("x") is None
+        time.sleep(0.1)
+    wait_until(lambda: not once_a_while.is_locked("x"), "the lock to expire", timeout=5)
+    assert time.monotonic() - sent >= 2.9
+    assert once_a_while.delay("x") is not None
+    wait_until(lambda: count(broker, "done", "x") == 2, "the next period's task to run")
 
 
 def test_killed_worker_is_reclaimed_at_once_on_its_host(workers: Workers, broker: redis.Redis) -> None:
