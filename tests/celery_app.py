@@ -70,6 +70,12 @@ def late_gate(name: str) -> str:
     return _gated(name)
 
 
+@unique_task(acks_late=True, reject_on_worker_lost=True, unique_run_lease=5.0)
+def requeued_gate(name: str) -> str:
+    """Like late_gate, and put back in the queue if its pool child dies: run again by the same worker."""
+    return _gated(name)
+
+
 @unique_task(bind=True, max_retries=2, unique_run_lease=2.0)
 def flaky(self: UniqueTask, name: str, failures: int, gated: bool = True) -> int:
     """Retries (a second later) its first ``failures`` attempts; gives up after two retries."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from tests.celery_app import (
     one_at_a_time,
     order_step,
     pair,
+    requeued_gate,
     rescheduled,
 )
 from tests.integration_workers import NODE_VAR, REPO, URL_VAR, Workers, count, open_gate, wait_until
@@ -188,6 +190,36 @@ def test_acks_late_redelivery_after_a_crash_readopts_its_lock(workers: Workers, 
     wait_until(lambda: count(broker, "done", "x") == 1, "the redelivered task to finish")
     wait_until(lambda: not late_gate.is_locked("x"), "its lock to go")
     assert list(uniqjob.default_backend().scan()) == []  # nothing stale left
+
+
+@pytest.mark.parametrize("task", [late_gate, requeued_gate], ids=["acks_late", "reject_on_worker_lost"])
+def test_a_killed_pool_child_is_run_again_only_with_reject_on_worker_lost(
+    workers: Workers, broker: redis.Redis, task: Any
+) -> None:
+    start_worker(workers)
+    task.delay("c")
+    wait_until(lambda: count(broker, "started", "c") == 1, "the task to start")
+    token = state(task, "c").run.token  # type: ignore[union-attr]
+    os.kill(int(broker.lrange("pids:c", 0, 0)[0]), signal.SIGKILL)  # the pool child only
+    wait_until(lambda: "WorkerLostError" in workers.log("celery"), "the worker to see its child die")
+    if task is late_gate:
+        # acks_late alone: the worker fails the task and acknowledges it; nothing runs it again
+        wait_until(lambda: broker.hlen("unacked") == 0, "the message to be acknowledged")
+        assert count(broker, "started", "c") == 1
+        assert not task.is_locked("c")  # its holder is dead: the next call reclaims the lock at once
+        assert task.delay("c") is not None
+        wait_until(lambda: count(broker, "started", "c") == 2, "the new call to run")
+    else:
+        # the message goes back to the queue: the new pool child runs it, under its own lock
+        wait_until(lambda: count(broker, "started", "c") == 2, "the message to be delivered again")
+        again = state(task, "c")
+        assert again.queue is not None and again.run is not None
+        assert again.queue.token == again.run.token == token and again.queue.state == "running"
+        assert task.delay("c") is None
+    open_gate(broker, "c")
+    wait_until(lambda: count(broker, "done", "c") == 1, "the second run to finish")
+    wait_until(lambda: not task.is_locked("c"), "its lock to go")
+    assert list(uniqjob.default_backend().scan()) == []
 
 
 def test_retries_keep_the_lock_until_the_last_attempt(workers: Workers, broker: redis.Redis) -> None:
