@@ -258,14 +258,15 @@ def test_revoke_releases_the_lock_and_the_concurrency_slot(workers: Workers, bro
     assert victim is not None and pair.is_locked("victim")
     token = state(pair, "victim").queue.token  # type: ignore[union-attr]
     assert isinstance(pair.delay("parked"), Parked)  # both slots are taken
+    wait_until(lambda: broker.llen(QUEUE) == 0, "the worker to receive the task, behind the busy one")
     app.control.revoke(victim.id)
-    open_gate(broker, "busy")
-    wait_until(lambda: not pair.is_locked("victim"), "the revoked task's lock to go")
+    # at once, while the worker is still busy with the task ahead of it
+    wait_until(lambda: not pair.is_locked("victim"), "the revoked task's lock to go", timeout=5)
     semaphore = pair.unique_job.semaphore("victim")
-    # its slot goes at once, not when its 15-minute lease lapses
-    wait_until(
-        lambda: token not in {s.token for s in semaphore.read().slots}, "the revoked task's slot to go"
-    )
+    # its slot goes at the same moment, not when its 15-minute lease lapses
+    assert token not in {s.token for s in semaphore.read().slots}
+    assert count(broker, "done", "busy") == 0
+    open_gate(broker, "busy")
     wait_until(lambda: count(broker, "started", "parked") == 1, "the parked task to run")
     assert count(broker, "started", "victim") == 0
     open_gate(broker, "parked")

@@ -43,7 +43,7 @@ from typing import Any, ClassVar, Final
 
 from celery import Task, shared_task
 from celery.exceptions import Reject, Retry
-from celery.signals import task_revoked
+from celery.signals import task_revoked, worker_init, worker_ready
 
 from ..concurrency import _job as _concurrency
 from ..errors import ConfigurationError
@@ -357,6 +357,39 @@ def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
         # the concurrency key comes from the arguments, as on a worker that runs the task
         args, kwargs = getattr(request, "args", None) or (), getattr(request, "kwargs", None) or {}
         _concurrency.free(job, ticket.token, tuple(args), dict(kwargs))
+
+
+# worker_ready too: a worker may import this module only while worker_init is being sent
+@worker_ready.connect  # type: ignore[untyped-decorator]
+@worker_init.connect  # type: ignore[untyped-decorator]
+def _free_at_revoke(**_: Any) -> None:
+    """In a worker: a ``revoke`` frees the locks of the tasks it names that this worker holds, at once.
+
+    Celery itself drops a revoked task it has received but not started only
+    when it next looks at it: when a pool child is free for it (after the work
+    queued ahead of it), or at its eta. This wraps the worker's ``revoke``
+    control command so that such a task's lock and concurrency slot go as the
+    command arrives, through the same handler as Celery's own ``task_revoked``
+    (which still comes later, and then finds nothing of its token to release).
+    """
+    from celery.worker import control
+    from celery.worker import state as worker_state
+
+    handlers = control.Panel.data  # the very dict the worker's control mailbox dispatches from
+    revoke = handlers["revoke"]
+    if getattr(revoke, "uniqjob_frees_locks", False):
+        return
+
+    def revoke_and_free(state: Any, task_id: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = revoke(state, task_id, *args, **kwargs)
+        ids = set(task_id) if isinstance(task_id, list | tuple | set) else {task_id}
+        for request in list(worker_state.reserved_requests):
+            if request.id in ids and request not in worker_state.active_requests:
+                _on_revoked(sender=request.task, request=request._context)
+        return reply
+
+    setattr(revoke_and_free, "uniqjob_frees_locks", True)  # noqa: B010 - a marker on a function
+    handlers["revoke"] = revoke_and_free
 
 
 @shared_task(name=ENQUEUE_LATER, ignore_result=True)  # type: ignore[untyped-decorator]
