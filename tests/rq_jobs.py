@@ -94,6 +94,18 @@ class UntilExpired(Gate):
     unique_lock_autoexpire = 3.0
 
 
+class Timed(UniqueJob):
+    """A job with a parameter of the name of an RQ option: ``timeout``."""
+
+    unique_queue = queue
+
+    def perform(self, name: str, timeout: float) -> float:
+        r = client()
+        job_started(r, name)
+        job_done(r, name)
+        return timeout
+
+
 class Inline(UniqueJob):
     """On a queue in RQ's sync mode: enqueue runs it at once, in the caller's process."""
 
