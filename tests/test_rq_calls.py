@@ -85,7 +85,7 @@ def test_a_rescheduled_duplicate_costs_one_delayed_job_however_long_the_first_ru
     assert len(seen) == 2, seen
     fetched = [queue.queue.fetch_job(i) for i in sorted(seen)]
     tries = [(j.number_of_retries or 0) if j is not None else 0 for j in fetched]
-    assert min(tries) >= 2, tries  # each tried again and again meanwhile, as one job
+    assert min(tries) >= 1, tries  # each tried again meanwhile, as the same job
     assert count(redis_client, "started", "long") == 1
     open_gate(redis_client, "long")
     # each duplicate gets through once the key is free: one, then (rescheduled once more) the other
