@@ -13,8 +13,10 @@ lock's key and token travel in a message header; the worker rebuilds the lock
 from it and runs the task under it. ``self.retry()`` keeps the lock, and a
 concurrency slot (both are put back to waiting before the retry is
 published); success, final failure and ``revoke`` (or ``expires``) release
-them. An ``acks_late`` task redelivered after a worker crash carries the same
-token and re-takes its own lock.
+them (a revoke at once, on a worker that already holds the message). An
+``acks_late`` task redelivered after a worker crash (and, with
+``reject_on_worker_lost=True``, after its pool child alone died) carries the
+same token and re-takes its own lock.
 
 The ``unique_*`` and ``concurrency_*`` settings are given as task options
 (``@app.task(base=UniqueTask, unique_on_conflict="raise")``) or class
