@@ -24,6 +24,7 @@ from .joblock import JobLock, current_lock
 from .stores.base import Backend
 
 if _typing.TYPE_CHECKING:
+    from . import ops as ops  # a submodule reached through __getattr__
     from .functions import unique
     from .stores.file import FileBackend
     from .stores.memory import MemoryBackend
