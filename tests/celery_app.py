@@ -70,6 +70,12 @@ def late_gate(name: str) -> str:
     return _gated(name)
 
 
+@unique_task(acks_late=True, reject_on_worker_lost=True, unique_run_lease=5.0)
+def requeued_gate(name: str) -> str:
+    """Like late_gate, and put back in the queue if its pool child dies: run again by the same worker."""
+    return _gated(name)
+
+
 @unique_task(bind=True, max_retries=2, unique_run_lease=2.0)
 def flaky(self: UniqueTask, name: str, failures: int, gated: bool = True) -> int:
     """Retries (a second later) its first ``failures`` attempts; gives up after two retries."""
@@ -99,6 +105,23 @@ def one_at_a_time(name: str) -> str:
 def pair(name: str) -> str:
     """Two concurrency slots for the task (15 minutes' lease each): the others park."""
     return _gated(name)
+
+
+@unique_task(unique_strategy="until_expired", unique_lock_autoexpire=3)
+def once_a_while(name: str) -> str:
+    """Locked from delay() until 3 s later, however soon it ran."""
+    return _gated(name)
+
+
+def order_of(order_id: int, step: str) -> str:
+    """A plain function as a task's concurrency key: one semaphore per order."""
+    return f"order-{order_id}"
+
+
+@unique_task(concurrency_limit=1, concurrency_key=order_of, concurrency_on_conflict="discard")
+def order_step(order_id: int, step: str) -> str:
+    """One step per order at a time, whatever the step; the others are dropped."""
+    return f"{step} of {order_id}"
 
 
 @unique_task(unique_lock_autoexpire=10)

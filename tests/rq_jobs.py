@@ -69,6 +69,43 @@ class Rescheduled(Gate):
     unique_reschedule_delay = 1.0
 
 
+class UntilExecuting(Gate):
+    """Locked from enqueue until perform starts."""
+
+    unique_strategy = "until_executing"
+
+
+class WhileExecuting(Gate):
+    """Locked only while perform runs: duplicates queue, and are dropped if they start meanwhile."""
+
+    unique_strategy = "while_executing"
+
+
+class UntilAndWhileExecuting(Gate):
+    """Locked while queued, then (swapped at start) while perform runs."""
+
+    unique_strategy = "until_and_while_executing"
+
+
+class UntilExpired(Gate):
+    """Locked from enqueue until its autoexpire passes, however soon it ran."""
+
+    unique_strategy = "until_expired"
+    unique_lock_autoexpire = 3.0
+
+
+class Timed(UniqueJob):
+    """A job with a parameter of the name of an RQ option: ``timeout``."""
+
+    unique_queue = queue
+
+    def perform(self, name: str, timeout: float) -> float:
+        r = client()
+        job_started(r, name)
+        job_done(r, name)
+        return timeout
+
+
 class Inline(UniqueJob):
     """On a queue in RQ's sync mode: enqueue runs it at once, in the caller's process."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -34,8 +35,11 @@ from tests.celery_app import (
     flaky,
     gate,
     late_gate,
+    once_a_while,
     one_at_a_time,
+    order_step,
     pair,
+    requeued_gate,
     rescheduled,
 )
 from tests.integration_workers import NODE_VAR, REPO, URL_VAR, Workers, count, open_gate, wait_until
@@ -68,10 +72,10 @@ def workers(broker: redis.Redis, tmp_path: Path) -> Iterator[Workers]:
     pool.close()
 
 
-def start_worker(workers: Workers, name: str = "celery", **env: str) -> None:
+def start_worker(workers: Workers, name: str = "celery", queue: str = QUEUE, **env: str) -> None:
     """A ``celery worker``: one prefork child, so its main process stays free for control commands."""
     argv = [sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker", "-P", "prefork", "-c", "1"]
-    argv += ["--prefetch-multiplier", "1", "-Q", QUEUE, "-n", f"{name}-{uuid.uuid4().hex[:8]}@%h"]
+    argv += ["--prefetch-multiplier", "1", "-Q", queue, "-n", f"{name}-{uuid.uuid4().hex[:8]}@%h"]
     argv += ["--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO"]
     workers.start(name, argv, **env)
 
@@ -105,6 +109,42 @@ def test_duplicates_while_a_task_runs_run_once(workers: Workers, broker: redis.R
     assert gate.delay("h") is None
     open_gate(broker, "h")
     wait_until(lambda: not gate.is_locked("h"), "its lock to go")
+
+
+def test_a_duplicate_sent_by_name_is_dropped_and_logged_like_any_other(
+    workers: Workers, broker: redis.Redis
+) -> None:
+    start_worker(workers, "first")
+    gate.delay("n")
+    wait_until(lambda: count(broker, "started", "n") == 1, "the task to start")
+    start_worker(workers, "second", queue="uniqjob-test-2")  # takes the duplicate while the first runs
+    # no uniqjob header: locked by its arguments
+    app.send_task("tests.celery_app.gate", ("n",), queue="uniqjob-test-2")
+    wait_until(lambda: "succeeded" in workers.log("second"), "the second worker to drop the duplicate")
+    log = workers.log("second")
+    assert "tests.celery_app.gate dropped: " in log and "is already locked" in log
+    assert "ERROR" not in log and "Traceback" not in log and "JobNotUnique" not in log
+    assert count(broker, "started", "n") == 1
+    assert gate.is_locked("n")  # the first run's lock is untouched
+    open_gate(broker, "n")
+    wait_until(lambda: not gate.is_locked("n"), "its lock to go")
+
+
+def test_until_expired_holds_after_the_task_ran_until_autoexpire(
+    workers: Workers, broker: redis.Redis
+) -> None:
+    open_gate(broker, "x")  # the task ends as soon as it starts
+    start_worker(workers)
+    assert once_a_while.delay("x") is not None
+    sent = time.monotonic()
+    wait_until(lambda: count(broker, "done", "x") == 1, "the task to run")
+    while time.monotonic() - sent < 2.5:
+        assert once_a_while.is_locked("x") and once_a_while.delay("x") is None
+        time.sleep(0.1)
+    wait_until(lambda: not once_a_while.is_locked("x"), "the lock to expire", timeout=5)
+    assert time.monotonic() - sent >= 2.9
+    assert once_a_while.delay("x") is not None
+    wait_until(lambda: count(broker, "done", "x") == 2, "the next period's task to run")
 
 
 def test_killed_worker_is_reclaimed_at_once_on_its_host(workers: Workers, broker: redis.Redis) -> None:
@@ -152,6 +192,36 @@ def test_acks_late_redelivery_after_a_crash_readopts_its_lock(workers: Workers, 
     assert list(uniqjob.default_backend().scan()) == []  # nothing stale left
 
 
+@pytest.mark.parametrize("task", [late_gate, requeued_gate], ids=["acks_late", "reject_on_worker_lost"])
+def test_a_killed_pool_child_is_run_again_only_with_reject_on_worker_lost(
+    workers: Workers, broker: redis.Redis, task: Any
+) -> None:
+    start_worker(workers)
+    task.delay("c")
+    wait_until(lambda: count(broker, "started", "c") == 1, "the task to start")
+    token = state(task, "c").run.token  # type: ignore[union-attr]
+    os.kill(int(broker.lrange("pids:c", 0, 0)[0]), signal.SIGKILL)  # the pool child only
+    wait_until(lambda: "WorkerLostError" in workers.log("celery"), "the worker to see its child die")
+    if task is late_gate:
+        # acks_late alone: the worker fails the task and acknowledges it; nothing runs it again
+        wait_until(lambda: broker.hlen("unacked") == 0, "the message to be acknowledged")
+        assert count(broker, "started", "c") == 1
+        assert not task.is_locked("c")  # its holder is dead: the next call reclaims the lock at once
+        assert task.delay("c") is not None
+        wait_until(lambda: count(broker, "started", "c") == 2, "the new call to run")
+    else:
+        # the message goes back to the queue: the new pool child runs it, under its own lock
+        wait_until(lambda: count(broker, "started", "c") == 2, "the message to be delivered again")
+        again = state(task, "c")
+        assert again.queue is not None and again.run is not None
+        assert again.queue.token == again.run.token == token and again.queue.state == "running"
+        assert task.delay("c") is None
+    open_gate(broker, "c")
+    wait_until(lambda: count(broker, "done", "c") == 1, "the second run to finish")
+    wait_until(lambda: not task.is_locked("c"), "its lock to go")
+    assert list(uniqjob.default_backend().scan()) == []
+
+
 def test_retries_keep_the_lock_until_the_last_attempt(workers: Workers, broker: redis.Redis) -> None:
     start_worker(workers)
     result = flaky.delay("f", 1)
@@ -188,14 +258,15 @@ def test_revoke_releases_the_lock_and_the_concurrency_slot(workers: Workers, bro
     assert victim is not None and pair.is_locked("victim")
     token = state(pair, "victim").queue.token  # type: ignore[union-attr]
     assert isinstance(pair.delay("parked"), Parked)  # both slots are taken
+    wait_until(lambda: broker.llen(QUEUE) == 0, "the worker to receive the task, behind the busy one")
     app.control.revoke(victim.id)
-    open_gate(broker, "busy")
-    wait_until(lambda: not pair.is_locked("victim"), "the revoked task's lock to go")
+    # at once, while the worker is still busy with the task ahead of it
+    wait_until(lambda: not pair.is_locked("victim"), "the revoked task's lock to go", timeout=5)
     semaphore = pair.unique_job.semaphore("victim")
-    # its slot goes at once, not when its 15-minute lease lapses
-    wait_until(
-        lambda: token not in {s.token for s in semaphore.read().slots}, "the revoked task's slot to go"
-    )
+    # its slot goes at the same moment, not when its 15-minute lease lapses
+    assert token not in {s.token for s in semaphore.read().slots}
+    assert count(broker, "done", "busy") == 0
+    open_gate(broker, "busy")
     wait_until(lambda: count(broker, "started", "parked") == 1, "the parked task to run")
     assert count(broker, "started", "victim") == 0
     open_gate(broker, "parked")
@@ -385,6 +456,15 @@ def test_bad_task_settings_fail_when_the_task_is_made(broker: redis.Redis) -> No
     with pytest.raises(ConfigurationError, match="a UniqueTask's queue is Celery"):
         make(unique_queue=None)
     assert make(bind=False, unique_args=("account_id",))
+
+
+def test_a_plain_function_as_the_concurrency_key_option(broker: redis.Redis) -> None:
+    job = order_step.unique_job
+    assert job.semaphore(7, "charge").key == job.semaphore(7, "ship").key != job.semaphore(8, "charge").key
+    assert job.semaphore(7, "charge").key.endswith(":order-7")
+    assert order_step.delay(7, "charge") is not None
+    assert order_step.delay(7, "ship") is None  # another step of order 7: its one slot is taken
+    assert order_step.delay(8, "charge") is not None
 
 
 def test_a_bound_task_keys_on_its_arguments_not_on_self() -> None:

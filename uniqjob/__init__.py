@@ -4,10 +4,9 @@ Mix :class:`UniqueJob` into a job class; each call's lock key comes from the
 class and its arguments. See the README for the guarantees.
 """
 
-from __future__ import annotations
+import typing as _typing
 
-from typing import TYPE_CHECKING, Any
-
+from . import _syspath  # noqa: F401  first: see its docstring
 from .concurrency import Parked
 from .config import backend_from_url, configure, default_backend
 from .errors import (
@@ -24,7 +23,8 @@ from .job import Queue, UniqueJob
 from .joblock import JobLock, current_lock
 from .stores.base import Backend
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
+    from . import ops as ops  # a submodule reached through __getattr__
     from .functions import unique
     from .stores.file import FileBackend
     from .stores.memory import MemoryBackend
@@ -69,7 +69,7 @@ _LAZY = {
 _SUBMODULES = ("inspect", "ops")
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     from importlib import import_module
 
     if name in _SUBMODULES:
@@ -79,3 +79,8 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'uniqjob' has no attribute {name!r}")
     return getattr(import_module(module, __name__), name)
+
+
+def __dir__() -> list[str]:
+    """The public API (``__all__``) and the module's dunder names; not its submodules or helpers."""
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__") and name.endswith("__"))})

@@ -13,8 +13,10 @@ lock's key and token travel in a message header; the worker rebuilds the lock
 from it and runs the task under it. ``self.retry()`` keeps the lock, and a
 concurrency slot (both are put back to waiting before the retry is
 published); success, final failure and ``revoke`` (or ``expires``) release
-them. An ``acks_late`` task redelivered after a worker crash carries the same
-token and re-takes its own lock.
+them (a revoke at once, on a worker that already holds the message). An
+``acks_late`` task redelivered after a worker crash (and, with
+``reject_on_worker_lost=True``, after its pool child alone died) carries the
+same token and re-takes its own lock.
 
 The ``unique_*`` and ``concurrency_*`` settings are given as task options
 (``@app.task(base=UniqueTask, unique_on_conflict="raise")``) or class
@@ -43,10 +45,11 @@ from typing import Any, ClassVar, Final
 
 from celery import Task, shared_task
 from celery.exceptions import Reject, Retry
-from celery.signals import task_revoked
+from celery.signals import task_revoked, worker_init, worker_ready
 
 from ..concurrency import _job as _concurrency
 from ..errors import ConfigurationError
+from ..functions import _CALLABLES
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
 from . import HEADER, KEEP, Decision, Ticket, perform, settle
@@ -236,9 +239,12 @@ class UniqueTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         try:
             data = (request.headers or {}).get(HEADER)
             if data is None:
-                # Published around uniqjob (send_task by name, another client): lock by its arguments.
-                with self.unique_job.around_perform(*args, **kwargs):
-                    return self.run(*args, **kwargs)
+                # Published around uniqjob (send_task by name, another client): locked by its
+                # arguments, taking over a queued lock of any token; a duplicate goes the way
+                # of any conflict at execution time (the policy: logged at INFO by default).
+                adopting = self.unique_job.lock(*args, **kwargs)
+                adopting.adopt = True
+                return self.unique_job.execute(adopting, args, kwargs)
             ticket = Ticket.load(data, f"task {self.name}[{request.id}]")
             lock = self.unique_job.lock_from(ticket.key, ticket.token)
             lock.meta = replace(lock.meta, job_id=request.id or "")
@@ -264,7 +270,7 @@ def _job_for(task_cls: type[UniqueTask]) -> type[TaskJob]:
         if klass in UniqueTask.__mro__:
             continue
         namespace.update(
-            (name, value)
+            (name, _setting(klass, name, value))
             for name, value in vars(klass).items()
             if name.startswith(_SETTING_PREFIXES) and name not in _BASE_NAMES
         )
@@ -284,6 +290,19 @@ def _job_for(task_cls: type[UniqueTask]) -> type[TaskJob]:
         unique_queue=CeleryQueue(task_cls),
     )
     return type(task_cls.__name__, (TaskJob,), namespace)
+
+
+def _setting(klass: type, name: str, value: Any) -> Any:
+    """A setting as the task's UniqueJob holds it: a plain function given as a task option, a staticmethod.
+
+    (``@app.task(concurrency_key=order_of)`` puts ``order_of`` on the task class as
+    a plain function, which the job class would otherwise bind to itself.) A
+    function defined in the task class's own body is left as written.
+    """
+    in_body = inspect.isfunction(value) and value.__qualname__.startswith(f"{klass.__qualname__}.")
+    if name in _CALLABLES and inspect.isfunction(value) and not in_body:
+        return staticmethod(value)
+    return value
 
 
 def _decide(request: Any, exc: BaseException | None, result: Any) -> Decision:
@@ -340,6 +359,39 @@ def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
         # the concurrency key comes from the arguments, as on a worker that runs the task
         args, kwargs = getattr(request, "args", None) or (), getattr(request, "kwargs", None) or {}
         _concurrency.free(job, ticket.token, tuple(args), dict(kwargs))
+
+
+# worker_ready too: a worker may import this module only while worker_init is being sent
+@worker_ready.connect  # type: ignore[untyped-decorator]
+@worker_init.connect  # type: ignore[untyped-decorator]
+def _free_at_revoke(**_: Any) -> None:
+    """In a worker: a ``revoke`` frees the locks of the tasks it names that this worker holds, at once.
+
+    Celery itself drops a revoked task it has received but not started only
+    when it next looks at it: when a pool child is free for it (after the work
+    queued ahead of it), or at its eta. This wraps the worker's ``revoke``
+    control command so that such a task's lock and concurrency slot go as the
+    command arrives, through the same handler as Celery's own ``task_revoked``
+    (which still comes later, and then finds nothing of its token to release).
+    """
+    from celery.worker import control
+    from celery.worker import state as worker_state
+
+    handlers = control.Panel.data  # the very dict the worker's control mailbox dispatches from
+    revoke = handlers["revoke"]
+    if getattr(revoke, "uniqjob_frees_locks", False):
+        return
+
+    def revoke_and_free(state: Any, task_id: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = revoke(state, task_id, *args, **kwargs)
+        ids = set(task_id) if isinstance(task_id, list | tuple | set) else {task_id}
+        for request in list(worker_state.reserved_requests):
+            if request.id in ids and request not in worker_state.active_requests:
+                _on_revoked(sender=request.task, request=request._context)
+        return reply
+
+    setattr(revoke_and_free, "uniqjob_frees_locks", True)  # noqa: B010 - a marker on a function
+    handlers["revoke"] = revoke_and_free
 
 
 @shared_task(name=ENQUEUE_LATER, ignore_result=True)  # type: ignore[untyped-decorator]

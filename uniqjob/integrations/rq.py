@@ -17,15 +17,22 @@ means to retry it, the lock stays held, ``queued``. The queue lock records the
 RQ job id, and :meth:`RQQueue.job_gone` lets the next enqueue reclaim a lock
 whose job RQ no longer has (deleted, cancelled, emptied from its queue,
 expired, failed or stopped).
+
+RQ options for one job, apart from the job's own arguments, go through
+:func:`enqueue_call`, as they do through RQ's ``Queue.enqueue_call``::
+
+    enqueue_call(SendReport, args=(42,), timeout=600, at_front=True, job_id="report-42")
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -39,7 +46,7 @@ from ..job import Queue, UniqueJob
 from ..joblock import JobLock
 from . import HEADER, Ticket, job_ref, perform, resolve_job
 
-__all__ = ["RQQueue", "enqueue_again", "run_job"]
+__all__ = ["RQQueue", "enqueue_again", "enqueue_call", "run_job"]
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +68,49 @@ OPTIONS = frozenset(
     }
 )
 
+#: What :func:`enqueue_call` takes besides :data:`OPTIONS`: the RQ job id of this one job.
+CALL_OPTIONS = OPTIONS | {"job_id"}
+
 # Statuses after which RQ never runs a job again without someone requeuing it by hand.
 _GONE = frozenset({"finished", "failed", "stopped", "canceled"})
+
+# RQ 2.1+ runs a job again when it returns a Retry (and added Retry.get_interval with it).
+_RETURNED_RETRY = hasattr(Retry, "get_interval")
+
+
+@dataclass
+class _Call:
+    """One call of a job class, in the context of its :func:`enqueue_call` or :func:`enqueue_again`."""
+
+    job: type[UniqueJob]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    options: dict[str, Any] = field(default_factory=dict)
+    used: bool = False  # its push happened: any later push in the context is another call's
+    again: bool = False  # enqueue_again's call: rescheduled again, it runs its own job again
+    again_in: float | None = None  # ... in this many seconds
+
+    def matches(self, job_cls: type[UniqueJob], args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+        """True if this is the call being pushed (not, say, a parked call promoted meanwhile)."""
+        return not self.used and job_cls is self.job and tuple(args) == self.args and kwargs == self.kwargs
+
+
+_calls: ContextVar[_Call | None] = ContextVar("uniqjob_rq_call", default=None)
+
+
+def _check_options(options: dict[str, Any], known: frozenset[str], where: str) -> None:
+    """ConfigurationError for an option RQ jobs of an RQQueue do not take, or a malformed one."""
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigurationError(
+            f"{where} does not take {', '.join(unknown)} (it takes: {', '.join(sorted(known))})"
+        )
+    retry = options.get("retry")
+    if retry is not None and not isinstance(retry, Retry):
+        raise ConfigurationError(f"{where} retry must be an rq.Retry, got {retry!r}")
+    job_id = options.get("job_id")
+    if job_id is not None and not (isinstance(job_id, str) and job_id):
+        raise ConfigurationError(f"{where} job_id must be a non-empty string, got {job_id!r}")
 
 
 class RQQueue(Queue):
@@ -75,15 +123,9 @@ class RQQueue(Queue):
     """
 
     def __init__(self, queue: RQ | Callable[[], RQ], **options: Any) -> None:
-        unknown = sorted(set(options) - OPTIONS)
-        if unknown:
-            known = ", ".join(sorted(OPTIONS))
-            raise ConfigurationError(f"RQQueue does not take {', '.join(unknown)} (it takes: {known})")
+        _check_options(options, OPTIONS, "RQQueue")
         if not (isinstance(queue, RQ) or callable(queue)):
             raise ConfigurationError(f"RQQueue needs an rq.Queue or a function returning one, got {queue!r}")
-        retry = options.get("retry")
-        if retry is not None and not isinstance(retry, Retry):
-            raise ConfigurationError(f"RQQueue retry must be an rq.Retry, got {retry!r}")
         self.options = options
         self._source = queue
         self._queue = queue if isinstance(queue, RQ) else None
@@ -113,9 +155,20 @@ class RQQueue(Queue):
     def push(
         self, job_cls: type[UniqueJob], lock: JobLock, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Job:
-        """Enqueue the job into RQ, with its lock's key and token in the job's meta."""
+        """Enqueue the job into RQ, with its lock's key and token in the job's meta.
+
+        Inside :func:`enqueue_call`, that call's options override the queue's
+        (a ``job_id`` given there becomes the lock's job id).
+        """
         ticket = Ticket(lock.key, lock.token, job_ref(job_cls))
         options = dict(self.options)
+        call = _calls.get()
+        if call is not None and call.matches(job_cls, args, kwargs):
+            call.used = True
+            options.update(call.options)
+            job_id = options.pop("job_id", None)
+            if job_id is not None:
+                lock.meta = replace(lock.meta, job_id=job_id)  # recorded in the lock once pushed
         at_front = bool(options.pop("at_front", False))
         return self.queue.enqueue_call(
             run_job,
@@ -130,17 +183,25 @@ class RQQueue(Queue):
 
     def push_later(
         self, job_cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any], delay: float
-    ) -> Job:
+    ) -> Job | None:
         """Have a worker call ``job_cls.enqueue(*args, **kwargs)`` in ``delay`` seconds (RQ's scheduler).
 
         The scheduler runs inside workers started with ``rq worker --with-scheduler``.
+        A call that :func:`enqueue_again` is trying again and finds still locked
+        gets no second job: that job itself runs again in ``delay`` seconds (RQ
+        2.1+), so a duplicate costs one delayed job, however long the first runs.
+        Its result is not kept (``result_ttl=0``).
         """
+        again = _calls.get()
+        if _RETURNED_RETRY and again is not None and again.again and again.matches(job_cls, args, kwargs):
+            again.again_in = delay
+            return get_current_job()
         call = (job_ref(job_cls), list(args), dict(kwargs))
         description = f"uniqjob: enqueue {job_cls.job_name()} again"
         if delay <= 0:
-            return self.queue.enqueue_call(enqueue_again, args=call, description=description)
+            return self.queue.enqueue_call(enqueue_again, args=call, description=description, result_ttl=0)
         return self.queue.enqueue_in(
-            timedelta(seconds=delay), enqueue_again, args=call, description=description
+            timedelta(seconds=delay), enqueue_again, args=call, description=description, result_ttl=0
         )
 
     def job_gone(self, job_id: str) -> bool:
@@ -174,9 +235,49 @@ def run_job(*args: Any, **kwargs: Any) -> Any:
     return perform(job_cls, lock, args, kwargs, lambda exc, result: retry_delay(job, exc, result))
 
 
-def enqueue_again(ref: str, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
-    """A rescheduled call's second try (policy "reschedule"); returns the new RQ job id, None if dropped."""
-    job = resolve_job(ref).enqueue(*args, **kwargs)
+def enqueue_call(
+    job_cls: type[UniqueJob],
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """``job_cls.enqueue(*args, **kwargs)`` with RQ options for this one job; returns what enqueue returns.
+
+    ``options`` are those of :class:`RQQueue` (:data:`OPTIONS`: ``timeout``,
+    ``at_front``, ``retry``, ...) plus ``job_id``, and override the queue's
+    for this job only; the job's own arguments are ``args`` and ``kwargs``,
+    so a job may well have a parameter named ``timeout``. A call that parks
+    behind a concurrency limit is pushed, when its turn comes, with the
+    queue's options.
+    """
+    queue = job_cls.unique_queue
+    if not isinstance(queue, RQQueue):
+        raise ConfigurationError(f"{job_cls.job_name()}.unique_queue is {queue!r}, not an RQQueue")
+    _check_options(options, CALL_OPTIONS, "enqueue_call")
+    kwargs = dict(kwargs or {})
+    reset = _calls.set(_Call(job_cls, tuple(args), kwargs, options))
+    try:
+        return job_cls.enqueue(*args, **kwargs)
+    finally:
+        _calls.reset(reset)
+
+
+def enqueue_again(ref: str, args: Sequence[Any], kwargs: dict[str, Any]) -> str | Retry | None:
+    """A rescheduled call's next try (policy "reschedule"): the new RQ job id, None if dropped.
+
+    Still locked, and rescheduled again: a ``Retry`` that has RQ run this
+    same job again after ``unique_reschedule_delay`` (RQ 2.1+).
+    """
+    job_cls = resolve_job(ref)
+    again = _Call(job_cls, tuple(args), dict(kwargs), again=True)
+    reset = _calls.set(again)
+    try:
+        job = job_cls.enqueue(*args, **kwargs)
+    finally:
+        _calls.reset(reset)
+    if again.again_in is not None:
+        # as many tries as it takes: the first job may run for hours
+        return Retry(max=2**31, interval=math.ceil(again.again_in))
     return job.id if isinstance(job, Job) else None
 
 
