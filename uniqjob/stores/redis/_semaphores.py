@@ -49,6 +49,7 @@ from ..semaphores import (
     encode_holder,
 )
 from . import _semaphore_lua as lua
+from ._client import is_client_error, is_response_error, key_of, match, names, scan_pages, where
 from ._prelude import CORRUPT
 from ._transport import Lanes, Scripts
 
@@ -79,18 +80,6 @@ def _text(value: Any) -> str:
 
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
-
-
-def _where(client: Any) -> str:
-    """The server a client talks to, for messages; never raises, whatever the client is."""
-    try:
-        kwargs = client.connection_pool.connection_kwargs
-        return str(kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}")
-    except Exception:  # a cluster client, a valkey client, a stand-in: no pool to describe
-        try:
-            return repr(client)
-        except Exception:
-            return type(client).__name__
 
 
 def _promotions(flat: Sequence[Any]) -> tuple[Promotion, ...]:
@@ -177,6 +166,7 @@ class RedisSemaphores(SemaphoreStore):
     ) -> None:
         self.client = client
         self.namespace = namespace
+        self._prefix = f"{namespace}:c:"
         self._scripts = Scripts(client, lanes)
         register = client.register_script
         self._acquire = register(lua.ACQUIRE)
@@ -192,17 +182,16 @@ class RedisSemaphores(SemaphoreStore):
         self._read = register(lua.READ)
 
     def __repr__(self) -> str:
-        return f"RedisSemaphores({_where(self.client)!r}, namespace={self.namespace!r})"
+        return f"RedisSemaphores({where(self.client)}, namespace={self.namespace!r})"
 
     def _keys(self, key: str) -> list[str]:
-        base = f"{self.namespace}:c:{{{key}}}:"
-        return [base + part for part in _PARTS]
+        return names(self._prefix, key, _PARTS)
 
     def _failed(self, exc: Exception) -> BackendError:
         """Any exception from the client, as the BackendError that callers are promised."""
         if isinstance(exc, BackendError):
             return exc
-        what = str(exc) if isinstance(exc, redis.RedisError) else f"{type(exc).__name__}: {exc}"
+        what = str(exc) if is_client_error(exc) else f"{type(exc).__name__}: {exc}"
         return BackendError(f"{what} ({self!r})", self.name)
 
     def _call(self, fn: Callable[[], T]) -> T:
@@ -214,7 +203,7 @@ class RedisSemaphores(SemaphoreStore):
     def _corrupt(self, key: str, part: int, reason: str) -> CorruptRecordError:
         return CorruptRecordError(self._keys(key)[part], reason, key=key, backend=self.name)
 
-    def _explain(self, key: str, exc: redis.ResponseError) -> BackendError:
+    def _explain(self, key: str, exc: Exception) -> BackendError:
         """A script's error: a corrupt record by name if a record caused it, else a BackendError."""
         message = str(exc)
         if message.startswith(CORRUPT):  # halt() in _prelude: the part, a space, the reason, a tab
@@ -254,10 +243,8 @@ class RedisSemaphores(SemaphoreStore):
     def _eval(self, script: Script, key: str, args: Sequence[Any]) -> Any:
         try:
             return self._scripts.call(script, len(_PARTS), [*self._keys(key), *args])
-        except redis.ResponseError as exc:
-            raise self._explain(key, exc) from exc
-        except Exception as exc:
-            raise self._failed(exc) from exc
+        except Exception as exc:  # an error reply of redis-py's or valkey-py's may name a record
+            raise (self._explain(key, exc) if is_response_error(exc) else self._failed(exc)) from exc
 
     def acquire(
         self,
@@ -389,13 +376,16 @@ class RedisSemaphores(SemaphoreStore):
         )
 
     def scan(self) -> Iterator[str]:
-        head = len(self.namespace) + 4  # "<namespace>:c:{"
-        tail = len("}:meta")
-        match = f"{self.namespace}:c:{{*}}:meta"
-        cursor: int = 0
+        # Every primary of a cluster, a page at a time; a key is listed once, however often it is met.
+        prefix = self._prefix
+        pages = self._call(partial(scan_pages, self.client, match(prefix, "meta"), 1000))
+        seen: set[str] = set()
         while True:
-            cursor, page = self._call(partial(self.client.scan, cursor, match=match, count=1000))
-            for name in page:
-                yield _text(name)[head:-tail]
-            if int(cursor) == 0:
+            page = self._call(partial(next, pages, None))
+            if page is None:
                 return
+            for name in page:
+                key = key_of(prefix, name, "meta")
+                if key is not None and key not in seen:
+                    seen.add(key)
+                    yield key

@@ -18,7 +18,6 @@ the cause chained; a record of the wrong shape or type as
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -32,6 +31,7 @@ from ...locks import QUEUED, RUNNING, Holder, LockState, Parts, QueueMeta, Queue
 from ..base import Backend, QueueMode
 from ..semaphores import SemaphoreStore
 from . import _lua as lua
+from ._client import is_client_error, key_of, match, names, scan_pages, where
 from ._semaphores import RedisSemaphores
 from ._transport import Scripts
 from ._url import redis_client_from_url
@@ -43,6 +43,7 @@ T = TypeVar("T")
 _QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k"}
 _QUIET = (b"Q", "Q")  # the mark of a snapshot that need not be read: see _lua's snapshot()
 _SCAN_PAGE = 1000
+_PARTS = ("q", "r", "f")  # queue lock, run lock, last fence
 
 
 # The C scanner itself: JSONDecoder.decode adds two Python calls and a regex for whitespace.
@@ -136,23 +137,6 @@ def _run_record(fields: list[Any], ttl: int) -> RunRecord:
     )
 
 
-def _where(client: Any) -> str:
-    """Where ``client`` talks to, for messages: never raises, whatever kind of client it is."""
-    try:
-        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
-        if isinstance(kwargs, dict):
-            where = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
-            return f"{where!r}, db={kwargs.get('db', 0)}"
-        get_nodes = getattr(client, "get_nodes", None)  # RedisCluster: no one pool
-        if callable(get_nodes):
-            names = [str(getattr(node, "name", node)) for node in itertools.islice(get_nodes(), 4)]
-            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-            return f"cluster [{shown}]"
-    except Exception:  # a description must not fail the call it describes
-        pass
-    return f"a {type(client).__name__} client"
-
-
 class RedisBackend(Backend):
     """Locks in Redis, shared by every host that talks to the same server.
 
@@ -190,7 +174,7 @@ class RedisBackend(Backend):
             client = redis_client_from_url(client, timeout=timeout)
         self.client: redis.Redis = client
         self.namespace = namespace
-        self._prefix = namespace + ":{"
+        self._prefix = namespace + ":"
         self._holder: tuple[Holder | None, list[str]] = (None, [])
         try:
             client.execute_command  # noqa: B018  (not a client at all: a ConfigurationError now)
@@ -208,28 +192,27 @@ class RedisBackend(Backend):
             self._read = self._script(lua.READ)
             self._purge = self._script(lua.PURGE)
         except Exception as exc:
-            raise ConfigurationError(f"cannot use {_where(client)} as a Redis client: {exc!r}") from exc
+            raise ConfigurationError(f"cannot use {where(client)} as a Redis client: {exc!r}") from exc
 
     def semaphores(self) -> SemaphoreStore:
         """A new semaphore store on this server and client, under ``<namespace>:c:``."""
         return RedisSemaphores(self.client, namespace=self.namespace, lanes=self._scripts.lanes)
 
     def __repr__(self) -> str:
-        return f"RedisBackend({_where(self.client)})"
+        return f"RedisBackend({where(self.client)})"
 
     def _script(self, source: str) -> Script:
         return self.client.register_script(source)
 
     def _keys(self, key: str) -> list[str]:
-        base = self._prefix + key
-        return [base + "}:q", base + "}:r", base + "}:f"]
+        return names(self._prefix, key, _PARTS)
 
     def _fail(self, exc: Exception) -> BackendError:
         """The BackendError a caller sees for ``exc``, naming the server (raise it ``from exc``)."""
         if isinstance(exc, BackendError):
             return exc
         text = str(exc) or type(exc).__name__
-        if not isinstance(exc, redis.RedisError):
+        if not is_client_error(exc):
             text = f"{type(exc).__name__}: {text}"  # not the client's own error: say what it was
         return BackendError(f"{text} ({self!r})", self.name)
 
@@ -257,7 +240,7 @@ class RedisBackend(Backend):
 
     def _key_of(self, name: str) -> str:
         """The lock key a Redis key name of this namespace belongs to."""
-        return name[len(self._prefix) : -3]
+        return key_of(self._prefix, name, name[-1:]) or name
 
     def _state(self, key: str, reply: str | bytes) -> LockState:
         """The state a script's snapshot reply describes; the usual duplicate's ("Q"), unread until used."""
@@ -400,25 +383,28 @@ class RedisBackend(Backend):
         return [name for bit, name in ((1, names[0]), (2, names[1])) if gone & bit]
 
     def scan(self) -> Iterator[str]:
-        # By name, never by content: a key whose record is damaged is listed too.
-        head = len(self.namespace) + 2  # "<namespace>:{"
-        match = f"{self.namespace}:{{*}}:[qr]"
-        found = self._call(partial(self.client.scan_iter, match=match, count=_SCAN_PAGE))
+        # By name, never by content: a key whose record is damaged is listed too. Every
+        # primary of a cluster, a page at a time; a key is listed once, however often it is met.
+        prefix = self._prefix
+        pages = self._call(partial(scan_pages, self.client, match(prefix, "[qr]"), _SCAN_PAGE))
+        seen: set[str] = set()
         while True:
-            page = self._call(partial(_take, found, _SCAN_PAGE))
-            if not page:
+            page = self._call(partial(next, pages, None))
+            if page is None:
                 return
-            names = [_text(n) for n in page]
-            queued = {n[:-2] for n in names if n.endswith(":q")}
+            held = [(key, name[-1]) for name in page if (key := key_of(prefix, name, name[-1:])) is not None]
+            queued = {key for key, part in held if part == "q"}
             # A run lock whose queue lock autoexpired is still a held key.
-            lone = [n[:-2] for n in names if n.endswith(":r") and n[:-2] not in queued]
+            lone = [key for key, part in held if part == "r" and key not in queued and key not in seen]
             if lone:
-                exists = self._call(partial(self._exist, [base + ":q" for base in lone]))
-                queued.update(base for base, e in zip(lone, exists, strict=True) if not e)
-            for base in queued:
-                yield base[head:-1]
+                exists = self._call(partial(self._exist, [self._keys(key)[0] for key in lone]))
+                queued.update(key for key, e in zip(lone, exists, strict=True) if not e)
+            for key in queued - seen:
+                seen.add(key)
+                yield key
 
     def _exist(self, names: list[str]) -> list[Any]:
+        # One EXISTS per name: a cluster pipeline sends each to the node of its slot.
         pipe = self.client.pipeline(transaction=False)
         for name in names:
             pipe.exists(name)
@@ -430,10 +416,6 @@ class RedisBackend(Backend):
             self.client.close()
         except Exception as exc:
             raise self._fail(exc) from exc
-
-
-def _take(items: Iterator[T], count: int) -> list[T]:
-    return list(itertools.islice(items, count))
 
 
 def _ms(seconds: float) -> int:
