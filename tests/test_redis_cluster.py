@@ -107,7 +107,7 @@ def test_scan_sees_every_primary(backend: RedisBackend, cluster: Cluster) -> Non
     owners = {cluster.master_of(backend._keys(key)[0]).port for key in keys}
     assert len(owners) == 3  # the keys are spread over all three primaries
     assert sorted(backend.scan()) == sorted(keys)
-    assert sorted(row.key for row in ops.iter_rows(backend)) == sorted(keys)
+    assert sorted(str(row.key) for row in ops.iter_rows(backend)) == sorted(keys)
 
 
 def test_a_lone_run_lock_is_listed_whichever_node_holds_it(backend: RedisBackend, cluster: Cluster) -> None:
@@ -236,8 +236,8 @@ def test_a_killed_master_fails_calls_with_backend_errors_until_its_replica_takes
         call = time.monotonic()
         try:
             state = backend.read(key)
-        except BackendError as exc:
-            errors.append(exc)
+        except BackendError as failed:
+            errors.append(failed)
         else:
             recovered = time.monotonic() - started
             break
@@ -245,9 +245,9 @@ def test_a_killed_master_fails_calls_with_backend_errors_until_its_replica_takes
             assert time.monotonic() - call < 15, "a call hung past its timeouts"
     assert recovered is not None, f"no recovery in 30 s: {errors[-1:]}"
     assert errors, "the failover was never seen"
-    for exc in errors:
-        assert isinstance(exc.__cause__, redis.RedisError | redis.exceptions.RedisClusterException)
-        assert "cluster [" in str(exc) and "None:None" not in str(exc)
+    for error in errors:
+        assert isinstance(error.__cause__, redis.RedisError | redis.exceptions.RedisClusterException)
+        assert "cluster [" in str(error) and "None:None" not in str(error)
     # Whether the lock outlived its master depends on whether it reached the replica first:
     # without replica acknowledgement that is timing, so only the read itself is checked.
     assert state.key == key

@@ -20,11 +20,26 @@ import itertools
 import sys
 import zlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import redis
 
-__all__ = ["is_client_error", "is_response_error", "key_of", "match", "names", "scan_pages", "where"]
+if TYPE_CHECKING:
+    from redis.cluster import RedisCluster
+
+    #: A client the stores take: redis-py's, on one server or a cluster (valkey-py's are alike, untyped).
+    Client: TypeAlias = redis.Redis | RedisCluster
+
+__all__ = [
+    "Client",
+    "is_client_error",
+    "is_response_error",
+    "key_of",
+    "match",
+    "names",
+    "scan_pages",
+    "where",
+]
 
 
 def where(client: Any) -> str:

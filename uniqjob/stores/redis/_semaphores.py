@@ -28,7 +28,7 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
 from redis.commands.core import Script
@@ -52,6 +52,9 @@ from . import _semaphore_lua as lua
 from ._client import is_client_error, is_response_error, key_of, match, names, scan_pages, where
 from ._prelude import CORRUPT
 from ._transport import Lanes, Scripts
+
+if TYPE_CHECKING:
+    from ._client import Client
 
 __all__ = ["RedisSemaphores"]
 
@@ -161,10 +164,8 @@ class RedisSemaphores(SemaphoreStore):
 
     name = "redis"
 
-    def __init__(
-        self, client: redis.Redis, *, namespace: str = "uniqjob", lanes: Lanes | None = None
-    ) -> None:
-        self.client = client
+    def __init__(self, client: Client, *, namespace: str = "uniqjob", lanes: Lanes | None = None) -> None:
+        self.client = cast("redis.Redis", client)  # a cluster client answers the same commands
         self.namespace = namespace
         self._prefix = f"{namespace}:c:"
         self._scripts = Scripts(client, lanes)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
 from redis.commands.core import Script
@@ -35,6 +35,9 @@ from ._client import is_client_error, key_of, match, names, scan_pages, where
 from ._semaphores import RedisSemaphores
 from ._transport import Scripts
 from ._url import redis_client_from_url
+
+if TYPE_CHECKING:
+    from ._client import Client
 
 __all__ = ["RedisBackend"]
 
@@ -155,7 +158,7 @@ class RedisBackend(Backend):
 
     def __init__(
         self,
-        client: redis.Redis | str,
+        client: Client | str,
         *,
         namespace: str = "uniqjob",
         timeout: float = 5.0,
@@ -172,7 +175,8 @@ class RedisBackend(Backend):
         self.replica_timeout = float(replica_timeout)
         if isinstance(client, str):
             client = redis_client_from_url(client, timeout=timeout)
-        self.client: redis.Redis = client
+        # A cluster client answers the same commands (its own way): one type for the code below.
+        self.client = cast("redis.Redis", client)
         self.namespace = namespace
         self._prefix = namespace + ":"
         self._holder: tuple[Holder | None, list[str]] = (None, [])
