@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import redis
 
+from ...errors import BackendError
+
 if TYPE_CHECKING:
     from redis.cluster import RedisCluster
 
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Client",
+    "backend_error",
     "is_client_error",
     "is_response_error",
     "key_of",
@@ -86,6 +89,20 @@ def is_client_error(exc: BaseException) -> bool:
     """Whether ``exc`` is the client library's own error (redis-py's or valkey-py's), not a bug's."""
     # A cluster client's RedisClusterException is no RedisError.
     return isinstance(exc, _classes("RedisError") + _classes("RedisClusterException"))
+
+
+def backend_error(exc: Exception, owner: object, store: str) -> BackendError:
+    """The BackendError a caller of ``owner`` (a store) sees for ``exc``; raise it ``from exc``.
+
+    The client library's own error keeps its text; anything else (a bug in a wire
+    path, a client of an unknown kind) is named by its class too.
+    """
+    if isinstance(exc, BackendError):
+        return exc
+    text = str(exc) or type(exc).__name__
+    if not is_client_error(exc):
+        text = f"{type(exc).__name__}: {text}"
+    return BackendError(f"{text} ({owner!r})", store)
 
 
 def is_response_error(exc: BaseException) -> bool:

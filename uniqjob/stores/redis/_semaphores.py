@@ -49,7 +49,7 @@ from ..semaphores import (
     encode_holder,
 )
 from . import _semaphore_lua as lua
-from ._client import is_client_error, is_response_error, key_of, match, names, scan_pages, where
+from ._client import backend_error, is_response_error, key_of, match, names, scan_pages, where
 from ._prelude import CORRUPT
 from ._transport import Lanes, Scripts
 
@@ -190,10 +190,7 @@ class RedisSemaphores(SemaphoreStore):
 
     def _failed(self, exc: Exception) -> BackendError:
         """Any exception from the client, as the BackendError that callers are promised."""
-        if isinstance(exc, BackendError):
-            return exc
-        what = str(exc) if is_client_error(exc) else f"{type(exc).__name__}: {exc}"
-        return BackendError(f"{what} ({self!r})", self.name)
+        return backend_error(exc, self, self.name)
 
     def _call(self, fn: Callable[[], T]) -> T:
         try:

@@ -31,7 +31,7 @@ from ...locks import QUEUED, RUNNING, Holder, LockState, Parts, QueueMeta, Queue
 from ..base import Backend, QueueMode
 from ..semaphores import SemaphoreStore
 from . import _lua as lua
-from ._client import is_client_error, key_of, match, names, scan_pages, where
+from ._client import backend_error, key_of, match, names, scan_pages, where
 from ._semaphores import RedisSemaphores
 from ._transport import Scripts
 from ._url import redis_client_from_url
@@ -213,12 +213,7 @@ class RedisBackend(Backend):
 
     def _fail(self, exc: Exception) -> BackendError:
         """The BackendError a caller sees for ``exc``, naming the server (raise it ``from exc``)."""
-        if isinstance(exc, BackendError):
-            return exc
-        text = str(exc) or type(exc).__name__
-        if not is_client_error(exc):
-            text = f"{type(exc).__name__}: {text}"  # not the client's own error: say what it was
-        return BackendError(f"{text} ({self!r})", self.name)
+        return backend_error(exc, self, self.name)
 
     def _call(self, fn: Callable[[], T]) -> T:
         try:
