@@ -9,10 +9,12 @@ namespace per test.
 
 Besides the single redis-server, the session starts (on first use) a Redis
 Cluster of 3 masters and 3 replicas, a master + replica behind 3 Sentinels,
-and a Valkey server (tests/support/topologies.py). A store kind made on one
-of them with ``only=CONTRACT`` runs in the contract suites and the CLI tests
-only (:data:`CONTRACT`), not in every test that takes a store: the default run
-stays within CI's time.
+and a Valkey server (tests/support/topologies.py), each a store kind of
+STORES. Those kinds (``only=CONTRACT``) run in the contract suites and the CLI
+tests only (:data:`CONTRACT`), not in every test that takes a store: some
+modules reach a shared store's data through ``redis_client`` (the session's
+redis-server) by hand, and the default run stays short. ``--every-store``
+runs them everywhere.
 """
 
 from __future__ import annotations
@@ -310,6 +312,11 @@ def _isolated_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterat
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--soak", action="store_true", help="run the long fault soak tests (minutes)")
+    parser.addoption(
+        "--every-store",
+        action="store_true",
+        help="run every store kind in every store-parametrized test (else StoreKind.only limits some)",
+    )
 
 
 def _store_kind(item: pytest.Item) -> str | None:
@@ -329,7 +336,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     dropped: list[pytest.Item] = []
     for item in items:
         kind = _store_kind(item)
-        only = STORES[kind].only if kind is not None else None
+        only = STORES[kind].only if kind is not None and not config.getoption("--every-store") else None
         (dropped if only is not None and item.path.name not in only else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)

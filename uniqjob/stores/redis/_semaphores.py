@@ -2,7 +2,7 @@
 
 A key's six structures share the hash tag ``{<key>}`` under ``<namespace>:c:``,
 apart from the uniqueness locks' key space, so every script touches one
-cluster slot::
+cluster slot (a key that starts with ``}`` is named another way: ``_client.names``)::
 
     <ns>:c:{K}:slots    hash   token -> slot (JSON)
     <ns>:c:{K}:parked   list   tokens, oldest first

@@ -4,7 +4,9 @@ Each primitive is one Lua script, so one round trip and one atomic step. The
 scripts read the server's clock (``TIME``), never the client's. The keys of
 one lock key share a hash tag, ``<namespace>:{<key>}:q`` (queue lock),
 ``...:r`` (run lock) and ``...:f`` (its last fence), so every script touches
-one cluster slot. Listing uses ``SCAN``, never ``KEYS``.
+one cluster slot (a key that starts with ``}`` is named another way:
+``_client.names``). Listing uses ``SCAN``, never ``KEYS``, on every primary
+of a cluster.
 
 The scripts are called through ``_transport.Scripts``, on a connection each thread keeps;
 a success is an integer (1, or the fence of a run lock). See
@@ -143,7 +145,9 @@ def _run_record(fields: list[Any], ttl: int) -> RunRecord:
 class RedisBackend(Backend):
     """Locks in Redis, shared by every host that talks to the same server.
 
-    ``client`` is a redis-py client (``decode_responses`` on or off) or a URL
+    ``client`` is a redis-py client (``decode_responses`` on or off; on one
+    server, a ``RedisCluster`` or a Sentinel ``master_for`` client), valkey-py's
+    ``Valkey`` or ``ValkeyCluster``, or a URL
     (``redis://``, ``rediss://``, ``unix://``; checked by
     :func:`uniqjob.stores.redis.redis_client_from_url`). A URL gets bounded socket
     timeouts (``timeout`` seconds), so an unreachable server fails the call
