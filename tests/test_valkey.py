@@ -4,23 +4,28 @@ valkey-py is redis-py's fork: the same commands, but exception classes of its
 own (not redis-py's) and a connection pool the kept-connection path does not
 take. The contract suites run through it too (``valkey-py`` in
 tests/conftest.py's STORES); these are the cases that differ: scripts the
-server lost, the client's own errors on every path, a record of the wrong kind.
+server lost, the client's own errors on every path, a record of the wrong kind,
+and a Valkey Cluster (3 masters, 3 replicas of valkey-server) through ``ValkeyCluster``.
 """
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.conftest import HOW_TO_GET_VALKEY
 from tests.redis_server import RedisServer
+from tests.support.topologies import Cluster, _client, valkey_binary
 from uniqjob import BackendError, CorruptRecordError
 from uniqjob.concurrency import store_for
 from uniqjob.locks import QueueMeta, RunClaim, local_holder
 from uniqjob.stores.redis import RedisBackend
 
 valkey = pytest.importorskip("valkey", reason="valkey-py is not installed: `pip install valkey`")
+pytest.importorskip("valkey.cluster")
 
 
 def _closed_port() -> int:
@@ -82,3 +87,34 @@ def test_a_semaphore_record_of_the_wrong_kind_is_named_through_valkey_py(valkey_
     with pytest.raises(CorruptRecordError) as caught:
         _acquire(backend, "s")
     assert caught.value.path == slots
+
+
+@pytest.fixture(scope="module")
+def valkey_cluster() -> Iterator[Cluster]:
+    binary = valkey_binary()
+    if binary is None:
+        pytest.skip(HOW_TO_GET_VALKEY)
+    with Cluster(binary=binary) as cluster:
+        yield cluster
+
+
+def test_a_valkey_cluster_through_valkey_py_s_cluster_client(valkey_cluster: Cluster) -> None:
+    seeds = [valkey.cluster.ClusterNode("127.0.0.1", port) for port in valkey_cluster.ports[:3]]
+    client = valkey.cluster.ValkeyCluster(startup_nodes=seeds, socket_timeout=5)
+    backend = RedisBackend(client, namespace="vkc")
+    assert repr(backend).startswith("RedisBackend(cluster [127.0.0.1:")
+    keys = [*(f"jobs.K:{i}" for i in range(12)), "}", "}{", "{}", ""]
+    for key in keys:
+        assert backend.claim(key, "t", meta=QueueMeta(), run=RunClaim(local_holder(), 30)) is None
+        assert _acquire(backend, key) == "taken"
+    assert len({valkey_cluster.master_of(backend._keys(key)[0]).port for key in keys}) == 3
+    for server in valkey_cluster.primaries():
+        with _client(server) as admin:
+            admin.script_flush()
+    assert backend.start("late", "t", run=RunClaim(local_holder(), 5), meta=QueueMeta()) is None
+    assert sorted(backend.scan()) == sorted([*keys, "late"])
+    assert sorted(store_for(backend).scan()) == sorted(keys)
+    for key in keys:
+        backend.finish(key, "t")
+    assert sorted(backend.scan()) == ["late"]
+    backend.close()

@@ -61,7 +61,8 @@ def where(client: Any) -> str:
         get_nodes = getattr(client, "get_nodes", None)  # a cluster client: no one pool
         if callable(get_nodes):
             return f"cluster [{_shown(str(getattr(node, 'name', node)) for node in get_nodes())}]"
-        if type(client).__repr__ is not object.__repr__:  # a client of another kind that says what it is
+        # a client of another kind that says what it is
+        if type(client).__repr__ is not object.__repr__:  # type: ignore[comparison-overlap]
             return repr(client)[:120]
     except Exception:  # a description must not fail the call it describes
         pass
