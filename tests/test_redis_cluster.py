@@ -13,7 +13,10 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import given
+from hypothesis import strategies as st
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
 from tests.conftest import cluster_client
 from tests.support.topologies import Cluster, _client, _cmd
@@ -21,6 +24,7 @@ from uniqjob import BackendError, ops
 from uniqjob.concurrency import store_for, sweep
 from uniqjob.locks import QueueMeta, RunClaim, local_holder
 from uniqjob.stores.redis import RedisBackend
+from uniqjob.stores.redis._client import key_of, names
 from uniqjob.stores.redis._semaphores import RedisSemaphores
 from uniqjob.stores.semaphores import SemaphoreStore
 
@@ -84,6 +88,19 @@ def test_odd_keys_never_meet_each_other_or_an_ordinary_key(backend: RedisBackend
     for key in keys:
         _take(backend, key)
     assert sorted(backend.scan()) == sorted(keys)
+
+
+_PREFIXES = st.sampled_from(["uniqjob:", "uniqjob:c:", "t1:"])
+_PARTS = ["q", "r", "f", "meta"]
+
+
+@given(_PREFIXES, st.text(), st.text())
+def test_names_are_one_slot_reversible_and_never_shared(prefix: str, a: str, b: str) -> None:
+    mine = names(prefix, a, _PARTS)
+    assert len({key_slot(name.encode()) for name in mine}) == 1
+    assert [key_of(prefix, name, part) for name, part in zip(mine, _PARTS, strict=True)] == [a] * len(_PARTS)
+    if a != b:
+        assert not set(mine) & set(names(prefix, b, _PARTS))
 
 
 def test_ordinary_keys_keep_the_redis_names_they_had(backend: RedisBackend) -> None:
