@@ -401,7 +401,8 @@ def test_a_claim_lands_on_the_server_that_holds_it(request: pytest.FixtureReques
     # Every topology here but the lone valkey-server has a replica per master to acknowledge grants.
     replicas = 0 if form == "valkey" else 1
     backend = stores.from_url(_url(request, form) + f"?namespace=where&replicas={replicas}&replica_timeout=2")
-    assert isinstance(backend, RedisBackend) and (backend.replicas, backend.replica_timeout) == (replicas, 2.0)
+    assert isinstance(backend, RedisBackend)
+    assert (backend.replicas, backend.replica_timeout) == (replicas, 2.0)
     key = f"k-{uuid.uuid4().hex}"
     try:
         assert backend.claim(key, "tok", meta=QueueMeta("app.Job", "[]", "j1")) is None
