@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from . import _conflicts, config, settings
+from . import _conflicts, _names, config, settings
 from ._plan import JobPlan, build_lock, plan_of, planned_values
 from .concurrency import _job as _concurrency
 from .concurrency._settings import ConcurrencyPolicy
@@ -73,6 +73,7 @@ class UniqueJob:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        _names.check(cls, UniqueJob)  # first: a clash (backend = "s3") would break what follows
         cls._plan = plan_of(cls, UniqueJob)
         settings.check(cls, Queue)
         _concurrency.check(cls)

@@ -1,7 +1,8 @@
 """Validation of a job class's ``unique_*`` settings, run when the class is defined.
 
-A typo or a bad value fails at import, not at 3 a.m.: unknown ``unique_*``
-attributes, unknown policies and strategies, durations that are not positive.
+A bad value fails at import, not at 3 a.m.: unknown policies and strategies,
+durations that are not positive. (Misspelt setting names, and names that clash
+with the mixin's own, are :mod:`uniqjob._names`'s.)
 """
 
 from __future__ import annotations
@@ -60,10 +61,6 @@ def seconds(value: object, what: str) -> float | None:
 def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
     """Raise :class:`ConfigurationError` naming the first bad setting of job class ``cls``."""
     name = cls.__qualname__
-    for attr in vars(cls):
-        if attr.startswith("unique_") and attr not in SETTINGS:
-            known = ", ".join(sorted(SETTINGS))
-            raise ConfigurationError(f"{name}.{attr} is not a uniqjob setting (known: {known})")
     _one_of(name, "unique_on_conflict", cls.unique_on_conflict, POLICIES)
     _one_of(name, "unique_strategy", cls.unique_strategy, STRATEGIES)
     autoexpire: Any = cls.unique_lock_autoexpire
