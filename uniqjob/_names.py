@@ -58,9 +58,7 @@ HOOKS = ("perform", "unique_key", "concurrency_key")
 # What each spelling a near miss is measured against stands for: the settings, and the
 # unique_* ones without their prefix when that rest is two words or more.
 _FORMS: dict[str, str] = {name: name for name in ALL_SETTINGS} | {
-    name.removeprefix("unique_"): name
-    for name in UNIQUE_SETTINGS
-    if "_" in name.removeprefix("unique_")
+    name.removeprefix("unique_"): name for name in UNIQUE_SETTINGS if "_" in name.removeprefix("unique_")
 }
 
 

@@ -143,8 +143,9 @@ def _settings(options: dict[str, Any]) -> dict[str, Any]:
     for option, value in options.items():
         attr = OPTIONS.get(option)
         if attr is None:
+            hint = did_you_mean(option, OPTIONS)
             raise ConfigurationError(
-                f"@unique has no option {option!r} ({did_you_mean(option, OPTIONS)}options: {', '.join(OPTIONS)})"
+                f"@unique has no option {option!r} ({hint}options: {', '.join(OPTIONS)})"
             )
         if attr in _CALLABLES and value is not None:
             if not callable(value):
