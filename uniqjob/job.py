@@ -167,6 +167,7 @@ class UniqueJob:
         queue = cls.unique_queue
         if queue is None:
             return cls._run(lock, args, kwargs)
+        settings.check_store(cls)
         # An until_expired lock outlives its job on purpose: its job being gone proves nothing.
         gone = None if lock.strategy == "until_expired" else queue.job_gone
         if cls.unique_strategy != "while_executing" and not lock.acquire(gone=gone):
@@ -277,6 +278,8 @@ class UniqueJob:
             return True  # nothing is locked at enqueue
         lock = cls.lock(*args, **kwargs)
         queue = cls.unique_queue
+        if queue is not None:
+            settings.check_store(cls)
         if lock.acquire(
             gone=queue.job_gone if queue is not None and lock.strategy != "until_expired" else None
         ):

@@ -8,9 +8,11 @@ with the mixin's own, are :mod:`uniqjob._names`'s.)
 from __future__ import annotations
 
 import inspect
+import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
+from . import config
 from ._ticks import parse_period
 from .errors import ConfigurationError
 from .joblock import STRATEGIES
@@ -19,7 +21,9 @@ from .stores.base import Backend
 if TYPE_CHECKING:
     from .job import Queue, UniqueJob
 
-__all__ = ["POLICIES", "SETTINGS", "ConflictPolicy", "check", "once_per", "seconds"]
+__all__ = ["POLICIES", "SETTINGS", "ConflictPolicy", "check", "check_store", "once_per", "seconds"]
+
+log = logging.getLogger(__name__)
 
 ConflictPolicy = Literal["log", "discard", "raise", "reschedule"]
 POLICIES: tuple[ConflictPolicy, ...] = ("log", "discard", "raise", "reschedule")
@@ -97,6 +101,20 @@ def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
             f"{name}.unique_on_lost must be a callable taking the JobLock, got {type(on_lost).__name__}"
         )
     _check_once_per(cls, name, autoexpire)
+    if (
+        queue is not None
+        and not queue.proves_jobs_gone
+        and cls.unique_strategy != "while_executing"
+        and autoexpire is None
+        and cls.unique_once_per is None
+    ):
+        log.warning(
+            "%s: its queue (%s) cannot prove a job gone, so the queue lock of a job lost from it (a purged"
+            " task) never clears and refuses that call for good; set unique_lock_autoexpire to seconds"
+            " longer than a job may wait and run (e.g. unique_lock_autoexpire = 3600)",
+            name,
+            type(queue).__name__,
+        )
     _check_unique_args(cls)
     perform = inspect.getattr_static(cls, "perform")
     perform = getattr(perform, "__func__", perform)  # a classmethod's or staticmethod's function
@@ -104,6 +122,25 @@ def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
         raise ConfigurationError(
             f"{name}.perform is an async function: it would run unlocked; async jobs need the asyncio"
             " API (not yet available)"
+        )
+
+
+_store_checked: set[type] = set()  # classes whose store check_store() has looked at
+
+
+def check_store(cls: type[UniqueJob]) -> None:
+    """At a class's first enqueue onto a queue: warn if its locks are in the per-host store nobody chose."""
+    if cls in _store_checked:
+        return
+    _store_checked.add(cls)
+    if cls.unique_backend is None and config.default_is_implicit():
+        log.warning(
+            "%s: its locks are in the default file store (%s), which only this host sees: producers and"
+            " workers on other hosts do not see them; give every process one shared store:"
+            " uniqjob.configure('redis://HOST:6379/0') at start-up, or UNIQJOB_URL=redis://HOST:6379/0"
+            " in the environment, or unique_backend on the class",
+            cls.job_name(),
+            config.default_directory(),
         )
 
 
