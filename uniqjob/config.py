@@ -31,8 +31,8 @@ __all__ = [
     "backend_from_url",
     "configure",
     "default_backend",
-    "default_is_implicit",
     "default_directory",
+    "default_is_implicit",
     "redis_client_from_url",
 ]
 
@@ -106,7 +106,7 @@ def configure(target: str | Backend | None) -> Backend | None:
 
 
 def default_is_implicit() -> bool:
-    """True if the default store is the per-host file store chosen by nobody (no configure(), no UNIQJOB_URL)."""
+    """True if the default store is the per-host file store nobody chose (no configure(), no UNIQJOB_URL)."""
     return _implicit or (_default is None and not os.environ.get(ENV_URL))
 
 

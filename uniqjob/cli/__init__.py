@@ -22,8 +22,9 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 
-from .. import __version__
+from .. import __version__, config
 from ..errors import BackendError, ConfigurationError, CorruptRecordError, UniqJobError
+from ..stores._urls import shown
 from ._common import (
     EX_CONFIG,
     EX_DATAERR,
@@ -102,6 +103,14 @@ def _library_warnings_to_stderr() -> Iterator[None]:
         logger.removeHandler(handler)
 
 
+def _origin(args: argparse.Namespace, exc: Exception) -> str:
+    """Where the store of an error came from when no --url named it: `` (the store of UNIQJOB_URL=...)``."""
+    url = os.environ.get(config.ENV_URL)
+    if getattr(args, "url", None) is not None or not url or config.ENV_URL in str(exc):
+        return ""
+    return f" (the store of {config.ENV_URL}={shown(url)})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``uniqjob`` command with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
     parser = build_parser()
@@ -121,13 +130,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"error: {exc} (see uniqjob {args.command_name} --help)")
         return EX_USAGE
     except ConfigurationError as exc:
-        say(f"configuration error: {exc}")
+        say(f"configuration error: {exc}{_origin(args, exc)}")
         return EX_CONFIG
     except CorruptRecordError as exc:  # a BackendError, but the store answered: its record is damaged
         say(str(exc))
         return EX_DATAERR
     except BackendError as exc:
-        say(f"lock store unavailable: {exc}")
+        say(f"lock store unavailable: {exc}{_origin(args, exc)}")
         return EX_UNAVAILABLE
     except UniqJobError as exc:
         say(str(exc))

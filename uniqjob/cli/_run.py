@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 from .._ticks import MAX_SKEW, parse_period, tick_of
 from ..errors import ConfigurationError
-from ..heartbeat import LOST_RECORD, TAKEN
+from ..heartbeat import LOST_RECORD, TAKEN, TAKEN_TEXT
 from ..joblock import JobLock
 from ..keys import make_key
 from ..locks import LockState, QueueMeta
@@ -221,7 +221,7 @@ def _why(lock: JobLock) -> str:
     """One line on why the lock is lost, for stderr."""
     beat = lock.beat
     if beat is None or beat.reason in ("", TAKEN) or beat.lease is None:
-        return f"lost the lock to another holder (key {lock.key!r})"
+        return f"lost the lock {lock.key!r}: {TAKEN_TEXT}"
     unconfirmed = beat.lost_at - beat.confirmed
     return (
         f"lock {lock.key!r} presumed lost: the store confirmed no renewal for {unconfirmed:.1f}s"

@@ -51,6 +51,7 @@ from ..semaphores import (
     encode_holder,
 )
 from . import _semaphore_lua as lua
+from ._errors import store_error
 from ._prelude import CORRUPT
 from ._transport import Lanes, Scripts
 
@@ -227,8 +228,7 @@ class RedisSemaphores(SemaphoreStore):
         """Any exception from the client, as the BackendError that callers are promised."""
         if isinstance(exc, BackendError):
             return exc
-        what = str(exc) if isinstance(exc, redis.RedisError) else f"{type(exc).__name__}: {exc}"
-        return BackendError(f"{what} ({self!r})", self.name)
+        return store_error(exc, repr(self), self.name)
 
     def _call(self, fn: Callable[[], T]) -> T:
         try:

@@ -32,6 +32,7 @@ from ...locks import QUEUED, RUNNING, Holder, LockState, Parts, QueueMeta, Queue
 from ..base import Backend, QueueMode
 from ..semaphores import SemaphoreStore
 from . import _lua as lua
+from ._errors import store_error
 from ._semaphores import RedisSemaphores
 from ._transport import Scripts
 from ._url import redis_client_from_url
@@ -228,10 +229,7 @@ class RedisBackend(Backend):
         """The BackendError a caller sees for ``exc``, naming the server (raise it ``from exc``)."""
         if isinstance(exc, BackendError):
             return exc
-        text = str(exc) or type(exc).__name__
-        if not isinstance(exc, redis.RedisError):
-            text = f"{type(exc).__name__}: {text}"  # not the client's own error: say what it was
-        return BackendError(f"{text} ({self!r})", self.name)
+        return store_error(exc, repr(self), self.name)
 
     def _call(self, fn: Callable[[], T]) -> T:
         try:
