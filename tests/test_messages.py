@@ -33,6 +33,7 @@ def test_durations_in_a_holders_facts_carry_their_unit() -> None:
     running = {"state": "running", "since": 3.25, "host": "web-1", "pid": 42, "running_for": 3.1}
     assert holder_text(running) == "running as pid 42 on web-1 for 3.100s, taken 3.250s ago"
     assert holder_text({"state": "queued", "odd": 1}) == "queued, odd=1"
+    assert holder_text({}) == "" and str(JobNotUnique("k")) == "job 'k' is already locked"
     error = JobNotUnique("k", facts)
     assert str(error) == "job 'k' is already locked (queued, taken 0.005s ago, job id abc)"
 

@@ -34,6 +34,8 @@ def holder_text(facts: Mapping[str, Any]) -> str:
     Durations carry their unit; facts without a phrase of their own follow as ``name=value``.
     """
     facts = {k: v for k, v in facts.items() if v not in (None, "")}
+    if not facts:
+        return ""
     text = str(facts.pop("state", "held"))
     if "host" in facts or "pid" in facts:
         text += f" as pid {facts.pop('pid', '?')} on {facts.pop('host', '?')}"

@@ -21,7 +21,18 @@ from .stores.base import Backend
 if TYPE_CHECKING:
     from .job import Queue, UniqueJob
 
-__all__ = ["POLICIES", "SETTINGS", "ConflictPolicy", "check", "check_store", "once_per", "seconds"]
+__all__ = [
+    "MAX_RUN_LEASE",
+    "MIN_RUN_LEASE",
+    "POLICIES",
+    "SETTINGS",
+    "ConflictPolicy",
+    "check",
+    "check_store",
+    "once_per",
+    "run_lease",
+    "seconds",
+]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +56,27 @@ SETTINGS = frozenset(
         "unique_once_per",
     }
 )
+
+
+#: The shortest run lease (seconds): a holder renews it every third, and a renewal slower than
+#: a third of it presumes the lock lost; below a second, one slow reply would stop a job.
+MIN_RUN_LEASE = 1.0
+#: The longest run lease (seconds): a holder that dies keeps its key this long.
+MAX_RUN_LEASE = 86400.0
+
+
+def run_lease(value: object, what: str) -> float:
+    """Validate a run lease: seconds (or a timedelta) from :data:`MIN_RUN_LEASE` to :data:`MAX_RUN_LEASE`."""
+    lease = seconds(value, what)
+    if lease is None:
+        raise ConfigurationError(f"{what} must be set")
+    if not MIN_RUN_LEASE <= lease <= MAX_RUN_LEASE:
+        raise ConfigurationError(
+            f"{what} must be {MIN_RUN_LEASE:g} to {MAX_RUN_LEASE:g} seconds (a day), got {value!r}: a holder"
+            " renews it every third, so a shorter one is lost to one slow reply, and a longer one keeps a"
+            " dead holder's key that long"
+        )
+    return lease
 
 
 def seconds(value: object, what: str) -> float | None:
@@ -74,8 +106,7 @@ def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
         raise ConfigurationError(
             f"{name}.unique_strategy 'until_expired' needs unique_lock_autoexpire: nothing else frees it"
         )
-    if seconds(cls.unique_run_lease, f"{name}.unique_run_lease") is None:
-        raise ConfigurationError(f"{name}.unique_run_lease must be set")
+    run_lease(cls.unique_run_lease, f"{name}.unique_run_lease")
     limit = cls.unique_lock_limit
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise ConfigurationError(f"{name}.unique_lock_limit must be a whole number >= 1, got {limit!r}")

@@ -38,6 +38,7 @@ from ._common import (
     UsageError,
     escape,
     say,
+    store_url,
 )
 from ._concurrency import add_discard_parked_parser
 from ._locks import add_locks_parser, add_reap_parser, add_release_parser
@@ -106,7 +107,8 @@ def _library_warnings_to_stderr() -> Iterator[None]:
 def _origin(args: argparse.Namespace, exc: Exception) -> str:
     """Where the store of an error came from when no --url named it: `` (the store of UNIQJOB_URL=...)``."""
     url = os.environ.get(config.ENV_URL)
-    if getattr(args, "url", None) is not None or not url or config.ENV_URL in str(exc):
+    given = getattr(args, "url", None) is not None and not getattr(args, "env_url", False)
+    if given or not url or config.ENV_URL in str(exc):
         return ""
     return f" (the store of {config.ENV_URL}={shown(url)})"
 
@@ -123,6 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         say("error: no command given (see uniqjob --help)")
         return EX_USAGE
     try:
+        if getattr(args, "namespace", None) is not None:
+            args.env_url = args.url is None  # the URL is UNIQJOB_URL's, with the namespace put in
+            args.url = store_url(args.url, args.namespace)
         with _library_warnings_to_stderr():
             status: int = handler(args)
             sys.stdout.flush()  # here, where a closed pipe is handled, not at interpreter exit

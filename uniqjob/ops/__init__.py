@@ -20,10 +20,11 @@ from ..concurrency import Released, discard_parked, sweep
 from ..concurrency import release as release_slots
 from ..concurrency.ops import stale
 from ._figures import ConcurrencyReport, KeyReport, Totals, concurrency, concurrency_key, iter_keys
-from ._locks import CORRUPT, LockRelease, LockRow, Reaped, iter_rows, reap, release
+from ._locks import CORRUPT, PARKED, LockRelease, LockRow, Reaped, iter_rows, reap, release
 
 __all__ = [
     "CORRUPT",
+    "PARKED",
     "ConcurrencyReport",
     "KeyReport",
     "LockRelease",
