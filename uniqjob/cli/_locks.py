@@ -142,7 +142,7 @@ examples:
   uniqjob locks --url redis://redis.internal:6379/0 --json | jq -r 'select(.orphaned) | .key'
   uniqjob locks --class uniqjob.cli.run      # only locks taken by `uniqjob run`
   uniqjob locks --concurrency --top 10       # the ten busiest concurrency keys, and totals
-  uniqjob locks --url redis://redis.internal:6379/0 --namespace myapp   # RedisBackend(..., namespace="myapp")
+  uniqjob locks --url redis://redis.internal:6379/0 --namespace myapp   # RedisBackend(namespace=)
 """
 
 
