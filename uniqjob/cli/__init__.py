@@ -42,7 +42,9 @@ from ._common import (
 )
 from ._concurrency import add_discard_parked_parser
 from ._locks import add_locks_parser, add_reap_parser, add_release_parser
+from ._mcp import add_mcp_parser
 from ._run import add_run_parser
+from ._stats import add_stats_parser
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
@@ -55,6 +57,8 @@ SUBCOMMANDS: list[AddParser] = [
     add_release_parser,
     add_reap_parser,
     add_discard_parked_parser,
+    add_stats_parser,
+    add_mcp_parser,
 ]
 
 _EPILOG = """\

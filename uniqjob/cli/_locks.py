@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from ..ops import CORRUPT, LockRelease, LockRow, iter_rows, reap, release
+from ..ops import CORRUPT, LockRelease, LockRow, duplicates, iter_rows, reap, release
+from ..stores._drops import WINDOW
 from ._common import (
     EX_DATAERR,
     EX_FAILURE,
@@ -129,7 +130,9 @@ no queue yet), running, or corrupt. JOB_ID is the queue's id of the job (RQ, Cel
 recorded when it was enqueued; "-" for a lock with none (inline, `uniqjob run`, parked).
 
 --json fields: key, class, args, state, job_id, host, pid, age_s, ttl_s, lease_s,
-orphaned, path, reason (the last two only set, and key may be null, for a corrupt record)
+orphaned, path, reason (the last two only set, and key may be null, for a corrupt record);
+when the store counted dropped duplicates in the last hour, the last line is
+{"duplicates": {CLASS: N}, "window_s": 3600} (see `uniqjob stats`)
 
 --concurrency lists concurrency keys instead: HELD slots / limit, their LEASE
 (fresh, stale: lapsed or its holder dead, mixed), RUN(ning), PARKED jobs and how
@@ -174,7 +177,8 @@ def locks_command(args: argparse.Namespace) -> int:
         return concurrency_locks_command(args)
     if args.top is not None:
         raise UsageError("--top counts concurrency keys: give it with --concurrency")
-    rows = iter_rows(open_backend(args.url), job_class=args.job_class)
+    backend = open_backend(args.url)
+    rows = iter_rows(backend, job_class=args.job_class)
     out = _stdout()
     corrupt: list[LockRow] = []
     header_written = False
@@ -188,7 +192,11 @@ def locks_command(args: argparse.Namespace) -> int:
             out.write(_table_line([c.header for c in COLUMNS]) + "\n")
             header_written = True
         out.write(_table_line([c.cell(row) for c in COLUMNS]) + "\n")
-    if not header_written and not args.json and not args.quiet:
+    if args.json:
+        drops = duplicates(backend, job_class=args.job_class)
+        if drops:  # the last line, when the store counted any: see the epilog
+            out.write(json.dumps({"duplicates": drops, "window_s": WINDOW}) + "\n")
+    elif not header_written and not args.quiet:
         print("no locks held", file=sys.stderr)
     if corrupt:
         out.flush()

@@ -107,7 +107,7 @@ def iter_rows(backend: Backend | None = None, *, job_class: str | None = None) -
         row = LockRow.from_state(
             state, parked=may_park and queue is not None and queue.token in (parked or ())
         )
-        if job_class is None or _class_matches(row.job_class, job_class):
+        if job_class is None or class_matches(row.job_class, job_class):
             yield row
     for error in backend.corrupt():
         if error.path not in seen:
@@ -126,7 +126,8 @@ def _parked_tokens(backend: Backend) -> frozenset[str]:
     return frozenset(tokens)
 
 
-def _class_matches(cls: str | None, wanted: str) -> bool:
+def class_matches(cls: str | None, wanted: str) -> bool:
+    """Whether job class ``cls`` is the one ``wanted`` names (its full name, or its last dotted part)."""
     return cls is not None and (cls == wanted or cls.endswith("." + wanted))
 
 

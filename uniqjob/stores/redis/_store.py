@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, TypeVar
@@ -29,6 +30,7 @@ from redis.commands.core import Script
 
 from ...errors import BackendError, ConfigurationError, CorruptRecordError
 from ...locks import QUEUED, RUNNING, Holder, LockState, Parts, QueueMeta, QueueRecord, RunClaim, RunRecord
+from .._drops import WINDOW, check_window, first_minute, minute
 from ..base import Backend, QueueMode
 from ..semaphores import SemaphoreStore
 from . import _lua as lua
@@ -40,6 +42,8 @@ from ._url import redis_client_from_url
 __all__ = ["RedisBackend"]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 _QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k"}
 _QUIET = (b"Q", "Q")  # the mark of a snapshot that need not be read: see _lua's snapshot()
@@ -227,6 +231,10 @@ class RedisBackend(Backend):
         base = self._prefix + key
         return [base + "}:q", base + "}:r", base + "}:f"]
 
+    def _tallied(self, key: str) -> list[str]:
+        """``key``'s Redis keys and, in its slot too, its dropped duplicates (``_lua.count_drop``)."""
+        return [*self._keys(key), self._prefix + key + "}:d"]
+
     def _fail(self, exc: Exception) -> BackendError:
         """The BackendError a caller sees for ``exc``, naming the server (raise it ``from exc``)."""
         if isinstance(exc, BackendError):
@@ -337,9 +345,12 @@ class RedisBackend(Backend):
         meta: QueueMeta,
         ttl: float | None = None,
         run: RunClaim | None = None,
+        count: bool = False,
+        counted: float | None = None,
     ) -> LockState | None:
-        items = self._items(key, token, meta, ttl, flag="q" if run is None else "r", run=run)
-        reply = self._eval(self._claim, 3, items)
+        flag = ("q" if run is None else "r") + _drop(count, counted)
+        items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
+        reply = self._eval(self._claim, 4, items)
         if type(reply) is int:  # taken: 1, or with ``run`` the run lock's fence
             if run is not None:
                 run.fence = reply
@@ -356,9 +367,12 @@ class RedisBackend(Backend):
         ttl: float | None = None,
         adopt: bool = False,
         queue_lock: QueueMode = "run",
+        count: bool = False,
+        counted: float | None = None,
     ) -> LockState | None:
-        flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock]
-        reply = self._eval(self._start, 3, self._items(key, token, meta, ttl, flag=flags, run=run))
+        flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock] + _drop(count, counted)
+        items = self._items(key, token, meta, ttl, flag=flags, run=run, keys=self._tallied(key))
+        reply = self._eval(self._start, 4, items)
         if type(reply) is int:  # the fence of the run lock now held
             run.fence = reply
             return None
@@ -418,6 +432,42 @@ class RedisBackend(Backend):
             for base in queued:
                 yield base[head:-1]
 
+    def duplicates(self, window: float = WINDOW) -> dict[str, int]:
+        """Sum the keys' ``<namespace>:{<key>}:d`` hashes (see ``_lua.count_drop``), found with ``SCAN``."""
+        check_window(window)
+        head = len(self._prefix)
+        match = f"{self.namespace}:{{*}}:d"
+        found = self._call(partial(self.client.scan_iter, match=match, count=_SCAN_PAGE))
+        out: dict[str, int] = {}
+        first: int | None = None
+        while True:
+            page = [_text(n) for n in self._call(partial(_take, found, _SCAN_PAGE))]
+            if not page:
+                return out
+            if first is None:  # the window ends at the server's clock, as the counts began on it
+                seconds, micros = self._call(self.client.time)
+                first = first_minute(seconds + micros / 1_000_000, window)
+            for name, fields in zip(page, self._call(partial(self._hashes, page)), strict=True):
+                if not isinstance(fields, dict):  # another type: counts are for people, never an outage
+                    log.warning("skipping %s: not a hash of dropped duplicates (%s)", name, fields)
+                    continue
+                counts = {_text(f): _text(v) for f, v in fields.items()}
+                cls = counts.pop("c", "")
+                length = counts.pop("n", "")
+                if length.isdigit():
+                    cls = name[head:-3][: int(length)]
+                total = sum(
+                    int(n) for m, n in counts.items() if m.isdigit() and n.isdigit() and int(m) >= first
+                )
+                if cls and total:
+                    out[cls] = out.get(cls, 0) + total
+
+    def _hashes(self, names: list[str]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(name)
+        return pipe.execute(raise_on_error=False)
+
     def _exist(self, names: list[str]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
         for name in names:
@@ -434,6 +484,13 @@ class RedisBackend(Backend):
 
 def _take(items: Iterator[T], count: int) -> list[T]:
     return list(itertools.islice(items, count))
+
+
+def _drop(count: bool, counted: float | None) -> str:
+    """The drop that CLAIM's mode and START's flags end with: see ``_lua.count_drop``."""
+    if counted is not None:
+        return f"={minute(counted)}"
+    return "+" if count else ""
 
 
 def _ms(seconds: float) -> int:
