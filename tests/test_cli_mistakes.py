@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import threading
@@ -16,7 +17,7 @@ from tests.redis_server import RedisServer
 from tests.test_cli import Hold, finish, kill_leftovers
 from tests.test_cli import uniqjob as uniqjob_cmd
 from uniqjob import UniqueJob
-from uniqjob.cli import main
+from uniqjob.cli import build_parser, main
 from uniqjob.cli._common import store_url, wait_seconds
 from uniqjob.errors import ConfigurationError
 from uniqjob.locks import QueueMeta, RunClaim, local_holder
@@ -80,23 +81,22 @@ def test_namespace_from_the_environment_and_its_mistakes(
     assert status == 78 and "no '{' or '}'" in err  # the store's own check of the URL option
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["locks"],
-        ["locks", "--concurrency"],
-        ["release", "k"],
-        ["reap"],
-        ["discard-parked", "k"],
-        ["run", "--", "true"],
-    ],
-)
-def test_every_subcommand_takes_namespace_and_quiet(
-    argv: list[str], capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert main([argv[0], "--help"]) == 0
-    usage = capsys.readouterr().out
-    assert "--namespace NAME" in usage and "--quiet" in usage
+def _subcommands() -> list[str]:
+    parser = build_parser()
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return sorted(action.choices)
+
+
+@pytest.mark.parametrize("sub", _subcommands())
+def test_every_subcommand_takes_namespace(sub: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([sub, "--help"]) == 0
+    assert "--namespace NAME" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("sub", ["run", "locks", "release", "reap", "discard-parked"])
+def test_the_lock_subcommands_take_quiet(sub: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([sub, "--help"]) == 0
+    assert "-q, --quiet" in capsys.readouterr().out
 
 
 # -- quiet -----------------------------------------------------------------------------------
