@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .. import config
 from ..errors import ConfigurationError
-from ..settings import MAX_RUN_LEASE, MIN_RUN_LEASE
+from ..settings import run_lease
 from ..stores._urls import scheme_of
 from ..stores.base import Backend
 from ..stores.redis._url import REDIS_SCHEMES
@@ -119,13 +119,10 @@ def open_backend(url: str | None) -> Backend:
 
 def lease(text: str) -> float:
     """argparse type: a run lease, :data:`~uniqjob.settings.MIN_RUN_LEASE` to ``MAX_RUN_LEASE`` seconds."""
-    value = _number(text)
-    if not MIN_RUN_LEASE <= value <= MAX_RUN_LEASE:
-        raise argparse.ArgumentTypeError(
-            f"expected {MIN_RUN_LEASE:g} to {MAX_RUN_LEASE:g} seconds (a day), got {text!r}: the lock is"
-            " renewed every third of it, so a shorter lease is lost to one slow reply"
-        )
-    return value
+    try:
+        return run_lease(_number(text), "a lease")
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def wait_seconds(text: str) -> float:
