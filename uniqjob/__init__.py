@@ -25,6 +25,7 @@ from .joblock import JobLock, current_lock
 from .stores.base import Backend
 
 if TYPE_CHECKING:
+    from .functions import unique
     from .stores.file import FileBackend
     from .stores.memory import MemoryBackend
     from .stores.redis import RedisBackend
@@ -50,6 +51,7 @@ __all__ = [
     "configure",
     "current_lock",
     "default_backend",
+    "unique",
 ]
 
 __version__ = "0.3.0"
@@ -58,6 +60,7 @@ _LAZY = {
     "FileBackend": ".stores.file",
     "MemoryBackend": ".stores.memory",
     "RedisBackend": ".stores.redis",
+    "unique": ".functions",
 }
 
 

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import config
+from . import config, settings
 from ._calls import Binder, binder, describe_call
+from ._ticks import tick_of
 from .errors import UniqueKeyError
 from .joblock import JobLock
 from .keys import KeyPlan
@@ -123,6 +124,8 @@ def build_lock(
     worker's, rebuilding a job's lock from the key and token it was sent.
     """
     plan = cls._plan
+    period: object = cls.unique_once_per
+    tick = key is None and period is not None  # a worker's given key has its tick already
     if plan.plain:
         # UniqueJob's own lock_key(), job_name(), backend() and autoexpire(), in line: the
         # same values, without four calls on the path of every enqueue.
@@ -141,6 +144,13 @@ def build_lock(
         if key is None:
             key = cls.lock_key(*args, **kwargs)
         backend, ttl, name = cls.backend(), cls.autoexpire(), cls.job_name()
+    strategy = cls.unique_strategy
+    if period is not None:
+        strategy = "until_expired"  # kept to the tick's end
+        seconds = settings.once_per(period, f"{cls.__qualname__}.unique_once_per")
+        if tick and seconds is not None:
+            now = tick_of(backend, key, seconds)
+            key, ttl = now.key, now.ttl
     return JobLock(
         backend,
         key,
@@ -149,7 +159,7 @@ def build_lock(
         ttl=ttl,
         meta=QueueMeta(name, describe_call(args, kwargs)),
         adopt=adopt,
-        strategy=cls.unique_strategy,
+        strategy=strategy,
         limit=cls.unique_lock_limit,
         on_lost=cls.unique_on_lost,
     )

@@ -64,6 +64,9 @@ class UniqueJob:
     #: Called with the JobLock, once, from the heartbeat thread, when a running job's lock is
     #: lost or presumed lost (``lock.lost``); None: the loss is only logged.
     unique_on_lost: ClassVar[Callable[[JobLock], None] | None] = None
+    #: One run per tick of this period (seconds, a timedelta or "5m") of the store's clock, each
+    #: tick's lock kept until the tick ends; None: no ticks. README "Cron on every host".
+    unique_once_per: ClassVar[float | timedelta | str | None] = None
 
     #: What the class's definition decides about its keys and locks (set on every class).
     _plan: ClassVar[JobPlan] = JobPlan()
@@ -163,7 +166,9 @@ class UniqueJob:
         queue = cls.unique_queue
         if queue is None:
             return cls._run(lock, args, kwargs)
-        if cls.unique_strategy != "while_executing" and not lock.acquire(gone=queue.job_gone):
+        # An until_expired lock outlives its job on purpose: its job being gone proves nothing.
+        gone = None if lock.strategy == "until_expired" else queue.job_gone
+        if cls.unique_strategy != "while_executing" and not lock.acquire(gone=gone):
             return _conflicts.apply(cls, lock, args, kwargs)
         try:
             # Made once the lock is ours: a duplicate needs no id, and acquire() records none.
@@ -244,7 +249,7 @@ class UniqueJob:
     def _run(cls, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         _concurrency.mark_inline(lock)  # a concurrency "block" waits in this process
         while True:
-            if cls.unique_strategy == "until_executed" and cls.concurrency_limit is None:
+            if lock.strategy == "until_executed" and cls.concurrency_limit is None:
                 # the common case in one step: both locks at once
                 if lock.acquire(run=True):
                     with lock.running(started=True):
@@ -271,7 +276,9 @@ class UniqueJob:
             return True  # nothing is locked at enqueue
         lock = cls.lock(*args, **kwargs)
         queue = cls.unique_queue
-        if lock.acquire(gone=queue.job_gone if queue is not None else None):
+        if lock.acquire(
+            gone=queue.job_gone if queue is not None and lock.strategy != "until_expired" else None
+        ):
             return True
         _conflicts.apply(cls, lock, args, kwargs)
         return False

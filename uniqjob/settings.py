@@ -10,6 +10,7 @@ import inspect
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._ticks import parse_period
 from .errors import ConfigurationError
 from .joblock import STRATEGIES
 from .stores.base import Backend
@@ -17,7 +18,7 @@ from .stores.base import Backend
 if TYPE_CHECKING:
     from .job import Queue, UniqueJob
 
-__all__ = ["POLICIES", "SETTINGS", "ConflictPolicy", "check", "seconds"]
+__all__ = ["POLICIES", "SETTINGS", "ConflictPolicy", "check", "once_per", "seconds"]
 
 ConflictPolicy = Literal["log", "discard", "raise", "reschedule"]
 POLICIES: tuple[ConflictPolicy, ...] = ("log", "discard", "raise", "reschedule")
@@ -36,6 +37,7 @@ SETTINGS = frozenset(
         "unique_lock_limit",
         "unique_reschedule_delay",
         "unique_on_lost",
+        "unique_once_per",
     }
 )
 
@@ -67,7 +69,7 @@ def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
     autoexpire: Any = cls.unique_lock_autoexpire
     if not isinstance(inspect.getattr_static(cls, "unique_lock_autoexpire"), classmethod):
         autoexpire = seconds(autoexpire, f"{name}.unique_lock_autoexpire")
-    if cls.unique_strategy == "until_expired" and autoexpire is None:
+    if cls.unique_strategy == "until_expired" and autoexpire is None and cls.unique_once_per is None:
         raise ConfigurationError(
             f"{name}.unique_strategy 'until_expired' needs unique_lock_autoexpire: nothing else frees it"
         )
@@ -97,7 +99,44 @@ def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
         raise ConfigurationError(
             f"{name}.unique_on_lost must be a callable taking the JobLock, got {type(on_lost).__name__}"
         )
+    _check_once_per(cls, name, autoexpire)
     _check_unique_args(cls)
+    perform = inspect.getattr_static(cls, "perform")
+    perform = getattr(perform, "__func__", perform)  # a classmethod's or staticmethod's function
+    if inspect.iscoroutinefunction(perform) or inspect.isasyncgenfunction(perform):
+        raise ConfigurationError(
+            f"{name}.perform is an async function: it would run unlocked; async jobs need the asyncio"
+            " API (not yet available)"
+        )
+
+
+def once_per(value: object, what: str) -> float | None:
+    """Validate a ``once_per`` period: None, seconds or a timedelta, or text such as ``5m``; in seconds."""
+    if isinstance(value, str):
+        try:
+            return parse_period(value)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{what}: {exc}") from None
+    return seconds(value, what)
+
+
+def _check_once_per(cls: type[UniqueJob], name: str, autoexpire: object) -> None:
+    if once_per(cls.unique_once_per, f"{name}.unique_once_per") is None:
+        return
+    if cls.unique_strategy not in ("until_executed", "until_expired"):
+        raise ConfigurationError(
+            f"{name}.unique_once_per keeps each tick's lock until the tick ends: it takes no"
+            f" unique_strategy {cls.unique_strategy!r}"
+        )
+    if cls.unique_on_conflict == "reschedule":
+        raise ConfigurationError(
+            f"{name}.unique_once_per drops a tick's duplicates: unique_on_conflict 'reschedule' would"
+            " run them in a later tick"
+        )
+    if autoexpire is not None:
+        raise ConfigurationError(
+            f"{name}.unique_once_per sets the lock's expiry (its tick's end): drop unique_lock_autoexpire"
+        )
 
 
 def _one_of(name: str, attr: str, value: object, allowed: tuple[str, ...]) -> None:

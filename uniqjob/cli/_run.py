@@ -12,6 +12,8 @@ import shlex
 import time
 from collections.abc import Iterator, Sequence
 
+from .._ticks import MAX_SKEW, parse_period, tick_of
+from ..errors import ConfigurationError
 from ..heartbeat import LOST_RECORD, TAKEN
 from ..joblock import JobLock
 from ..keys import make_key
@@ -57,6 +59,11 @@ examples:
 
   # wait up to 5 minutes for the previous run, stop it after 2 hours
   uniqjob run --wait 300 --kill-after 7200 --key reports -- ./make-reports.sh
+
+  # the same crontab on every host: one host runs each 5-minute tick, the others exit 75
+  # (the tick is the store's clock; a host whose clock is ahead of the store's by up to a
+  # tenth of DURATION, at most {skew:g}s, still counts into the tick it meant)
+  */5 * * * *  UNIQJOB_URL=redis://redis.internal:6379/0 uniqjob run --once-per 5m -- ./sync.sh
 """
 
 
@@ -67,7 +74,7 @@ def add_run_parser(subparsers: SubParsers) -> None:
         help="run a command unless another run of it holds its lock",
         description="Run CMD under a lock. If another `uniqjob run` of the same key is running\n"
         "(on this host, or on any host that shares the store), exit at once, or --wait.",
-        epilog=_EXAMPLES,
+        epilog=_EXAMPLES.format(skew=MAX_SKEW),
         formatter_class=HelpFormatter,
         usage="%(prog)s [options] -- CMD [ARG...]",
     )
@@ -93,6 +100,13 @@ def add_run_parser(subparsers: SubParsers) -> None:
         default=EX_TEMPFAIL,
         metavar="CODE",
         help="exit status when the lock is held elsewhere (default: 75)",
+    )
+    parser.add_argument(
+        "--once-per",
+        type=_period,
+        metavar="DURATION",
+        help="run once per tick of DURATION (30s, 5m, 1h, 1d) of the store's clock, on all hosts together:"
+        " the tick's lock is kept until the tick ends",
     )
     parser.add_argument(
         "--kill-after",
@@ -129,6 +143,9 @@ def run_command(args: argparse.Namespace) -> int:
         raise UsageError("--key must not be empty")
     if args.key is not None and not _is_text(args.key):
         raise UsageError("--key must be text (UTF-8): it holds bytes that are not")
+    if args.once_per is not None and args.wait:
+        # The tick's lock lasts until the tick ends: a waiter would only run the tick again.
+        raise UsageError("--wait has no use with --once-per: each tick runs once, on one host")
     key = args.key if args.key is not None else command_key(argv)
     name = _preview(shlex.join(argv))
     # Signals are taken over before the lock, so one that arrives while we wait
@@ -137,13 +154,34 @@ def run_command(args: argparse.Namespace) -> int:
     # a SIGTERM delivered to that thread instead would kill us outright.
     with signal_waiter() as waiter:
         backend = open_backend(args.url)
-        lock = JobLock(backend, key, lease=args.lease, meta=QueueMeta(RUN_JOB, name))
-        got, signum = _acquire(lock, args.wait, waiter)
+        period: float | None = args.once_per
+        if period is None:
+            lock = JobLock(backend, key, lease=args.lease, meta=QueueMeta(RUN_JOB, name))
+        else:
+            # The tick's lock: kept (queued) after the run until the tick ends, so every
+            # other host that fires in this tick meets it.
+            tick = tick_of(backend, key, period)
+            key = tick.key
+            lock = JobLock(
+                backend,
+                key,
+                lease=args.lease,
+                ttl=tick.ttl,
+                meta=QueueMeta(RUN_JOB, name),
+                strategy="until_expired",
+            )
+        got, signum = _acquire(lock, args.wait, waiter, run=period is None)
         if signum is not None:
             return 128 + signum
         if not got:
-            say(_conflict_message(key, lock.conflict, name))
+            state = lock.conflict
+            if period is not None and state is not None and state.run is None and state.queue is not None:
+                say(f"already run in this {period:g}s tick (lock {key!r}); not running: {name}")
+            else:
+                say(_conflict_message(key, state, name))
             return int(args.conflict_exit)
+        if period is not None:
+            lock.start()  # the run lock; the tick's queue lock stays when it goes
         with _loss_said_by_us(), lock.running(started=True):
             signum = waiter.wait(0)
             if signum is not None:
@@ -209,15 +247,15 @@ def _loss_said_by_us() -> Iterator[None]:
         logger.removeFilter(quiet)
 
 
-def _acquire(lock: JobLock, wait: float, waiter: SignalWaiter) -> tuple[bool, int | None]:
-    """Take the run lock, polling with capped exponential backoff for up to ``wait`` seconds.
+def _acquire(lock: JobLock, wait: float, waiter: SignalWaiter, *, run: bool) -> tuple[bool, int | None]:
+    """Take the lock (``run``: the run lock with it), polling with capped backoff for up to ``wait`` seconds.
 
     Returns (taken, signal): a forwarded signal during the wait ends it untaken.
     """
     deadline = time.monotonic() + wait
     delay = 0.05
     while True:
-        if lock.acquire(run=True):
+        if lock.acquire(run=run):
             return True, None
         left = deadline - time.monotonic()
         if left <= 0:
@@ -227,6 +265,17 @@ def _acquire(lock: JobLock, wait: float, waiter: SignalWaiter) -> tuple[bool, in
         if signum is not None:
             return False, signum
         delay = min(delay * 2, 1.0)
+
+
+def _period(text: str) -> float:
+    """argparse type: a ``--once-per`` period."""
+    try:
+        value = parse_period(text)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a tick must be at least 1s, got {text!r}")
+    return value
 
 
 def _conflict_message(key: str, state: LockState | None, name: str) -> str:

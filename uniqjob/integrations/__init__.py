@@ -108,6 +108,7 @@ def resolve_job(ref: str) -> type[UniqueJob]:
         found: Any = import_module(module_name)
         for part in qualname.split("."):
             found = getattr(found, part)
+        found = getattr(found, "unique_job", found)  # a @unique function: its job class
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError(f"cannot import job class {ref!r}: {exc}") from exc
     if not (isinstance(found, type) and issubclass(found, UniqueJob)):
