@@ -22,7 +22,7 @@ import itertools
 import json
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import redis
 from redis.commands.core import Script
@@ -153,6 +153,15 @@ def _where(client: Any) -> str:
     return f"a {type(client).__name__} client"
 
 
+class Call(NamedTuple):
+    """One primitive's script call: the script, how many of ``items`` are keys, and its reply's reader."""
+
+    script: Script
+    numkeys: int
+    items: list[Any]
+    decode: Callable[[Any], Any]
+
+
 class RedisBackend(Backend):
     """Locks in Redis, shared by every host that talks to the same server.
 
@@ -244,9 +253,13 @@ class RedisBackend(Backend):
         try:
             return self._run(script, numkeys, items)
         except Exception as exc:
-            if str(exc).startswith(lua.CORRUPT):
-                self._corrupt(exc, items[:numkeys])
-            raise self._fail(exc) from exc
+            raise self._failure(exc, items[:numkeys]) from exc
+
+    def _failure(self, exc: Exception, names: list[Any]) -> Exception:
+        """What a script call that raised ``exc`` on keys ``names`` raises instead (``from exc``)."""
+        if str(exc).startswith(lua.CORRUPT):
+            self._corrupt(exc, names)
+        return self._fail(exc)
 
     def _corrupt(self, exc: Exception, names: list[Any]) -> None:
         """Raise the CorruptRecordError a script's ``UNIQJOB_CORRUPT <i> <reason>`` reply stands for."""
@@ -329,6 +342,76 @@ class RedisBackend(Backend):
             items += [str(_ms(run.lease)), run.attempt]
         return items
 
+    # Each primitive is a script call (:class:`Call`: what to send, and how to read the reply) and
+    # its sending; the calls are the async store's too (_async.RedisAsync), only the sending differs.
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Call:
+        """The script call that primitive ``name`` makes with these arguments (not sent)."""
+        make: Callable[..., Call] = getattr(self, f"_{name}_call")
+        return make(*args, **kwargs)
+
+    def _done(self, call: Call) -> Any:
+        return call.decode(self._eval(call.script, call.numkeys, call.items))
+
+    def _granted(self, key: str, run: RunClaim | None, reply: Any) -> LockState | None:
+        """A CLAIM or START reply: None when taken (an integer: 1, or the run lock's fence), else the state."""
+        if type(reply) is int:
+            if run is not None:
+                run.fence = reply
+            return None
+        return self._state(key, reply)
+
+    def _claim_call(
+        self, key: str, token: str, *, meta: QueueMeta, ttl: float | None = None, run: RunClaim | None = None
+    ) -> Call:
+        items = self._items(key, token, meta, ttl, flag="q" if run is None else "r", run=run)
+        return Call(self._claim, 3, items, partial(self._granted, key, run))
+
+    def _start_call(
+        self,
+        key: str,
+        token: str,
+        *,
+        run: RunClaim,
+        meta: QueueMeta,
+        ttl: float | None = None,
+        adopt: bool = False,
+        queue_lock: QueueMode = "run",
+    ) -> Call:
+        flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock]
+        items = self._items(key, token, meta, ttl, flag=flags, run=run)
+        return Call(self._start, 3, items, partial(self._granted, key, run))
+
+    def _attach_call(self, key: str, token: str, job_id: str) -> Call:
+        return Call(self._attach, 1, [self._keys(key)[0], token, job_id], bool)
+
+    def _requeue_call(
+        self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = ""
+    ) -> Call:
+        # REQUEUE touches no fence: its keys are the two locks only; its ARGV ends with the attempt.
+        items = self._items(key, token, meta, ttl, flag=attempt, run=None, keys=self._keys(key)[:2])
+        return Call(self._requeue, 2, items, bool)
+
+    def _renew_call(self, key: str, token: str, lease: float, attempt: str = "") -> Call:
+        return Call(self._renew, 1, [self._keys(key)[1], token, _ms(lease), attempt], bool)
+
+    def _finish_call(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> Call:
+        items = [*self._keys(key)[:2], token, "1" if keep_queue else "0", attempt]
+        return Call(self._finish, 2, items, _nothing)
+
+    def _dequeue_call(self, key: str, token: str | None = None) -> Call:
+        return Call(self._dequeue, 1, [self._keys(key)[0], token or ""], bool)
+
+    def _reclaim_call(self, key: str, queue_token: str | None, run_token: str | None) -> Call:
+        return Call(self._reclaim, 2, [*self._keys(key)[:2], queue_token or "", run_token or ""], bool)
+
+    def _read_call(self, key: str) -> Call:
+        # Read at once, every field checked: a damaged record fails this call, not a later use.
+        return Call(self._read, 2, self._keys(key)[:2], partial(self._snapshot, key))
+
+    def _snapshot(self, key: str, reply: str | bytes) -> LockState:
+        return LockState(key, *self._parts(key, reply))
+
     def claim(
         self,
         key: str,
@@ -338,13 +421,8 @@ class RedisBackend(Backend):
         ttl: float | None = None,
         run: RunClaim | None = None,
     ) -> LockState | None:
-        items = self._items(key, token, meta, ttl, flag="q" if run is None else "r", run=run)
-        reply = self._eval(self._claim, 3, items)
-        if type(reply) is int:  # taken: 1, or with ``run`` the run lock's fence
-            if run is not None:
-                run.fence = reply
-            return None
-        return self._state(key, reply)
+        result: LockState | None = self._done(self._claim_call(key, token, meta=meta, ttl=ttl, run=run))
+        return result
 
     def start(
         self,
@@ -357,38 +435,32 @@ class RedisBackend(Backend):
         adopt: bool = False,
         queue_lock: QueueMode = "run",
     ) -> LockState | None:
-        flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock]
-        reply = self._eval(self._start, 3, self._items(key, token, meta, ttl, flag=flags, run=run))
-        if type(reply) is int:  # the fence of the run lock now held
-            run.fence = reply
-            return None
-        return self._state(key, reply)
+        result: LockState | None = self._done(
+            self._start_call(key, token, run=run, meta=meta, ttl=ttl, adopt=adopt, queue_lock=queue_lock)
+        )
+        return result
 
     def attach(self, key: str, token: str, job_id: str) -> bool:
-        return bool(self._eval(self._attach, 1, [self._keys(key)[0], token, job_id]))
+        return bool(self._done(self._attach_call(key, token, job_id)))
 
     def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = "") -> bool:
-        # REQUEUE touches no fence: its keys are the two locks only; its ARGV ends with the attempt.
-        items = self._items(key, token, meta, ttl, flag=attempt, run=None, keys=self._keys(key)[:2])
-        return bool(self._eval(self._requeue, 2, items))
+        return bool(self._done(self._requeue_call(key, token, meta=meta, ttl=ttl, attempt=attempt)))
 
     def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
-        return bool(self._eval(self._renew, 1, [self._keys(key)[1], token, _ms(lease), attempt]))
+        return bool(self._done(self._renew_call(key, token, lease, attempt)))
 
     def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
-        items = [*self._keys(key)[:2], token, "1" if keep_queue else "0", attempt]
-        self._eval(self._finish, 2, items)
+        self._done(self._finish_call(key, token, keep_queue=keep_queue, attempt=attempt))
 
     def dequeue(self, key: str, token: str | None = None) -> bool:
-        return bool(self._eval(self._dequeue, 1, [self._keys(key)[0], token or ""]))
+        return bool(self._done(self._dequeue_call(key, token)))
 
     def reclaim(self, key: str, queue_token: str | None, run_token: str | None) -> bool:
-        items = [*self._keys(key)[:2], queue_token or "", run_token or ""]
-        return bool(self._eval(self._reclaim, 2, items))
+        return bool(self._done(self._reclaim_call(key, queue_token, run_token)))
 
     def read(self, key: str) -> LockState:
-        # Read at once, every field checked: a damaged record fails this call, not a later use.
-        return LockState(key, *self._parts(key, self._eval(self._read, 2, self._keys(key)[:2])))
+        state: LockState = self._done(self._read_call(key))
+        return state
 
     def purge(self, key: str) -> list[str]:
         """Delete ``key``'s queue and run locks, whatever they hold; the Redis keys deleted.
@@ -434,6 +506,10 @@ class RedisBackend(Backend):
 
 def _take(items: Iterator[T], count: int) -> list[T]:
     return list(itertools.islice(items, count))
+
+
+def _nothing(reply: Any) -> None:
+    return None
 
 
 def _ms(seconds: float) -> int:
