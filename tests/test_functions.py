@@ -194,7 +194,7 @@ def test_what_cannot_be_decorated_is_a_configuration_error() -> None:
             yield None
 
     with pytest.raises(ConfigurationError, match="@unique decorates a function, got 42"):
-        unique()(42)  # type: ignore[arg-type]
+        unique()(42)  # type: ignore[call-overload]
     with pytest.raises(ConfigurationError, match="@unique decorates a function"):
         unique(UniqueJob)
 

@@ -47,7 +47,7 @@ _NO_KWARGS: dict[str, Any] = {}
 
 
 def sleep_of(seconds: float, sleep: Callable[[float], None] = time.sleep) -> Step:
-    """The step that waits ``seconds``: with ``sleep`` on the sync path, ``asyncio.sleep`` on the async one."""
+    """The step that waits ``seconds``: ``sleep`` on the sync path, ``asyncio.sleep`` on the async one."""
     return (SLEEP, (seconds, sleep), _NO_KWARGS)
 
 
@@ -67,7 +67,8 @@ def drive(store: Backend, steps: Steps[T]) -> T:
             if type(what) is str:
                 reply = getattr(store, what)(*args, **kwargs)
             elif what is SLEEP:
-                reply = args[1](args[0])
+                args[1](args[0])
+                reply = None
             else:
                 reply = what(*args, **kwargs)
                 if inspect.isawaitable(reply):
@@ -93,7 +94,8 @@ async def adrive(store: Backend, steps: Steps[T]) -> T:
             if type(what) is str:
                 reply = await astore.call(what, args, kwargs)
             elif what is SLEEP:
-                reply = await asyncio.sleep(args[0])
+                await asyncio.sleep(args[0])
+                reply = None
             else:
                 reply = what(*args, **kwargs)
                 if inspect.isawaitable(reply):

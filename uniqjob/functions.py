@@ -126,8 +126,9 @@ class AsyncUniqueFunction(UniqueFunction[P, Coroutine[Any, Any, R]]):
     def __call__(  # type: ignore[override]
         self, *args: P.args, **kwargs: P.kwargs
     ) -> Coroutine[Any, Any, R | None]:
-        """A coroutine that locks, awaits the function, releases: its result, or None for a dropped duplicate."""
-        return self.unique_job.arun(*self._bound, *args, **kwargs)  # type: ignore[no-any-return]
+        """A coroutine that locks, awaits the function, releases: its result, or None if dropped."""
+        call: Coroutine[Any, Any, R | None] = self.unique_job.arun(*self._bound, *args, **kwargs)
+        return call
 
     async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Any:
         """:meth:`enqueue`, awaited (an async queue, or none: the call awaited now)."""
@@ -202,7 +203,9 @@ def _decorate(function: Callable[..., Any], attrs: dict[str, Any]) -> UniqueFunc
     if not isinstance(name, str) or not isinstance(module, str):
         raise ConfigurationError(f"@unique needs a function with a name and a module, got {function!r}")
     if inspect.isasyncgenfunction(function):
-        raise ConfigurationError(f"@unique decorates a function or an async function, not async generator {module}.{name}")
+        raise ConfigurationError(
+            f"@unique decorates a function or an async function, not async generator {module}.{name}"
+        )
     attrs = dict(attrs)
     params = list(inspect.signature(function).parameters)
     if "unique_args" not in attrs and _is_method(name, params):

@@ -225,7 +225,11 @@ class JobLock:
             for _ in range(_ATTEMPTS):
                 self._granted_at = heartbeat.clock()
                 try:
-                    state = yield ("claim", (candidate, self.token), {"meta": meta, "ttl": self.ttl, "run": claim})
+                    state = yield (
+                        "claim",
+                        (candidate, self.token),
+                        {"meta": meta, "ttl": self.ttl, "run": claim},
+                    )
                 except CorruptRecordError:
                     raise  # the store answered: nothing was applied
                 except BackendError:
@@ -322,7 +326,13 @@ class JobLock:
                 state = yield (
                     "start",
                     (candidate, self.token),
-                    {"run": claim, "meta": self.meta, "ttl": self.ttl, "adopt": self.adopt, "queue_lock": mode},
+                    {
+                        "run": claim,
+                        "meta": self.meta,
+                        "ttl": self.ttl,
+                        "adopt": self.adopt,
+                        "queue_lock": mode,
+                    },
                 )
                 if state is None:
                     self.key, self.conflict, self._key_fixed = candidate, None, True
@@ -428,10 +438,9 @@ class JobLock:
                 raise JobNotUnique(self.key, self.conflict.describe())
             yield from self.hold_steps(started=True)
             return self
-        if self.strategy != "while_executing":
-            if not (yield from self.acquire_steps()):
-                assert self.conflict is not None
-                raise JobNotUnique(self.key, self.conflict.describe())
+        if self.strategy != "while_executing" and not (yield from self.acquire_steps()):
+            assert self.conflict is not None
+            raise JobNotUnique(self.key, self.conflict.describe())
         try:
             yield from self.hold_steps()
         except JobNotUnique:

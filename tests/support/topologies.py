@@ -130,7 +130,9 @@ class Cluster(_Group):
             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0",
         )  # fmt: skip
-        self.servers: list[RedisServer] = [ClusterNodeServer(extra_args=args, binary=binary) for _ in range(masters * (1 + replicas))]
+        self.servers: list[RedisServer] = [
+            ClusterNodeServer(extra_args=args, binary=binary) for _ in range(masters * (1 + replicas))
+        ]
 
     @property
     def ports(self) -> list[int]:
@@ -247,7 +249,9 @@ class SentinelGroup(_Group):
         with _client(self.master) as client:
             _wait("the replicas to connect", lambda: self._replicas_online(client) >= len(self.replicas), 20)
         binary = self.binary or find_redis_server()
-        self.sentinels = [SentinelServer(self.master.port, binary=binary) for _ in range(self._sentinel_count)]
+        self.sentinels = [
+            SentinelServer(self.master.port, binary=binary) for _ in range(self._sentinel_count)
+        ]
         self.servers.extend(self.sentinels)
         for sentinel in self.sentinels:
             sentinel.start()

@@ -190,7 +190,9 @@ class RedisBackend(Backend):
         if type(replicas) is not int or replicas < 0:
             raise ConfigurationError(f"replicas must be a whole number >= 0, got {replicas!r}")
         if not (isinstance(replica_timeout, int | float) and 0 < replica_timeout < float("inf")):
-            raise ConfigurationError(f"replica_timeout must be a number of seconds > 0, got {replica_timeout!r}")
+            raise ConfigurationError(
+                f"replica_timeout must be a number of seconds > 0, got {replica_timeout!r}"
+            )
         #: How many replicas must acknowledge each grant (Redis WAIT) before it counts; 0: none.
         self.replicas = replicas
         #: How long to wait for that acknowledgement, in seconds, before the grant is undone.
@@ -354,7 +356,7 @@ class RedisBackend(Backend):
         return call.decode(self._eval(call.script, call.numkeys, call.items))
 
     def _granted(self, key: str, run: RunClaim | None, reply: Any) -> LockState | None:
-        """A CLAIM or START reply: None when taken (an integer: 1, or the run lock's fence), else the state."""
+        """A CLAIM or START reply: None when taken (an integer: 1, or the run lock's fence), else the state"""
         if type(reply) is int:
             if run is not None:
                 run.fence = reply
