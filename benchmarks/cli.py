@@ -17,7 +17,7 @@ from benchmarks.report import Report
 
 __all__ = ["SECTIONS", "main"]
 
-SECTIONS = ("redis", "parallel", "scale", "file", "memory")
+SECTIONS = ("redis", "asyncio", "parallel", "scale", "file", "memory")
 
 
 def _whole(text: str, least: int) -> int:
@@ -142,11 +142,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "file iterations": args.file_iterations,
             "held": args.held,
         }
-        from benchmarks import local_bench, parallel, redis_bench
+        from benchmarks import async_bench, local_bench, parallel, redis_bench
 
         if "redis" in args.sections:
             progress(f"redis and peers: {args.iterations} samples per operation")
             redis_bench.run_redis(report, client, args.iterations, args.warmup)
+        if "asyncio" in args.sections:
+            progress(f"asyncio: {args.iterations} samples per operation, then concurrent arun()")
+            async_bench.run_async(report, client, args.iterations, args.warmup, rounds=args.rounds + 2)
         if "parallel" in args.sections:
             progress(f"parallel: {args.processes} processes")
             parallel.run_parallel(report, url, args.processes, args.parallel_ops, args.rounds)

@@ -24,7 +24,11 @@ from ..aio import AsyncBackend
 from ..base import Backend
 from ._store import RedisBackend, _where
 
-__all__ = ["RedisAsync", "async_client_of"]
+__all__ = ["POOL_SIZE", "RedisAsync", "async_client_of"]
+
+#: Connections an event loop's async client opens at most (or the sync pool's own limit, if lower);
+#: more calls at once wait their turn for one, as long as the socket timeout allows.
+POOL_SIZE = 64
 
 # The sync connection classes and their asyncio twins (redis-py's own).
 _CONNECTIONS: dict[type[Any], type[Any]] = {
@@ -49,7 +53,13 @@ def async_client_of(client: Any) -> aredis.Redis:
             f"({type(client).__name__}, {type(pool).__name__}) has no asyncio counterpart here"
         )
     settings = dict(pool.connection_kwargs)
-    return aredis.Redis(connection_pool=aredis.ConnectionPool(connection_class=twin, **settings))
+    size = min(POOL_SIZE, pool.max_connections)
+    wait = settings.get("socket_timeout")
+    return aredis.Redis(
+        connection_pool=aredis.BlockingConnectionPool(
+            connection_class=twin, max_connections=size, timeout=wait, **settings
+        )
+    )
 
 
 class RedisAsync(AsyncBackend):
@@ -96,3 +106,4 @@ class RedisAsync(AsyncBackend):
         client = self._clients.pop(asyncio.get_running_loop(), None)
         if client is not None:
             await client.aclose()
+
