@@ -118,4 +118,6 @@ async def _concurrent(report: Report, backend: RedisBackend, rounds: int) -> Non
             extra={"calls_per_s": round(CALLS / median), "ran_per_round": ran / rounds},
         )
     )
-    report.figures.update(async_concurrent_calls_per_s=round(CALLS / median), async_concurrent_ran=ran / rounds)
+    report.figures.update(
+        async_concurrent_calls_per_s=round(CALLS / median), async_concurrent_ran=ran / rounds
+    )

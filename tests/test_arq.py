@@ -15,7 +15,7 @@ from arq.jobs import Job, JobStatus
 
 import uniqjob
 from tests.arq_jobs import Expiring, Failing, Flaky, Gate, Rescheduled, queue
-from tests.integration_workers import NODE_VAR, REPO, URL_VAR, Workers, count, open_gate, wait_until
+from tests.integration_workers import NODE_VAR, URL_VAR, Workers, count, open_gate, wait_until, worker_pool
 from tests.redis_server import RedisServer
 from uniqjob import ConfigurationError, UniqueJob
 from uniqjob.integrations import Ticket
@@ -36,13 +36,10 @@ def run(call: Awaitable[T]) -> T:
 def workers(
     redis_server: RedisServer, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> Iterator[Workers]:
-    url = redis_server.url
-    monkeypatch.setenv(URL_VAR, url)
-    uniqjob.configure(url)
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    pool = Workers(tmp_path, {URL_VAR: url, "UNIQJOB_URL": url, "PYTHONPATH": path})
-    yield pool
-    pool.close()
+    monkeypatch.setenv(URL_VAR, redis_server.url)
+    uniqjob.configure(redis_server.url)
+    with worker_pool(redis_server.url, tmp_path) as pool:
+        yield pool
 
 
 def start_worker(workers: Workers, name: str = "arq", **env: str) -> None:

@@ -24,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
+from functools import partial
 from typing import Any, TypeVar
 
 from .errors import ConfigurationError
-from .stores.aio import async_backend
+from .stores.aio import AsyncBackend, async_backend
 from .stores.base import Backend
 
 __all__ = ["SLEEP", "Step", "Steps", "adrive", "drive", "sleep_of"]
@@ -52,34 +53,28 @@ def sleep_of(seconds: float, sleep: Callable[[float], None] = time.sleep) -> Ste
 
 
 def drive(store: Backend, steps: Steps[T]) -> T:
-    """Run ``steps`` to the end, calling each step (the sync API); return its result."""
-    reply: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = steps.send(reply) if error is None else steps.throw(error)
-        except StopIteration as done:
-            result: T = done.value
-            return result
-        what, args, kwargs = step
-        error = None
-        try:
-            if type(what) is str:
-                reply = getattr(store, what)(*args, **kwargs)
-            elif what is SLEEP:
-                args[1](args[0])
-                reply = None
-            else:
-                reply = what(*args, **kwargs)
-                if inspect.isawaitable(reply):
-                    reply = _refuse(what, reply)
-        except BaseException as exc:  # thrown into the steps, where the sync code would have seen it
-            reply, error = None, exc
+    """Run ``steps`` to the end, calling each step (the sync API); return its result.
+
+    The one loop is :func:`_run`'s, a coroutine: with steps that never wait it
+    runs to its end in a single ``send``, with no event loop.
+    """
+    run = _run(steps, partial(_called, store))
+    try:
+        run.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    run.close()  # pragma: no cover - a sync step never suspends
+    raise RuntimeError("a sync step waited on an event loop")
 
 
 async def adrive(store: Backend, steps: Steps[T]) -> T:
     """Run ``steps`` to the end, awaiting each step (the asyncio API); return its result."""
-    astore = async_backend(store)
+    return await _run(steps, partial(_awaited, async_backend(store)))
+
+
+async def _run(steps: Steps[T], do: Callable[[Step], Awaitable[Any]]) -> T:
+    """Send each step's answer into ``steps`` (or throw what it raised) until they return."""
     reply: Any = None
     error: BaseException | None = None
     while True:
@@ -88,20 +83,32 @@ async def adrive(store: Backend, steps: Steps[T]) -> T:
         except StopIteration as done:
             result: T = done.value
             return result
-        what, args, kwargs = step
-        error = None
         try:
-            if type(what) is str:
-                reply = await astore.call(what, args, kwargs)
-            elif what is SLEEP:
-                await asyncio.sleep(args[0])
-                reply = None
-            else:
-                reply = what(*args, **kwargs)
-                if inspect.isawaitable(reply):
-                    reply = await reply
-        except BaseException as exc:  # a cancellation too: the steps release what they hold
+            reply, error = await do(step), None
+        except (
+            BaseException
+        ) as exc:  # thrown into the steps (a cancellation too: they release what they hold)
             reply, error = None, exc
+
+
+async def _called(store: Backend, step: Step) -> Any:
+    what, args, kwargs = step
+    if type(what) is str:
+        return getattr(store, what)(*args, **kwargs)
+    if what is SLEEP:
+        return args[1](args[0])
+    reply = what(*args, **kwargs)
+    return _refuse(what, reply) if inspect.isawaitable(reply) else reply
+
+
+async def _awaited(astore: AsyncBackend, step: Step) -> Any:
+    what, args, kwargs = step
+    if type(what) is str:
+        return await astore.call(what, args, kwargs)
+    if what is SLEEP:
+        return await asyncio.sleep(args[0])
+    reply = what(*args, **kwargs)
+    return (await reply) if inspect.isawaitable(reply) else reply
 
 
 def _refuse(what: Any, awaitable: Any) -> Any:

@@ -106,4 +106,3 @@ class RedisAsync(AsyncBackend):
         client = self._clients.pop(asyncio.get_running_loop(), None)
         if client is not None:
             await client.aclose()
-
