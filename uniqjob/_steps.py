@@ -24,8 +24,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Generator
-from functools import partial
+from collections.abc import Callable, Generator
 from typing import Any, TypeVar
 
 from .errors import ConfigurationError
@@ -55,26 +54,27 @@ def sleep_of(seconds: float, sleep: Callable[[float], None] = time.sleep) -> Ste
 def drive(store: Backend, steps: Steps[T]) -> T:
     """Run ``steps`` to the end, calling each step (the sync API); return its result.
 
-    The one loop is :func:`_run`'s, a coroutine: with steps that never wait it
-    runs to its end in a single ``send``, with no event loop.
+    The one loop is :func:`_run`'s, a coroutine: with steps that are called, not
+    awaited, it runs to its end in a single ``send``, with no event loop.
     """
-    run = _run(steps, partial(_called, store))
+    run = _run(steps, _called, store, False)
     try:
         run.send(None)
     except StopIteration as done:
         result: T = done.value
         return result
-    run.close()  # pragma: no cover - a sync step never suspends
+    run.close()  # pragma: no cover - a called step never suspends
     raise RuntimeError("a sync step waited on an event loop")
 
 
 async def adrive(store: Backend, steps: Steps[T]) -> T:
     """Run ``steps`` to the end, awaiting each step (the asyncio API); return its result."""
-    return await _run(steps, partial(_awaited, async_backend(store)))
+    return await _run(steps, _awaited, async_backend(store), True)
 
 
-async def _run(steps: Steps[T], do: Callable[[Step], Awaitable[Any]]) -> T:
-    """Send each step's answer into ``steps`` (or throw what it raised) until they return."""
+async def _run(steps: Steps[T], do: Callable[[Any, Step], Any], store: Any, wait: bool) -> T:
+    """Send each step's answer (``do(store, step)``, awaited if ``wait``) into ``steps``, or throw
+    what it raised, until they return."""
     reply: Any = None
     error: BaseException | None = None
     while True:
@@ -84,14 +84,16 @@ async def _run(steps: Steps[T], do: Callable[[Step], Awaitable[Any]]) -> T:
             result: T = done.value
             return result
         try:
-            reply, error = await do(step), None
+            reply, error = do(store, step), None
+            if wait:
+                reply = await reply
         except (
             BaseException
         ) as exc:  # thrown into the steps (a cancellation too: they release what they hold)
             reply, error = None, exc
 
 
-async def _called(store: Backend, step: Step) -> Any:
+def _called(store: Backend, step: Step) -> Any:
     what, args, kwargs = step
     if type(what) is str:
         return getattr(store, what)(*args, **kwargs)
