@@ -318,6 +318,39 @@ def test_the_redis_face_loads_its_scripts_again_after_a_flush(
     asyncio.run(main())
 
 
+def test_calls_cancelled_mid_exchange_leave_no_lock_and_usable_connections(
+    redis_backend: RedisBackend,
+) -> None:
+    job = job_on(redis_backend)
+    job.gate = None
+
+    async def main() -> None:
+        for turns in range(16):  # cancelled after 0, 1, ... turns of the loop: at every step
+            tasks = [asyncio.create_task(job.arun(n)) for n in range(20)]
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            # A claim cancelled after it was sent is undone, token-checked, on the undo thread
+            # (left, it would hold its key for a whole lease).
+            wait_for(lambda: not any(job.is_locked(n) for n in range(20)), f"the undos after {turns} turns")
+
+    asyncio.run(main())
+
+    async def again() -> list[Any]:
+        return [await job.arun(n) for n in range(20)]
+
+    assert asyncio.run(again()) == [f"fetched {n}" for n in range(20)]
+
+
+def wait_for(condition: Any, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
 # -- errors -----------------------------------------------------------------------------------
 
 

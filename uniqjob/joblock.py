@@ -232,7 +232,7 @@ class JobLock:
                     )
                 except CorruptRecordError:
                     raise  # the store answered: nothing was applied
-                except BackendError:
+                except BaseException:  # the store failed, or the caller was cancelled: it may be applied
                     self._undo_claim(candidate)
                     raise
                 if state is None:
