@@ -526,3 +526,80 @@ def test_without_an_attempt_the_token_alone_decides(store: Store) -> None:
     b.finish("k", "t1")
     assert b.read("k").free
     assert not b.renew("k", "t2", LEASE, attempt="a1")  # and another token is never ours
+
+
+# -- dropped duplicates (Backend.duplicates) ----------------------------------------------------
+
+
+def test_a_counted_refusal_is_a_duplicate_of_its_class(store: Store) -> None:
+    b = store.backend
+    assert b.duplicates() == {}
+    assert claim(b, "t1", count=True) is None  # a grant counts nothing
+    assert claim(b, "t2", count=True) is not None
+    assert claim(b, "t3", count=True) is not None
+    assert claim(b, "t4") is not None  # not asked to count
+    other = QueueMeta("tests.Other")  # a class of its own has keys of its own
+    assert b.claim("o", "t5", meta=other) is None
+    assert b.claim("o", "t9", meta=other, count=True) is not None
+    assert b.claim("k", "t6", meta=QueueMeta(), count=True) is not None  # no class: not attributable
+    assert start(b, "t7", key="r") is None
+    assert start(b, "t8", key="r", count=True) is not None  # a refused start counts too
+    assert b.duplicates() == {"tests.Job": 3, "tests.Other": 1}
+
+
+def test_a_second_delivery_is_not_a_duplicate(store: Store) -> None:
+    b = store.backend
+    assert b.start("k", "t1", run=RunClaim(ME, LEASE, "a1"), meta=META) is None
+    assert b.start("k", "t1", run=RunClaim(ME, LEASE, "a2"), meta=META, count=True) is not None
+    assert b.duplicates() == {}
+
+
+def test_a_refusal_resolved_and_retaken_is_taken_back(store: Store) -> None:
+    b = store.backend
+    assert claim(b, "t1") is None
+    refused = claim(b, "t2", count=True)
+    assert refused is not None and b.duplicates() == {"tests.Job": 1}
+    assert b.reclaim("k", "t1", None)  # the caller proved the holder gone
+    assert claim(b, "t2", count=True, counted=refused.now) is None
+    assert b.duplicates() == {}
+    # A retry that is refused again counts nothing more: the call is one duplicate.
+    refused = claim(b, "t3", count=True)
+    assert refused is not None
+    assert claim(b, "t3", count=True, counted=refused.now) is not None
+    assert b.duplicates() == {"tests.Job": 1}
+    # The same for a start.
+    assert start(b, "t4", key="r") is None
+    refused = start(b, "t5", key="r", count=True)
+    assert refused is not None and b.duplicates() == {"tests.Job": 2}
+    assert b.reclaim("r", None, "t4")
+    assert start(b, "t5", key="r", count=True, counted=refused.now) is None
+    assert b.duplicates() == {"tests.Job": 1}
+
+
+def test_duplicates_are_counted_over_a_window(backend: Backend) -> None:
+    b = backend
+    assert claim(b, "t1") is None
+    for token in ("t2", "t3"):
+        assert claim(b, token, count=True) is not None
+    assert b.duplicates(60) == {"tests.Job": 2}  # this minute's bucket overlaps any window
+    assert b.duplicates(0.5) == {"tests.Job": 2}
+    for bad in (0, -1, 3601, float("nan"), "60", True):
+        with pytest.raises(ConfigurationError, match="window of dropped duplicates"):
+            b.duplicates(bad)  # type: ignore[arg-type]
+
+
+def test_counts_age_out_of_the_window_by_the_minute(store: Store) -> None:
+    b = store.backend
+    if isinstance(b, RedisBackend):
+        pytest.skip("Redis keeps the server's clock: its buckets' ageing is tested in tests/test_drops.py")
+    assert claim(b, "t1") is None
+    assert claim(b, "t2", count=True) is not None
+    store.advance(120)
+    assert claim(b, "t3", count=True) is not None
+    assert b.duplicates(3600) == {"tests.Job": 2}
+    assert b.duplicates(60) == {"tests.Job": 1}  # the older minute is outside the last one
+    store.advance(3600)
+    assert claim(b, "t4", count=True) is not None
+    assert b.duplicates(3600) == {"tests.Job": 2}  # the first minute has left the hour
+    store.advance(3700)
+    assert b.duplicates(3600) == {}

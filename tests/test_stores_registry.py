@@ -19,7 +19,12 @@ from uniqjob.config import backend_from_url
 from uniqjob.stores.memory import MemoryBackend
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILT_IN = "redis://, rediss://, unix://, file:/// or memory://"
+REDIS_FORMS = [
+    "redis", "rediss", "unix",
+    "redis+cluster", "rediss+cluster", "redis+sentinel", "rediss+sentinel",
+    "valkey", "valkeys", "valkey+cluster", "valkeys+cluster", "valkey+sentinel", "valkeys+sentinel",
+]  # fmt: skip
+BUILT_IN = ", ".join(f"{scheme}://" for scheme in REDIS_FORMS) + ", file:/// or memory://"
 
 
 class URLStore(MemoryBackend):
@@ -53,7 +58,7 @@ def made() -> Iterator[list[URLStore]]:
 
 
 def test_the_built_in_schemes() -> None:
-    assert stores.schemes() == ["redis", "rediss", "unix", "file", "memory"]
+    assert stores.schemes() == [*REDIS_FORMS, "file", "memory"]
     with pytest.raises(ConfigurationError) as caught:
         backend_from_url("postgres://user:secret@db/locks")
     assert (

@@ -221,14 +221,17 @@ class JobLock:
         meta = self.meta
         if meta.job_id:
             meta = QueueMeta(meta.cls, meta.args)  # replace(meta, job_id=""), minus its introspection
-        for candidate in self.candidate_keys():
+        candidates = self.candidate_keys()
+        for candidate in candidates:
+            # Only the last candidate key's refusal is a duplicate (see Backend.duplicates), counted once.
+            count, counted = candidate == candidates[-1], None
             for _ in range(_ATTEMPTS):
                 self._granted_at = heartbeat.clock()
                 try:
                     state = yield (
                         "claim",
                         (candidate, self.token),
-                        {"meta": meta, "ttl": self.ttl, "run": claim},
+                        {"meta": meta, "ttl": self.ttl, "run": claim, "count": count, "counted": counted},
                     )
                 except CorruptRecordError:
                     raise  # the store answered: nothing was applied
@@ -249,7 +252,17 @@ class JobLock:
                     or (yield from self._reclaim_gone(state, gone))
                 ):
                     break
+                counted = self._counted(state, count, counted)
         return False
+
+    def _counted(self, refused: LockState, count: bool, counted: float | None) -> float | None:
+        """When the store counted this call's refusal ``refused`` as a duplicate, for a retry to take back."""
+        if not count or counted is not None:
+            return counted
+        run = refused.run
+        if not self.meta.cls or (run is not None and run.token == self.token):
+            return None  # not counted: no class, or a second delivery of this job
+        return refused.now
 
     def _undo_claim(self, key: str) -> None:
         """A claim failed but may have been applied: undo it, token-checked, once the store answers.
@@ -316,7 +329,9 @@ class JobLock:
             yield ("dequeue", (self.key, None if self.adopt else self.token), _NONE)
             return
         claim = RunClaim(local_holder(), self.lease, self._attempt)
-        for candidate in self.candidate_keys():
+        candidates = self.candidate_keys()
+        for candidate in candidates:
+            count, counted = candidate == candidates[-1], None
             for _ in range(_ATTEMPTS):
                 self._granted_at = heartbeat.clock()
                 # A start that fails is not undone here: the token is its job's, and a second
@@ -332,6 +347,8 @@ class JobLock:
                         "ttl": self.ttl,
                         "adopt": self.adopt,
                         "queue_lock": mode,
+                        "count": count,
+                        "counted": counted,
                     },
                 )
                 if state is None:
@@ -341,6 +358,7 @@ class JobLock:
                 self.conflict = state
                 if not (yield from self._reclaim_dead(state)):
                     break
+                counted = self._counted(state, count, counted)
         assert self.conflict is not None
         raise JobNotUnique(self.key, self.conflict.describe())
 

@@ -5,7 +5,8 @@ Locks are a :class:`~uniqjob.stores._records.LockMachineBackend` and semaphores 
 one mutex. Each writes its hook (``_lock_machine``, ``_machine``) and what the hooks
 cannot give: ``scan`` (the contracts' one streaming read), ``purge`` (an
 operator's forced release; optional, the contract suite holds it) and a
-fence counter handed to each :class:`LockMachine`. Everything else, every
+fence counter and a counter of dropped duplicates handed to each :class:`LockMachine`, and
+``duplicates`` to read the latter. Everything else, every
 transition, comes from the two bases. ``tests/conftest.py`` registers it
 under ``dict://`` and puts it in the one list of stores, so both contract
 suites run against it.
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from uniqjob.stores import _drops
 from uniqjob.stores._machine import Machine
 from uniqjob.stores._machine_store import MachineStore
 from uniqjob.stores._records import LockMachine, LockMachineBackend
@@ -38,6 +40,7 @@ class DictBackend(LockMachineBackend):
         self.records: dict[str, dict[str, Any]] = {}
         self.mutex = threading.Lock()
         self.last_fence = 0  # fences outlive their records: a purge or a release never resets them
+        self.drops: _drops.Counts = {}  # dropped duplicates, counted by the LockMachine under the mutex
 
     def _fence(self, now_us: int) -> int:
         self.last_fence = max(now_us, self.last_fence + 1)
@@ -46,7 +49,9 @@ class DictBackend(LockMachineBackend):
     @contextmanager
     def _lock_machine(self, key: str) -> Iterator[LockMachine]:
         with self.mutex:
-            locks = LockMachine(key, copy.deepcopy(self.records.get(key)), self.clock(), self._fence)
+            locks = LockMachine(
+                key, copy.deepcopy(self.records.get(key)), self.clock(), self._fence, self._count
+            )
             yield locks
             if locks.changed:
                 record = locks.record()
@@ -55,10 +60,17 @@ class DictBackend(LockMachineBackend):
                 else:
                     self.records[key] = record
 
+    def _count(self, cls: str, now: float, n: int) -> None:
+        _drops.add(self.drops, cls, now, n)
+
     def scan(self) -> Iterator[str]:
         with self.mutex:
             keys = list(self.records)
         yield from keys
+
+    def duplicates(self, window: float = _drops.WINDOW) -> dict[str, int]:
+        with self.mutex:
+            return _drops.totals(self.drops, self.clock(), window)
 
     def purge(self, key: str) -> list[str]:
         with self.mutex:

@@ -40,7 +40,9 @@ from ._common import (
 )
 from ._concurrency import add_discard_parked_parser
 from ._locks import add_locks_parser, add_reap_parser, add_release_parser
+from ._mcp import add_mcp_parser
 from ._run import add_run_parser
+from ._stats import add_stats_parser
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
@@ -53,6 +55,8 @@ SUBCOMMANDS: list[AddParser] = [
     add_release_parser,
     add_reap_parser,
     add_discard_parked_parser,
+    add_stats_parser,
+    add_mcp_parser,
 ]
 
 _EPILOG = """\

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from ..ops import CORRUPT, LockRelease, LockRow, iter_rows, reap, release
+from ..ops import CORRUPT, LockRelease, LockRow, duplicates, iter_rows, reap, release
+from ..stores._drops import WINDOW
 from ._common import (
     EX_DATAERR,
     EX_FAILURE,
@@ -122,7 +123,9 @@ removed with `uniqjob release --force KEY` (or the path, if it names no key).
 The exit status is then 65.
 
 --json fields: key, class, args, state, host, pid, age_s, ttl_s, lease_s, orphaned,
-path, reason (the last two only set, and key may be null, for a corrupt record)
+path, reason (the last two only set, and key may be null, for a corrupt record);
+when the store counted dropped duplicates in the last hour, the last line is
+{"duplicates": {CLASS: N}, "window_s": 3600} (see `uniqjob stats`)
 
 --concurrency lists concurrency keys instead: HELD slots / limit, their LEASE
 (fresh, stale: lapsed or its holder dead, mixed), RUN(ning), PARKED jobs and how
@@ -163,7 +166,8 @@ def locks_command(args: argparse.Namespace) -> int:
     """Handle ``uniqjob locks``."""
     if args.concurrency:
         return concurrency_locks_command(args)
-    rows = iter_rows(open_backend(args.url), job_class=args.job_class)
+    backend = open_backend(args.url)
+    rows = iter_rows(backend, job_class=args.job_class)
     out = _stdout()
     corrupt: list[LockRow] = []
     header_written = False
@@ -177,7 +181,11 @@ def locks_command(args: argparse.Namespace) -> int:
             out.write(_table_line([c.header for c in COLUMNS]) + "\n")
             header_written = True
         out.write(_table_line([c.cell(row) for c in COLUMNS]) + "\n")
-    if not header_written and not args.json:
+    if args.json:
+        drops = duplicates(backend, job_class=args.job_class)
+        if drops:  # the last line, when the store counted any: see the epilog
+            out.write(json.dumps({"duplicates": drops, "window_s": WINDOW}) + "\n")
+    elif not header_written:
         print("no locks held", file=sys.stderr)
     if corrupt:
         out.flush()

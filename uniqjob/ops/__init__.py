@@ -11,7 +11,9 @@ objects), offered here beside the rest.
 - :func:`release`: release what one key names: its locks, a concurrency key's slots, or a corrupt record;
 - :func:`sweep`: settle every concurrency key (dead holders' slots freed, promotions pushed);
 - :func:`release_slots`, :func:`discard_parked`: an operator's escape hatches for one concurrency key;
-- :func:`concurrency`, :func:`concurrency_key`, :func:`iter_keys`: concurrency figures, for metrics.
+- :func:`concurrency`, :func:`concurrency_key`, :func:`iter_keys`: concurrency figures, for metrics;
+- :func:`duplicates`: the duplicates dropped per job class over the last hour, as the store counted them;
+- :func:`stats`: all the figures above over the whole store, in one read (``uniqjob stats``, metrics).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from ..concurrency import Released, discard_parked, sweep
 from ..concurrency import release as release_slots
 from ..concurrency.ops import stale
+from ._drops import Stats, duplicates, stats
 from ._figures import ConcurrencyReport, KeyReport, Totals, concurrency, concurrency_key, iter_keys
 from ._locks import CORRUPT, LockRelease, LockRow, Reaped, iter_rows, reap, release
 
@@ -30,15 +33,18 @@ __all__ = [
     "LockRow",
     "Reaped",
     "Released",
+    "Stats",
     "Totals",
     "concurrency",
     "concurrency_key",
     "discard_parked",
+    "duplicates",
     "iter_keys",
     "iter_rows",
     "reap",
     "release",
     "release_slots",
     "stale",
+    "stats",
     "sweep",
 ]

@@ -92,14 +92,15 @@ def iter_rows(backend: Backend | None = None, *, job_class: str | None = None) -
         if state.free:
             continue
         row = LockRow.from_state(state)
-        if job_class is None or _class_matches(row.job_class, job_class):
+        if job_class is None or class_matches(row.job_class, job_class):
             yield row
     for error in backend.corrupt():
         if error.path not in seen:
             yield LockRow.from_corrupt(error)
 
 
-def _class_matches(cls: str | None, wanted: str) -> bool:
+def class_matches(cls: str | None, wanted: str) -> bool:
+    """Whether job class ``cls`` is the one ``wanted`` names (its full name, or its last dotted part)."""
     return cls is not None and (cls == wanted or cls.endswith("." + wanted))
 
 

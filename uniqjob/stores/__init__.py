@@ -27,6 +27,7 @@ from ._machine_store import MachineStore
 from ._records import LockMachine, LockMachineBackend
 from ._urls import scheme_of, shown
 from .base import Backend, Store
+from .redis._url import REDIS_SCHEMES  # the names only: redis-py loads with a Redis URL's first store
 from .semaphores import SemaphoreStore
 
 # The contracts, and the record-machine templates a new store in Python builds on
@@ -142,8 +143,7 @@ def _expected() -> str:
     return f"{', '.join(forms[:-1])} or {forms[-1]}"
 
 
-register("redis", "uniqjob.stores.redis:from_url")
-register("rediss", "uniqjob.stores.redis:from_url")
-register("unix", "uniqjob.stores.redis:from_url")
+for _scheme in REDIS_SCHEMES:  # one server, a cluster, a Sentinel service; Redis or Valkey
+    register(_scheme, "uniqjob.stores.redis:from_url")
 register("file", "uniqjob.stores.file:from_url", form="file:///")
 register("memory", "uniqjob.stores.memory:from_url")

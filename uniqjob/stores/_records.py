@@ -30,6 +30,8 @@ Record = dict[str, Any]
 
 #: Issues a run lock's fence, given the store's clock in whole microseconds (see Backend.start).
 Fences = Callable[[int], int]
+#: Counts ``n`` dropped duplicates (-1: takes one back) of a job class at a store time (Backend.duplicates).
+Drops = Callable[[str, float, int], None]
 
 
 class LockMachine:
@@ -37,12 +39,21 @@ class LockMachine:
 
     ``fences`` issues the fence of a run lock this machine grants (see :meth:`Backend.start`);
     a machine made without one can read and release, and refuses to grant a run lock.
+    ``drops`` counts the duplicates it refuses (see :meth:`Backend.duplicates`; None: not counted).
     """
 
-    def __init__(self, key: str, record: Record | None, now: float, fences: Fences | None = None) -> None:
+    def __init__(
+        self,
+        key: str,
+        record: Record | None,
+        now: float,
+        fences: Fences | None = None,
+        drops: Drops | None = None,
+    ) -> None:
         self.key = key
         self.now = now
         self.fences = fences
+        self.drops = drops
         self.q: Record | None = None
         self.r: Record | None = None
         self.changed = False
@@ -202,6 +213,22 @@ class LockMachine:
             self.q = None
         return None
 
+    def tally(
+        self, token: str, cls: str, refused: LockState | None, count: bool, counted: float | None
+    ) -> None:
+        """Count a refused call as a duplicate, or take back its earlier count once granted.
+
+        See :meth:`Backend.duplicates`.
+        """
+        drops = self.drops
+        if drops is None:
+            return
+        if refused is None:
+            if counted is not None:
+                drops(cls, counted, -1)
+        elif count and counted is None and not (self.r is not None and self.r["token"] == token):
+            drops(cls, self.now, 1)
+
     def attach(self, token: str, job_id: str) -> bool:
         if self.q is None or self.q["token"] != token:
             return False
@@ -277,9 +304,13 @@ class LockMachineBackend(Backend):
         meta: QueueMeta,
         ttl: float | None = None,
         run: RunClaim | None = None,
+        count: bool = False,
+        counted: float | None = None,
     ) -> LockState | None:
         with self._lock_machine(key) as m:
-            return m.claim(token, meta, ttl, run)
+            state = m.claim(token, meta, ttl, run)
+            m.tally(token, meta.cls, state, count, counted)
+            return state
 
     def start(
         self,
@@ -291,9 +322,13 @@ class LockMachineBackend(Backend):
         ttl: float | None = None,
         adopt: bool = False,
         queue_lock: QueueMode = "run",
+        count: bool = False,
+        counted: float | None = None,
     ) -> LockState | None:
         with self._lock_machine(key) as m:
-            return m.start(token, run, meta, ttl, adopt=adopt, queue_lock=queue_lock)
+            state = m.start(token, run, meta, ttl, adopt=adopt, queue_lock=queue_lock)
+            m.tally(token, meta.cls, state, count, counted)
+            return state
 
     def attach(self, key: str, token: str, job_id: str) -> bool:
         with self._lock_machine(key) as m:

@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from ._machine import Machine
-from ._records import Fences, LockMachine
+from ._records import Drops, Fences, LockMachine
 
 __all__ = ["Held", "RecordStore"]
 
@@ -28,18 +28,25 @@ class Held:
     """One key's record (None: there is none) as of ``now``, read under the key's mutual exclusion.
 
     ``put`` stores the record's next version (None: the key holds nothing), while that
-    exclusion is still held; ``fences`` issues a run lock's fence (see ``Backend.start``).
+    exclusion is still held; ``fences`` issues a run lock's fence (see ``Backend.start``);
+    ``drops`` counts a refused duplicate (see ``Backend.duplicates``; None: the store keeps no counts).
     """
 
-    __slots__ = ("fences", "now", "put", "record")
+    __slots__ = ("drops", "fences", "now", "put", "record")
 
     def __init__(
-        self, record: Record | None, now: float, put: Callable[[Record | None], None], fences: Fences
+        self,
+        record: Record | None,
+        now: float,
+        put: Callable[[Record | None], None],
+        fences: Fences,
+        drops: Drops | None = None,
     ) -> None:
         self.record = record
         self.now = now
         self.put = put
         self.fences = fences
+        self.drops = drops
 
 
 class RecordStore:
@@ -52,7 +59,7 @@ class RecordStore:
     @contextmanager
     def _lock_machine(self, key: str) -> Iterator[LockMachine]:
         with self._held(key) as held:
-            m = LockMachine(key, held.record, held.now, held.fences)
+            m = LockMachine(key, held.record, held.now, held.fences, held.drops)
             yield m
             if m.changed:
                 held.put(m.record())

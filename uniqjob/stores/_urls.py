@@ -8,10 +8,11 @@ for anything malformed; :func:`bad` turns that into the
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from collections.abc import Mapping
-from urllib.parse import SplitResult, unquote_plus, urlsplit
+from urllib.parse import SplitResult, unquote, unquote_plus, urlsplit
 
 from ..errors import ConfigurationError
 
@@ -19,17 +20,19 @@ __all__ = [
     "Invalid",
     "bad",
     "flag",
+    "nodes",
     "options",
     "plain_text",
     "scheme_of",
     "seconds",
     "shown",
     "split",
+    "split_hosts",
     "whole",
 ]
 
 _SECRET_USERINFO = re.compile(r"(?<=://)([^/?#@]*?):[^/?#@]*@")
-_SECRET_OPTION = re.compile(r"(?<=[?&]password=)[^&#]*")
+_SECRET_OPTION = re.compile(r"([?&](?:sentinel_)?password=)[^&#]*")
 
 
 def scheme_of(url: str) -> str:
@@ -44,7 +47,7 @@ class Invalid(Exception):
 
 def shown(url: str) -> str:
     """``url`` quoted for a message, any password in it masked."""
-    return repr(_SECRET_OPTION.sub("***", _SECRET_USERINFO.sub(r"\1:***@", url)))
+    return repr(_SECRET_OPTION.sub(r"\1***", _SECRET_USERINFO.sub(r"\1:***@", url)))
 
 
 def bad(kind: str, url: str, reason: object) -> ConfigurationError:
@@ -68,6 +71,64 @@ def split(url: str) -> SplitResult:
             "'#' starts a URL fragment, which means nothing here (write a '#' in a password as %23)"
         )
     return parts
+
+
+def split_hosts(url: str) -> tuple[SplitResult, str]:
+    """Split a URL whose netloc holds a list of hosts: the rest of it, and the list as written.
+
+    The list (``host:port,[v6]:port,...``, after any ``user:pass@``) is cut out
+    before :func:`split` reads the rest, which then names no host; read the
+    list with :func:`nodes`.
+    """
+    scheme, sep, rest = url.partition("://")
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    userinfo, at, hosts = rest[:end].rpartition("@")
+    return split(f"{scheme}{sep}{userinfo}{at}{rest[end:]}"), hosts
+
+
+def nodes(text: str, default_port: int, example: str) -> list[tuple[str, int]]:
+    """The ``(host, port)`` pairs of a comma-separated host list; Invalid naming what is wrong.
+
+    A host is a name, an IPv4 address or an IPv6 address in brackets, each
+    with ``:port`` or without (then ``default_port``). An empty entry, and a
+    node listed twice, are refused.
+    """
+    if not text:
+        raise Invalid(f"no host: give host:port[,host:port...], e.g. {example}")
+    found: list[tuple[str, int]] = []
+    for number, entry in enumerate(text.split(","), 1):
+        node = _node(entry, number, default_port)
+        if (node[0].lower(), node[1]) in [(h.lower(), p) for h, p in found]:
+            raise Invalid(f"host {number} of the list, {entry!r}, names a node already listed")
+        found.append(node)
+    return found
+
+
+def _node(entry: str, number: int, default_port: int) -> tuple[str, int]:
+    where = f"host {number} of the list"
+    if not entry:
+        raise Invalid(f"{where} is empty (two commas together, or one at an end)")
+    if entry.startswith("["):
+        address, bracket, port = entry[1:].partition("]")
+        try:
+            ipaddress.IPv6Address(unquote(address))
+        except ValueError:
+            bracket = ""
+        if not bracket or (port and not port.startswith(":")):
+            raise Invalid(f"{where}, {entry!r}, is not a well-formed [IPv6]:port")
+        host, port = unquote(address), port[1:]
+    elif entry.count(":") > 1:
+        raise Invalid(f"{where}, {entry!r}: an IPv6 address is written in brackets, e.g. [::1]:6379")
+    else:
+        raw, _, port = entry.partition(":")
+        host = plain_text(where, unquote(raw))
+        if not host:
+            raise Invalid(f"{where}, {entry!r}, names no host before its port")
+    if not port:
+        return host, default_port
+    if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        raise Invalid(f"{where}, {entry!r}: the port must be a number 1-65535")
+    return host, int(port)
 
 
 def options(parts: SplitResult, allowed: Mapping[str, str]) -> dict[str, str]:

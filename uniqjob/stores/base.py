@@ -23,6 +23,7 @@ from typing import Any, Literal
 from .._moved import renamed
 from ..errors import ConfigurationError, CorruptRecordError
 from ..locks import LockState, QueueMeta, RunClaim
+from ._drops import check_window
 from .semaphores import SemaphoreStore
 
 __all__ = ["Backend", "QueueMode", "SemaphoreStore", "Store"]
@@ -52,6 +53,8 @@ class Backend(ABC):
         meta: QueueMeta,
         ttl: float | None = None,
         run: RunClaim | None = None,
+        count: bool = False,
+        counted: float | None = None,
     ) -> LockState | None:
         """Take the queue lock of ``key`` for ``token``; None when taken, else the state in the way.
 
@@ -64,6 +67,8 @@ class Backend(ABC):
         Granting ``run`` sets ``run.fence`` as :meth:`start` does. A claim is
         idempotent for its token: retried after a lost reply, it finds its
         own lock and succeeds again (with the same fence).
+
+        ``count`` and ``counted``: see :meth:`duplicates`.
         """
 
     @abstractmethod
@@ -77,6 +82,8 @@ class Backend(ABC):
         ttl: float | None = None,
         adopt: bool = False,
         queue_lock: QueueMode = "run",
+        count: bool = False,
+        counted: float | None = None,
     ) -> LockState | None:
         """Take the run lock of ``key`` for ``token``; None when taken, else the state in the way.
 
@@ -107,6 +114,8 @@ class Backend(ABC):
         ``queue``, the old name of ``queue_lock``, is still accepted for one
         release, with a :class:`DeprecationWarning`; so is a store whose
         ``start`` still takes ``queue``.
+
+        ``count`` and ``counted``: see :meth:`duplicates`.
         """
 
     @abstractmethod
@@ -176,6 +185,27 @@ class Backend(ABC):
     @abstractmethod
     def scan(self) -> Iterator[str]:
         """Yield every key that has a lock, streaming (never loading all at once)."""
+
+    def duplicates(self, window: float = 3600.0) -> dict[str, int]:
+        """Return the dropped duplicates per job class over the last ``window`` seconds (at most 3600).
+
+        **Counting.** A :meth:`claim` or :meth:`start` given ``count`` that is
+        refused counts one duplicate of ``meta.cls``, in the same atomic step,
+        in a bucket per minute of the store's clock kept an hour and a
+        bucket; the window is counted in whole buckets (those it overlaps).
+        Not counted: a call with no class (nothing to attribute it to), and
+        a refusal by a run lock of the caller's own token (a second delivery
+        of one job, not a duplicate call). A caller that resolves a counted
+        refusal (it proves the holder dead, reclaims, tries again) passes that
+        refusal's ``LockState.now`` as ``counted``: if granted, the call takes
+        the count back, in the step that grants it; if refused, it counts
+        nothing more. Every process's counts are kept in the store, so this
+        reads the whole store's.
+
+        A store that keeps no counts returns ``{}``.
+        """
+        check_window(window)
+        return {}
 
     def purge(self, key: str) -> list[str]:
         """Remove every record of ``key``, whatever it holds (a corrupt one too); return what went.

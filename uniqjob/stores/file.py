@@ -17,11 +17,13 @@ from typing import Any, ClassVar
 from urllib.parse import unquote
 
 from ..errors import BackendError, ConfigurationError, CorruptRecordError
+from . import _drops
+from ._droplog import DropLog
 from ._files import RecordFiles
 from ._machine_store import MachineStore
 from ._records import LockMachineBackend
 from ._schema import lock_problem, semaphore_problem
-from ._stripes import Stripes, describe_error
+from ._stripes import STRIPES, Stripes, describe_error
 from ._template import Held, RecordStore
 from ._urls import Invalid, bad, options, seconds, split
 from .semaphores import SemaphoreStore
@@ -81,6 +83,7 @@ class _FileRecords(RecordStore):
         self.clock = clock
         self._stripes = Stripes(self.directory, timeout, self.name)
         self._files = RecordFiles(self._stripes, self._kind, self._problem, hint_key=self._hint_key)
+        self._drops = DropLog(str(self.directory))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.directory)!r})"
@@ -103,7 +106,11 @@ class _FileRecords(RecordStore):
                 self.clock(),
                 functools.partial(self._files.write, path, stripe, existed=record is not None),
                 functools.partial(self._fence, stripe),
+                functools.partial(self._count, stripe),
             )
+
+    def _count(self, stripe: int, cls: str, now: float, n: int) -> None:
+        self._drops.add(stripe, cls, now, n)  # the stripe's lock is held
 
     def close(self) -> None:
         """Close the stripes' lock files (they are opened again on next use)."""
@@ -132,6 +139,10 @@ class FileBackend(_FileRecords, LockMachineBackend):
     fence outlives its key's record (which goes with its last lock) without
     a file per key: a new one is greater than every fence of any key of the
     stripe, and so of its own. These files are never deleted.
+
+    Dropped duplicates: each stripe appends those of its keys to ``.NN.drops``
+    (see :mod:`uniqjob.stores._droplog`), under the stripe's lock, so in the
+    same step as the refusal; :meth:`duplicates` sums them.
     """
 
     _kind = "lock"
@@ -142,6 +153,17 @@ class FileBackend(_FileRecords, LockMachineBackend):
         """A new semaphore store in this directory's ``concurrency/``, on this backend's timeout and clock."""
         clock = lambda: self.clock()  # noqa: E731, PLW0108 - a clock swapped in later is followed
         return FileSemaphores(self.directory / "concurrency", timeout=self.timeout, clock=clock)
+
+    def duplicates(self, window: float = _drops.WINDOW) -> dict[str, int]:
+        """Sum the counts of every stripe's ``.NN.drops`` (read unlocked: a line is one append)."""
+        _drops.check_window(window)
+        now = self.clock()
+        out: dict[str, int] = {}
+        for stripe in range(STRIPES):
+            counts = self._drops.read(self._drops.path(stripe), now)
+            for cls, n in _drops.totals(counts, now, window).items():
+                out[cls] = out.get(cls, 0) + n
+        return out
 
     def scan(self) -> Iterator[str]:
         """Yield the key of every record, a record with bad fields too (:meth:`read` then raises).

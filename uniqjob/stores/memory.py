@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import cast
 
+from . import _drops
 from ._machine_store import MachineStore
 from ._records import LockMachineBackend, Record
 from ._template import Held, RecordStore
@@ -46,6 +47,7 @@ class _MemoryRecords(RecordStore):
         self._records: dict[str, Record] = {}
         self._mutex = threading.Lock()
         self._last_fence = 0
+        self._drops: _drops.Counts = {}  # the locks' dropped duplicates (Backend.duplicates)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(<{len(self._records)} keys>)"
@@ -64,7 +66,11 @@ class _MemoryRecords(RecordStore):
                 self.clock(),
                 functools.partial(self._put, key),
                 self._fence,
+                self._count,
             )
+
+    def _count(self, cls: str, now: float, n: int) -> None:
+        _drops.add(self._drops, cls, now, n)  # the mutex is held
 
     def _put(self, key: str, record: Record | None) -> None:
         if record is None:
@@ -90,6 +96,10 @@ class MemoryBackend(_MemoryRecords, LockMachineBackend):
         with self._mutex:
             keys = list(self._records)
         yield from keys
+
+    def duplicates(self, window: float = _drops.WINDOW) -> dict[str, int]:
+        with self._mutex:
+            return _drops.totals(self._drops, self.clock(), window)
 
     def semaphores(self) -> SemaphoreStore:
         """A new semaphore store in this process, on this backend's clock (followed if swapped later)."""

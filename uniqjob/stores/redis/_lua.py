@@ -177,12 +177,50 @@ end
 local function own_run(run, token, attempt)
   return run[1] == token and (not run[2] or run[2] == attempt)
 end
+-- KEYS[4]: the key's dropped duplicates (Backend.duplicates), a hash kept an hour and a minute
+-- after its newest minute began: c the class or n its length in the key (as the queue lock keeps
+-- them), and per minute of the server clock '<minute>' -> count. drop (from the mode or flags):
+-- '+' counts a refusal, '=<minute>' takes back an earlier refusal's count once a retry is granted
+-- (the caller reclaimed what was in the way), '' neither. A call without a class is not counted,
+-- nor a refusal by a run lock of its own token (rtok: a second delivery of one job). A counter
+-- that cannot be written is logged, never in the way of a lock.
+local function count_drop(now, drop, rtok)
+  if drop ~= '+' or rtok == ARGV[1] then return end
+  local name, value = 'n', ARGV[4]
+  if value == '' then name, value = 'c', ARGV[3] end
+  if value == '' then return end
+  local m = string.format('%.0f', math.floor(tonumber(now) / 60000000))
+  local n = redis.pcall('HINCRBY', KEYS[4], m, 1)
+  if failed(n) then
+    redis.log(redis.LOG_WARNING, 'uniqjob: cannot count a duplicate in ' .. KEYS[4] .. ': ' .. n.err)
+  elseif n == 1 then  -- a new minute (once a minute at most): name the class, drop minutes past keeping
+    local old = tonumber(m) - 61
+    for _, f in ipairs(redis.call('HKEYS', KEYS[4])) do
+      local b = tonumber(f)
+      if b and b < old then redis.call('HDEL', KEYS[4], f) end
+    end
+    redis.call('HSET', KEYS[4], name, value)
+    redis.call('PEXPIRE', KEYS[4], 3660000)
+  end
+end
+-- A refusal's reply (a snapshot, or what names a damaged record), its drop counted once it is read.
+local function refused(now, drop, rtok, q)
+  local reply = snapshot(now, q)
+  if type(reply) == 'string' then count_drop(now, drop, rtok) end
+  return reply
+end
+local function take_back(drop)
+  if string.sub(drop, 1, 1) ~= '=' then return end
+  local b = string.sub(drop, 2)
+  local n = tonumber(redis.pcall('HGET', KEYS[4], b))
+  if n and n > 0 then redis.call('HINCRBY', KEYS[4], b, -1) end
+end
 """
 )
 
-# KEYS: queue lock, run lock, last fence.
-# ARGV: token, ttl_ms, cls, cls_len, args, job_id, mode ('q' or 'r'), host, node, pid, pstart, lease_ms,
-#       attempt
+# KEYS: queue lock, run lock, last fence, dropped duplicates.
+# ARGV: token, ttl_ms, cls, cls_len, args, job_id, mode ('q' or 'r', then a drop: see count_drop),
+#       host, node, pid, pstart, lease_ms, attempt
 # Returns 1 when the queue lock is taken (mode 'q'), the fence when both are
 # (mode 'r'), else a snapshot of what is in the way. Idempotent for its token:
 # a retry (its reply lost) finds its own lock and succeeds again, with the
@@ -195,8 +233,9 @@ local q = redis.pcall('HMGET', KEYS[1], """
     + _hmget(QUEUE_FIELDS)
     + """)  -- all a conflict reports
 if failed(q) then return unreadable(1, q, 'hash') end
+local mode, drop = string.sub(ARGV[7], 1, 1), string.sub(ARGV[7], 2)
 local run, floor
-if ARGV[7] == 'r' then  -- read all first: a damaged record must stop the script before any write
+if mode == 'r' then  -- read all first: a damaged record must stop the script before any write
   run = redis.pcall('HMGET', KEYS[2], 't', 'x', 'f')
   if failed(run) then return unreadable(2, run, 'hash') end
   floor = last_fence()
@@ -209,18 +248,19 @@ if present(q) then
   elseif q[1] == ARGV[1] then
     mine = true  -- a retry whose first reply was lost
   else
-    return snapshot(now, q)
+    return refused(now, drop, run and run[1], q)
   end
 else
   q = false
 end
-if ARGV[7] ~= 'r' then
+if mode ~= 'r' then
   if not mine then set_queue(ARGV[1], 'q', now) end
+  take_back(drop)
   return 1
 end
 local fence
 if present(run) then
-  if not (mine and own_run(run, ARGV[1], ARGV[13])) then return snapshot(now, q) end
+  if not (mine and own_run(run, ARGV[1], ARGV[13])) then return refused(now, drop, run[1], q) end
   fence = tonumber(run[3])  -- our own run lock: the fence it was granted
   if run[3] and not fence then return corrupt(2, 'field f (fence) is not a number') end
   if fence then redis.call('PEXPIRE', KEYS[2], ARGV[12]) end
@@ -235,13 +275,15 @@ if not q then
 elseif q[2] ~= 'r' then
   redis.call('HSET', KEYS[1], 's', 'r')
 end
+take_back(drop)
 return fence
 """
 )
 
-# KEYS: queue lock, run lock, last fence.
+# KEYS: queue lock, run lock, last fence, dropped duplicates.
 # ARGV: token, ttl_ms, cls, cls_len, args, job_id, flags, host, node, pid, pstart, lease_ms, attempt
-# flags: 'a' (adopt) or '-', then the queue mode: 'r' (run), 'x' (release) or 'k' (keep).
+# flags: 'a' (adopt) or '-', then the queue mode: 'r' (run), 'x' (release) or 'k' (keep), then
+# a drop: see count_drop.
 # A run lock of the same token but another attempt is a second delivery: in the way.
 # Returns the fence when the run lock is taken (a re-take keeps the one it
 # holds), else a snapshot of what is in the way.
@@ -258,9 +300,11 @@ if mode ~= 'k' then
   if failed(qtok) then return unreadable(1, qtok, 'hash') end
 end
 local held = present(run)
-if held and not own_run(run, ARGV[1], ARGV[13]) then return snapshot(now) end
+local drop = string.sub(ARGV[7], 3)
+if held and not own_run(run, ARGV[1], ARGV[13]) then return refused(now, drop, run[1]) end
 local fence = held and tonumber(run[4])
 if held and run[4] and not fence then return corrupt(2, 'field f (fence) is not a number') end
+take_back(drop)
 if fence then
   set_run(ARGV[1], run[3] or now, 8, run[4])  -- a re-take: the same run, its fence
 else

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, NamedTuple, TypeVar
@@ -29,6 +30,7 @@ from redis.commands.core import Script
 
 from ...errors import BackendError, ConfigurationError, CorruptRecordError
 from ...locks import QUEUED, RUNNING, Holder, LockState, Parts, QueueMeta, QueueRecord, RunClaim, RunRecord
+from .._drops import WINDOW, check_window, first_minute, minute
 from ..base import Backend, QueueMode
 from ..semaphores import SemaphoreStore
 from . import _lua as lua
@@ -39,6 +41,8 @@ from ._url import redis_client_from_url
 __all__ = ["RedisBackend"]
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 _QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k"}
 _QUIET = (b"Q", "Q")  # the mark of a snapshot that need not be read: see _lua's snapshot()
@@ -235,6 +239,10 @@ class RedisBackend(Backend):
         base = self._prefix + key
         return [base + "}:q", base + "}:r", base + "}:f"]
 
+    def _tallied(self, key: str) -> list[str]:
+        """``key``'s Redis keys and, in its slot too, its dropped duplicates (``_lua.count_drop``)."""
+        return [*self._keys(key), self._prefix + key + "}:d"]
+
     def _fail(self, exc: Exception) -> BackendError:
         """The BackendError a caller sees for ``exc``, naming the server (raise it ``from exc``)."""
         if isinstance(exc, BackendError):
@@ -364,10 +372,19 @@ class RedisBackend(Backend):
         return self._state(key, reply)
 
     def _claim_call(
-        self, key: str, token: str, *, meta: QueueMeta, ttl: float | None = None, run: RunClaim | None = None
+        self,
+        key: str,
+        token: str,
+        *,
+        meta: QueueMeta,
+        ttl: float | None = None,
+        run: RunClaim | None = None,
+        count: bool = False,
+        counted: float | None = None,
     ) -> Call:
-        items = self._items(key, token, meta, ttl, flag="q" if run is None else "r", run=run)
-        return Call(self._claim, 3, items, partial(self._granted, key, run))
+        flag = ("q" if run is None else "r") + _drop(count, counted)
+        items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
+        return Call(self._claim, 4, items, partial(self._granted, key, run))
 
     def _start_call(
         self,
@@ -379,10 +396,12 @@ class RedisBackend(Backend):
         ttl: float | None = None,
         adopt: bool = False,
         queue_lock: QueueMode = "run",
+        count: bool = False,
+        counted: float | None = None,
     ) -> Call:
-        flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock]
-        items = self._items(key, token, meta, ttl, flag=flags, run=run)
-        return Call(self._start, 3, items, partial(self._granted, key, run))
+        flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock] + _drop(count, counted)
+        items = self._items(key, token, meta, ttl, flag=flags, run=run, keys=self._tallied(key))
+        return Call(self._start, 4, items, partial(self._granted, key, run))
 
     def _attach_call(self, key: str, token: str, job_id: str) -> Call:
         return Call(self._attach, 1, [self._keys(key)[0], token, job_id], bool)
@@ -422,8 +441,12 @@ class RedisBackend(Backend):
         meta: QueueMeta,
         ttl: float | None = None,
         run: RunClaim | None = None,
+        count: bool = False,
+        counted: float | None = None,
     ) -> LockState | None:
-        result: LockState | None = self._done(self._claim_call(key, token, meta=meta, ttl=ttl, run=run))
+        result: LockState | None = self._done(
+            self._claim_call(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted)
+        )
         return result
 
     def start(
@@ -436,9 +459,21 @@ class RedisBackend(Backend):
         ttl: float | None = None,
         adopt: bool = False,
         queue_lock: QueueMode = "run",
+        count: bool = False,
+        counted: float | None = None,
     ) -> LockState | None:
         result: LockState | None = self._done(
-            self._start_call(key, token, run=run, meta=meta, ttl=ttl, adopt=adopt, queue_lock=queue_lock)
+            self._start_call(
+                key,
+                token,
+                run=run,
+                meta=meta,
+                ttl=ttl,
+                adopt=adopt,
+                queue_lock=queue_lock,
+                count=count,
+                counted=counted,
+            )
         )
         return result
 
@@ -492,6 +527,42 @@ class RedisBackend(Backend):
             for base in queued:
                 yield base[head:-1]
 
+    def duplicates(self, window: float = WINDOW) -> dict[str, int]:
+        """Sum the keys' ``<namespace>:{<key>}:d`` hashes (see ``_lua.count_drop``), found with ``SCAN``."""
+        check_window(window)
+        head = len(self._prefix)
+        match = f"{self.namespace}:{{*}}:d"
+        found = self._call(partial(self.client.scan_iter, match=match, count=_SCAN_PAGE))
+        out: dict[str, int] = {}
+        first: int | None = None
+        while True:
+            page = [_text(n) for n in self._call(partial(_take, found, _SCAN_PAGE))]
+            if not page:
+                return out
+            if first is None:  # the window ends at the server's clock, as the counts began on it
+                seconds, micros = self._call(self.client.time)
+                first = first_minute(seconds + micros / 1_000_000, window)
+            for name, fields in zip(page, self._call(partial(self._hashes, page)), strict=True):
+                if not isinstance(fields, dict):  # another type: counts are for people, never an outage
+                    log.warning("skipping %s: not a hash of dropped duplicates (%s)", name, fields)
+                    continue
+                counts = {_text(f): _text(v) for f, v in fields.items()}
+                cls = counts.pop("c", "")
+                length = counts.pop("n", "")
+                if length.isdigit():
+                    cls = name[head:-3][: int(length)]
+                total = sum(
+                    int(n) for m, n in counts.items() if m.isdigit() and n.isdigit() and int(m) >= first
+                )
+                if cls and total:
+                    out[cls] = out.get(cls, 0) + total
+
+    def _hashes(self, names: list[str]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(name)
+        return pipe.execute(raise_on_error=False)
+
     def _exist(self, names: list[str]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
         for name in names:
@@ -512,6 +583,13 @@ def _take(items: Iterator[T], count: int) -> list[T]:
 
 def _nothing(reply: Any) -> None:
     return None
+
+
+def _drop(count: bool, counted: float | None) -> str:
+    """The drop that CLAIM's mode and START's flags end with: see ``_lua.count_drop``."""
+    if counted is not None:
+        return f"={minute(counted)}"
+    return "+" if count else ""
 
 
 def _ms(seconds: float) -> int:

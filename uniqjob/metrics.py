@@ -1,0 +1,90 @@
+"""Prometheus metrics of a store, read at scrape time: ``uniqjob[metrics]`` (prometheus_client).
+
+An application that already runs ``prometheus_client`` registers the collector::
+
+    from prometheus_client import REGISTRY
+    from uniqjob.metrics import UniqjobCollector
+    REGISTRY.register(UniqjobCollector())      # the configured store; or UniqjobCollector(backend)
+
+and :func:`render` returns the text exposition format on its own (the
+dashboard serves it at ``/metrics``). Every figure is over the whole store,
+every key and every process, read with :func:`uniqjob.ops.stats` (so the
+same as ``uniqjob stats`` shows):
+
+- ``uniqjob_concurrency_parked_jobs``, ``uniqjob_concurrency_oldest_parked_age_seconds``,
+  ``uniqjob_concurrency_slots_held{lease="fresh|stale"}``, ``uniqjob_concurrency_keys_at_limit``;
+- ``uniqjob_locks{state="queued|running"}``, ``uniqjob_locks_orphaned``;
+- ``uniqjob_duplicates_total{job}``: duplicates dropped, rescheduled or raised over the last
+  hour, as the store counts them (a sliding window: it falls as old minutes leave it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+try:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily, Metric
+    from prometheus_client.registry import Collector
+except ImportError as exc:  # the optional extra
+    raise ImportError("uniqjob.metrics needs prometheus_client: pip install 'uniqjob[metrics]'") from exc
+
+from . import config
+from .ops import stats
+from .stores.base import Backend
+
+__all__ = ["UniqjobCollector", "render"]
+
+
+class UniqjobCollector(Collector):
+    """A collector that reads ``store`` (None: the configured default store) at each scrape."""
+
+    def __init__(self, store: Backend | None = None) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        figures = stats(self.store if self.store is not None else config.default_backend())
+        totals = figures.concurrency
+        yield _gauge(
+            "uniqjob_concurrency_parked_jobs", "Jobs parked behind full concurrency keys", totals.parked
+        )
+        yield _gauge(
+            "uniqjob_concurrency_oldest_parked_age_seconds",
+            "Seconds the oldest parked job has waited (0: none parked)",
+            totals.oldest_wait or 0.0,
+        )
+        slots = GaugeMetricFamily(
+            "uniqjob_concurrency_slots_held",
+            "Concurrency slots held, by lease: fresh, or stale (lapsed, or its holder dead)",
+            labels=["lease"],
+        )
+        slots.add_metric(["fresh"], totals.slots_held - totals.stale_slots)
+        slots.add_metric(["stale"], totals.stale_slots)
+        yield slots
+        yield _gauge(
+            "uniqjob_concurrency_keys_at_limit", "Concurrency keys holding their limit", totals.keys_at_limit
+        )
+        locks = GaugeMetricFamily("uniqjob_locks", "Held unique locks, by state", labels=["state"])
+        locks.add_metric(["queued"], figures.queued)
+        locks.add_metric(["running"], figures.running)
+        yield locks
+        yield _gauge("uniqjob_locks_orphaned", "Held unique locks whose holder is dead", figures.orphaned)
+        drops = GaugeMetricFamily(
+            "uniqjob_duplicates_total",
+            "Duplicates dropped, rescheduled or raised over the last hour, per job class",
+            labels=["job"],
+        )
+        for job, count in figures.duplicates.items():
+            drops.add_metric([job], count)
+        yield drops
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+def render(store: Backend | None = None) -> bytes:
+    """Return the metrics of ``store`` (None: the configured default) in Prometheus' text format."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(UniqjobCollector(store))
+    return generate_latest(registry)
