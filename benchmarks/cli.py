@@ -18,7 +18,7 @@ from benchmarks.report import Report
 
 __all__ = ["SECTIONS", "main"]
 
-SECTIONS = ("redis", "replicas", "parallel", "scale", "file", "memory")
+SECTIONS = ("redis", "replicas", "asyncio", "parallel", "scale", "file", "memory")
 
 
 def _whole(text: str, least: int) -> int:
@@ -143,51 +143,64 @@ def main(argv: Sequence[str] | None = None) -> int:
             "file iterations": args.file_iterations,
             "held": args.held,
         }
-        from benchmarks import local_bench, parallel, redis_bench
-
-        if "redis" in args.sections:
-            progress(f"redis and peers: {args.iterations} samples per operation")
-            redis_bench.run_redis(report, client, args.iterations, args.warmup)
-        if "replicas" in args.sections:
-            progress(
-                f"replica acknowledgement: a replica of the server, {args.iterations} samples per operation"
-            )
-            _with_replica(
-                server, lambda: redis_bench.run_replicas(report, client, args.iterations, args.warmup)
-            )
-        if "parallel" in args.sections:
-            progress(f"parallel: {args.processes} processes")
-            parallel.run_parallel(report, url, args.processes, args.parallel_ops, args.rounds)
-        client.flushall()
-        if "scale" in args.sections:
-            # Same server, another database: the same process and CPU placement for
-            # both sides, and a keyspace of its own for the held locks.
-            progress(f"scale: {args.held:,} locks held in database 1, none in database 0")
-            loaded = redis.Redis.from_url(_database(url, 1))
-            redis_bench.run_scale(
-                report,
-                client,
-                loaded,
-                held=args.held,
-                iterations=args.iterations,
-                warmup=args.warmup,
-                progress=progress,
-            )
-            loaded.close()
-        client.close()
-        if "file" in args.sections:
-            directory = args.dir or scratch / "file"
-            progress(f"file backend in {directory}: {args.file_iterations} samples per operation")
-            local_bench.run_file(report, directory, args.file_iterations, min(args.warmup, 50))
-        if "memory" in args.sections:
-            progress("memory backend")
-            local_bench.run_memory(report, args.iterations, args.warmup)
+        _run_sections(report, args, server=server, client=client, url=url, scratch=scratch, progress=progress)
     finally:
         server.close()
         shutil.rmtree(scratch, ignore_errors=True)
     report.meta["seconds"] = round(time.monotonic() - began, 1)
     print(report.to_json() if args.json else report.to_text())
     return 0
+
+
+def _run_sections(
+    report: Report,
+    args: argparse.Namespace,
+    *,
+    server: Any,
+    client: redis.Redis,
+    url: str,
+    scratch: Path,
+    progress: Callable[[str], None],
+) -> None:
+    """Run each section ``args`` asks for, in order, into ``report``."""
+    from benchmarks import async_bench, local_bench, parallel, redis_bench
+
+    if "redis" in args.sections:
+        progress(f"redis and peers: {args.iterations} samples per operation")
+        redis_bench.run_redis(report, client, args.iterations, args.warmup)
+    if "replicas" in args.sections:
+        progress(f"replica acknowledgement: a replica of the server, {args.iterations} samples per operation")
+        _with_replica(server, lambda: redis_bench.run_replicas(report, client, args.iterations, args.warmup))
+    if "asyncio" in args.sections:
+        progress(f"asyncio: {args.iterations} samples per operation, then concurrent arun()")
+        async_bench.run_async(report, client, args.iterations, args.warmup, rounds=args.rounds + 2)
+    if "parallel" in args.sections:
+        progress(f"parallel: {args.processes} processes")
+        parallel.run_parallel(report, url, args.processes, args.parallel_ops, args.rounds)
+    client.flushall()
+    if "scale" in args.sections:
+        # Same server, another database: the same process and CPU placement for
+        # both sides, and a keyspace of its own for the held locks.
+        progress(f"scale: {args.held:,} locks held in database 1, none in database 0")
+        loaded = redis.Redis.from_url(_database(url, 1))
+        redis_bench.run_scale(
+            report,
+            client,
+            loaded,
+            held=args.held,
+            iterations=args.iterations,
+            warmup=args.warmup,
+            progress=progress,
+        )
+        loaded.close()
+    client.close()
+    if "file" in args.sections:
+        directory = args.dir or scratch / "file"
+        progress(f"file backend in {directory}: {args.file_iterations} samples per operation")
+        local_bench.run_file(report, directory, args.file_iterations, min(args.warmup, 50))
+    if "memory" in args.sections:
+        progress("memory backend")
+        local_bench.run_memory(report, args.iterations, args.warmup)
 
 
 def _with_replica(server: Any, run: Callable[[], None]) -> None:

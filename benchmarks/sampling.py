@@ -11,12 +11,13 @@ the ratio. That leftover is timed too, and charged to the operation.
 from __future__ import annotations
 
 import gc
+import inspect
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Op", "Paired", "Stats", "interleaved", "summarize"]
+__all__ = ["Op", "Paired", "Stats", "ainterleaved", "interleaved", "summarize"]
 
 #: One operation: called once per sample, it makes its own fresh keys. If it
 #: returns a callable, that is called after the sample, off the clock: an
@@ -77,28 +78,57 @@ def interleaved(series: Sequence[tuple[Op, Op]], iterations: int, warmup: int) -
     shows what the op left behind. Round-robin over every pair, rather than one
     pair after another, puts every operation under the same conditions.
     """
+    plan = _plan(series, iterations, warmup)
+    call = next(plan)
+    while True:
+        try:
+            call = plan.send(call())
+        except StopIteration as done:
+            result: list[Paired] = done.value
+            return result
+
+
+async def ainterleaved(series: Sequence[tuple[Op, Op]], iterations: int, warmup: int) -> list[Paired]:
+    """:func:`interleaved` for coroutine functions (and an op's undo): each call is awaited."""
+    plan = _plan(series, iterations, warmup)
+    call = next(plan)
+    while True:
+        answer = call()
+        if inspect.isawaitable(answer):
+            answer = await answer
+        try:
+            call = plan.send(answer)
+        except StopIteration as done:
+            result: list[Paired] = done.value
+            return result
+
+
+def _plan(
+    series: Sequence[tuple[Op, Op]], iterations: int, warmup: int
+) -> Generator[Callable[[], object], object, list[Paired]]:
+    """The calls of :func:`interleaved`, yielded to be made (each is sent back its answer), and timed."""
     if iterations < 1:
         raise ValueError(f"iterations must be at least 1, got {iterations}")
     for _ in range(warmup):
         for floor, op in series:
-            floor()
-            undo = op()
+            yield floor
+            undo = yield op
             if callable(undo):
-                undo()
+                yield undo
     clock = time.perf_counter_ns
     samples = [([0] * iterations, [0] * iterations, [0] * iterations) for _ in series]
     gc.collect()
     for i in range(iterations):
         for (floor, op), (floor_ns, op_ns, after_ns) in zip(series, samples, strict=True):
-            floor()
+            yield floor
             t0 = clock()
-            floor()
+            yield floor
             t1 = clock()
-            undo = op()
+            undo = yield op
             t2 = clock()
-            floor()
+            yield floor
             t3 = clock()
             floor_ns[i], op_ns[i], after_ns[i] = t1 - t0, t2 - t1, t3 - t2
             if callable(undo):
-                undo()
+                yield undo
     return [Paired(summarize(f), summarize(o), summarize(a)) for f, o, a in samples]

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -94,6 +94,17 @@ def wait_until(condition: Callable[[], object], what: str, timeout: float = 20.0
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(0.02)
     return time.monotonic() - began
+
+
+@contextlib.contextmanager
+def worker_pool(url: str, directory: Path) -> Iterator[Workers]:
+    """Workers whose jobs use the Redis at ``url`` for their gates, queues and locks; killed after."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    pool = Workers(directory, {URL_VAR: url, "UNIQJOB_URL": url, "PYTHONPATH": path})
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
 class Workers:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks import async_bench
 from benchmarks.cli import main
 from benchmarks.redis_bench import ACKED, LABELS, PEER_LABELS, PEER_NAMES, peer_missing
 
@@ -22,6 +23,8 @@ EXPECTED = (
     + [f"redis.{name}" for name in LABELS]
     + [f"peers.{peer}.{name}" for peer in PEER_NAMES for name in PEER_LABELS]
     + [f"replicas.{name}{plain}" for name in ACKED for plain in ("", ".plain")]
+    + [f"async.{name}" for name in async_bench.LABELS]
+    + ["async.concurrent"]
     + ["parallel.ping", "parallel.joblock.cycle", "parallel.job.cycle"]
     + [f"scale.{n}{e}" for n in LABELS if not n.endswith("cycle") for e in ("", ".empty")]
     + ["file.filelock", "file.flock", *(f"file.{name}" for name in LABELS)]
@@ -64,6 +67,9 @@ def test_quick_json_run_has_every_row_with_sane_numbers() -> None:
     assert figures["held_locks"] == 2000
     assert 50 < figures["redis_bytes_per_queued_lock"] < 5000
     assert figures["redis_bytes_per_running_job"] > figures["redis_bytes_per_queued_lock"]
+    # 1,000 calls on 100 keys: each key runs at least once a round, never all of its calls at once
+    assert figures["async_concurrent_calls_per_s"] > 0
+    assert async_bench.KEYS <= figures["async_concurrent_ran"] < async_bench.CALLS
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import os
 import pickle
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -186,30 +187,34 @@ def test_every_setting_is_an_option() -> None:
 
 
 def test_what_cannot_be_decorated_is_a_configuration_error() -> None:
-    with pytest.raises(ConfigurationError, match="async functions need the asyncio API"):
+    with pytest.raises(ConfigurationError, match="not async generator"):
 
         @unique
-        async def fetch() -> None: ...
+        async def fetch() -> AsyncIterator[None]:
+            yield None
 
     with pytest.raises(ConfigurationError, match="@unique decorates a function, got 42"):
-        unique()(42)  # type: ignore[arg-type]
+        unique()(42)  # type: ignore[call-overload]
     with pytest.raises(ConfigurationError, match="@unique decorates a function"):
         unique(UniqueJob)
 
 
 @pytest.mark.parametrize("kind", ["method", "staticmethod", "classmethod"])
-def test_an_async_perform_is_refused_when_the_class_is_defined(kind: str) -> None:
-    async def perform(*args: object) -> None: ...
+def test_an_async_perform_is_refused_by_the_sync_api_and_awaited_by_the_async_one(kind: str) -> None:
+    async def perform(*args: object) -> str:
+        return "awaited"
 
     body: Any = {
         "method": perform,
         "staticmethod": staticmethod(perform),
         "classmethod": classmethod(perform),
     }
-    with pytest.raises(
-        ConfigurationError, match=r"Fetch.perform is an async function: it would run unlocked"
-    ):
-        type("Fetch", (UniqueJob,), {"perform": body[kind]})
+    job: Any = type("Fetch", (UniqueJob,), {"perform": body[kind], "unique_backend": MemoryBackend()})
+    for entry in (job.run, job.enqueue):
+        with pytest.raises(ConfigurationError, match=r"Fetch.perform is an async function: call it through"):
+            entry()
+    assert not job.is_locked()  # refused before any lock was taken
+    assert asyncio.run(job.arun()) == "awaited"
 
 
 # -- on real rq worker processes -------------------------------------------------------------

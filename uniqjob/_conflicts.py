@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .errors import JobNotUnique, holder_text
@@ -42,8 +43,14 @@ def apply(cls: type[UniqueJob], lock: JobLock, args: Sequence[Any], kwargs: dict
         queue = cls.unique_queue
         if queue is None:
             return RESCHEDULED
-        queue.push_later(cls, tuple(args), dict(kwargs), float(cls.unique_reschedule_delay))
+        later = queue.push_later(cls, tuple(args), dict(kwargs), float(cls.unique_reschedule_delay))
+        if inspect.isawaitable(later):  # an async queue's (arq): the asyncio API awaits it
+            return _dropped(later)
     return None
+
+
+async def _dropped(later: Awaitable[Any]) -> None:
+    await later
 
 
 def _holder(lock: JobLock) -> dict[str, object]:

@@ -49,6 +49,8 @@ class JobPlan:
     key: KeyPlan | None = None
     #: The class overrides none of :data:`LOCK_HOOKS`: its locks may be made without calling them.
     plain: bool = True
+    #: ``perform`` is an ``async def``: it is awaited under the locks, by the asyncio API only.
+    asynchronous: bool = False
 
     def arguments(self, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """Return a call's arguments by name, defaults applied, as ``Signature.bind`` gives them.
@@ -91,7 +93,9 @@ def plan_of(cls: type[UniqueJob], base: type[UniqueJob]) -> JobPlan:
     plain = all(
         inspect.getattr_static(cls, name) is inspect.getattr_static(base, name) for name in LOCK_HOOKS
     )
-    return JobPlan(signature, bind, bound, custom_key, key, plain)
+    function = getattr(perform, "__func__", perform)  # a classmethod's or staticmethod's function
+    asynchronous = inspect.iscoroutinefunction(function)
+    return JobPlan(signature, bind, bound, custom_key, key, plain, asynchronous)
 
 
 def planned_values(

@@ -17,6 +17,9 @@ class's is: ``send_report(42)`` has the key ``make_key("mod.send_report",
 name, so a queue's own API (``q.enqueue(send_report, 42)``) ships a reference
 to it, and the worker calls it: under the run lock.
 
+On an ``async def`` function it returns an :class:`AsyncUniqueFunction`: calling
+it returns a coroutine that holds the lock while it is awaited (``Job.arun``).
+
 On an instance method (a function defined in a class body whose first
 parameter is ``self``), ``self`` is left out of the key unless ``args`` names
 it. (Under ``@classmethod`` or ``@staticmethod`` it is not typed: decorate a
@@ -27,15 +30,15 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from ._names import did_you_mean
 from .errors import ConfigurationError
 from .job import UniqueJob
 from .joblock import JobLock
 
-__all__ = ["OPTIONS", "UniqueFunction", "unique"]
+__all__ = ["OPTIONS", "AsyncUniqueFunction", "UniqueFunction", "unique"]
 
 P = ParamSpec("P")
 Q = ParamSpec("Q")
@@ -105,7 +108,7 @@ class UniqueFunction(Generic[P, R]):
         """Reached through an instance: the same function with ``instance`` as its first argument."""
         if instance is None:
             return self
-        return UniqueFunction(self._function, self.unique_job, (instance,))
+        return type(self)(self._function, self.unique_job, (instance,))
 
     def __reduce__(self) -> str | tuple[Any, ...]:
         # Pickled by reference, as a function is: a worker imports it by its name.
@@ -117,12 +120,45 @@ class UniqueFunction(Generic[P, R]):
         return f"<unique function {self.unique_job.job_name()}>"
 
 
+class AsyncUniqueFunction(UniqueFunction[P, Coroutine[Any, Any, R]]):
+    """An ``async def`` function decorated with :func:`unique`: awaiting a call runs it under its lock."""
+
+    def __call__(  # type: ignore[override]
+        self, *args: P.args, **kwargs: P.kwargs
+    ) -> Coroutine[Any, Any, R | None]:
+        """A coroutine that locks, awaits the function, releases: its result, or None if dropped."""
+        call: Coroutine[Any, Any, R | None] = self.unique_job.arun(*self._bound, *args, **kwargs)
+        return call
+
+    async def aenqueue(self, *args: P.args, **kwargs: P.kwargs) -> Any:
+        """:meth:`enqueue`, awaited (an async queue, or none: the call awaited now)."""
+        return await self.unique_job.aenqueue(*self._bound, *args, **kwargs)
+
+    async def ais_locked(self, *args: P.args, **kwargs: P.kwargs) -> bool:
+        """:meth:`is_locked`, awaited."""
+        return await self.unique_job.ais_locked(*self._bound, *args, **kwargs)
+
+
+class _Decorator(Protocol):
+    """What ``unique(**options)`` returns: it decorates a sync or an ``async def`` function."""
+
+    @overload
+    def __call__(self, function: Callable[P, Awaitable[R]], /) -> AsyncUniqueFunction[P, R]: ...
+
+    @overload
+    def __call__(self, function: Callable[P, R], /) -> UniqueFunction[P, R]: ...
+
+
+@overload
+def unique(function: Callable[P, Awaitable[R]], /) -> AsyncUniqueFunction[P, R]: ...
+
+
 @overload
 def unique(function: Callable[P, R], /) -> UniqueFunction[P, R]: ...
 
 
 @overload
-def unique(**options: Any) -> Callable[[Callable[P, R]], UniqueFunction[P, R]]: ...
+def unique(**options: Any) -> _Decorator: ...
 
 
 def unique(function: Callable[..., Any] | None = None, /, **options: Any) -> Any:
@@ -165,9 +201,9 @@ def _decorate(function: Callable[..., Any], attrs: dict[str, Any]) -> UniqueFunc
     module = getattr(function, "__module__", None)
     if not isinstance(name, str) or not isinstance(module, str):
         raise ConfigurationError(f"@unique needs a function with a name and a module, got {function!r}")
-    if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
+    if inspect.isasyncgenfunction(function):
         raise ConfigurationError(
-            f"{module}.{name} is an async function: async functions need the asyncio API (not yet available)"
+            f"@unique decorates a function or an async function, not async generator {module}.{name}"
         )
     attrs = dict(attrs)
     params = list(inspect.signature(function).parameters)
@@ -179,7 +215,8 @@ def _decorate(function: Callable[..., Any], attrs: dict[str, Any]) -> UniqueFunc
         job = type(function.__name__, (UniqueJob,), {**body, **attrs})
     except ConfigurationError as exc:
         raise ConfigurationError(_in_options(str(exc), name, module)) from None
-    return UniqueFunction(function, job)
+    kind = AsyncUniqueFunction if inspect.iscoroutinefunction(function) else UniqueFunction
+    return kind(function, job)
 
 
 def _is_method(qualname: str, params: list[str]) -> bool:

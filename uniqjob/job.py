@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from . import _conflicts, _names, config, settings
 from ._plan import JobPlan, build_lock, plan_of, planned_values
+from ._steps import Steps, adrive, drive, sleep_of
 from .concurrency import _job as _concurrency
 from .concurrency._settings import ConcurrencyPolicy
 from .concurrency.semaphore import Semaphore
@@ -32,6 +33,8 @@ __all__ = ["ConflictPolicy", "Queue", "UniqueJob"]
 log = logging.getLogger(__name__)
 
 _sleep = time.sleep  # replaced by tests
+
+_NONE: dict[str, Any] = {}  # a step's keyword arguments: none
 
 
 class UniqueJob:
@@ -154,6 +157,9 @@ class UniqueJob:
         return build_lock(cls, (), {}, key=key, token=token, adopt=adopt)
 
     # -- the user's entry points -------------------------------------------------------
+    #
+    # Each is written once, as steps (uniqjob._steps): the sync entry point drives them by
+    # calling the store and perform, the asyncio one (arun, aenqueue) by awaiting them.
 
     @classmethod
     def enqueue(cls, *args: Any, **kwargs: Any) -> Any:
@@ -162,16 +168,29 @@ class UniqueJob:
         Returns the queue's job handle (inline: ``perform``'s result), or None
         when the call is a duplicate and the policy drops or reschedules it.
         """
+        if cls._plan.asynchronous and cls.unique_queue is None:
+            _refuse_sync(cls, "enqueue")
         # (lock() is not overridden when plain: straight to its body, the call not packed again)
         lock = build_lock(cls, args, kwargs) if cls._plan.plain else cls.lock(*args, **kwargs)
+        return drive(lock.backend, cls._enqueue_steps(lock, args, kwargs))
+
+    @classmethod
+    async def aenqueue(cls, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`enqueue`, awaited: inline, ``perform`` (async or not) runs in this event loop."""
+        _check_async(cls)
+        lock = build_lock(cls, args, kwargs) if cls._plan.plain else cls.lock(*args, **kwargs)
+        return await adrive(lock.backend, cls._enqueue_steps(lock, args, kwargs))
+
+    @classmethod
+    def _enqueue_steps(cls, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]) -> Steps[Any]:
         queue = cls.unique_queue
         if queue is None:
-            return cls._run(lock, args, kwargs)
+            return (yield from cls._run_steps(lock, args, kwargs))
         settings.check_store(cls)
         # An until_expired lock outlives its job on purpose: its job being gone proves nothing.
         gone = None if lock.strategy == "until_expired" else queue.job_gone
-        if cls.unique_strategy != "while_executing" and not lock.acquire(gone=gone):
-            return _conflicts.apply(cls, lock, args, kwargs)
+        if cls.unique_strategy != "while_executing" and not (yield from lock.acquire_steps(gone=gone)):
+            return (yield (_conflicts.apply, (cls, lock, args, kwargs), _NONE))
         try:
             # Made once the lock is ours: a duplicate needs no id, and acquire() records none.
             job_id = _concurrency.job_id(cls, queue)
@@ -179,14 +198,14 @@ class UniqueJob:
                 meta = lock.meta
                 lock.meta = QueueMeta(meta.cls, meta.args, job_id)
             if cls.concurrency_limit is None:  # no slot to take: straight to the queue
-                handle = queue.push(cls, lock, args, dict(kwargs))
+                handle = yield (queue.push, (cls, lock, tuple(args), dict(kwargs)), _NONE)
             else:
-                handle = _concurrency.push(cls, queue, lock, args, kwargs)
+                handle = yield (_concurrency.push, (cls, queue, lock, args, kwargs), _NONE)
         except BaseException:
-            lock.dequeue()
+            yield from lock.dequeue_steps()
             raise
         if lock.meta.job_id:
-            lock.attach()  # the job exists now: its queue may prove it gone from here on
+            yield from lock.attach_steps()  # the job exists now: its queue may prove it gone from here on
         return handle
 
     @classmethod
@@ -195,8 +214,21 @@ class UniqueJob:
 
         Returns ``perform``'s result, or None when the key is held and the policy drops the call.
         """
+        if cls._plan.asynchronous:
+            _refuse_sync(cls, "run")
         lock = build_lock(cls, args, kwargs) if cls._plan.plain else cls.lock(*args, **kwargs)
         return cls._run(lock, args, kwargs)
+
+    @classmethod
+    async def arun(cls, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`run`, awaited: ``perform`` (async or not) runs in this event loop, under the locks.
+
+        The store is awaited (Redis through ``redis.asyncio``, files in a thread); the
+        run lock's heartbeat renews on its own thread, whatever else the loop is doing.
+        """
+        _check_async(cls)
+        lock = build_lock(cls, args, kwargs) if cls._plan.plain else cls.lock(*args, **kwargs)
+        return await adrive(lock.backend, cls._run_steps(lock, args, kwargs))
 
     @classmethod
     def execute(
@@ -217,12 +249,37 @@ class UniqueJob:
         locks, and settles them itself (``lock.release()`` or ``lock.requeue()``)
         before any concurrency slot is given up.
         """
+        if cls._plan.asynchronous:
+            _refuse_sync(cls, "execute")
+        return drive(lock.backend, cls._execute_steps(lock, args, kwargs, settle))
+
+    @classmethod
+    async def aexecute(
+        cls,
+        lock: JobLock,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        *,
+        settle: Callable[[BaseException | None, Any], Any] | None = None,
+    ) -> Any:
+        """:meth:`execute`, awaited (an async worker's side); ``settle`` may be async."""
+        _check_async(cls)
+        return await adrive(lock.backend, cls._execute_steps(lock, args, kwargs, settle))
+
+    @classmethod
+    def _execute_steps(
+        cls,
+        lock: JobLock,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        settle: Callable[[BaseException | None, Any], Any] | None = None,
+    ) -> Steps[Any]:
         if cls.concurrency_limit is not None and not _concurrency.holding(lock):
             # a concurrency slot first; it wraps this very call (the slot is always released after)
             body = lambda: cls.execute(lock, args, kwargs, settle=settle)  # noqa: E731
-            return _concurrency.execute(cls, lock, args, kwargs, body, settle=settle)
+            return (yield (_concurrency.execute, (cls, lock, args, kwargs, body), {"settle": settle}))
         try:
-            lock.start()
+            yield from lock.start_steps()
         except JobNotUnique:
             run = lock.conflict.run if lock.conflict is not None else None
             if run is not None and run.token == lock.token:
@@ -230,41 +287,42 @@ class UniqueJob:
                 # a duplicate call to reschedule or report, just a copy to skip.
                 log.warning("%s: skipped a second delivery of %s, still running", cls.job_name(), lock.key)
                 return None
-            lock.dequeue()
-            return _conflicts.apply(cls, lock, args, kwargs)
+            yield from lock.dequeue_steps()
+            return (yield (_conflicts.apply, (cls, lock, args, kwargs), _NONE))
         except Exception as exc:  # the store failed: give back what the call holds, then say so
-            _settle_failed_start(lock, settle, exc)
+            yield (_settle_failed_start, (lock, settle, exc), _NONE)
             raise
         if settle is None:
-            with lock.running(started=True):
-                return cls.invoke(args, kwargs)
+            return (yield from _perform_steps(cls, lock, args, kwargs, release=True))
         try:
-            with lock.running(started=True, release=False):
-                result = cls.invoke(args, kwargs)
+            result = yield from _perform_steps(cls, lock, args, kwargs, release=False)
         except BaseException as exc:
-            settle(exc, None)
+            yield (settle, (exc, None), _NONE)
             raise
-        settle(None, result)
+        yield (settle, (None, result), _NONE)
         return result
 
     @classmethod
     def _run(cls, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        return drive(lock.backend, cls._run_steps(lock, args, kwargs))
+
+    @classmethod
+    def _run_steps(cls, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]) -> Steps[Any]:
         _concurrency.mark_inline(lock)  # a concurrency "block" waits in this process
         while True:
             if lock.strategy == "until_executed" and cls.concurrency_limit is None:
                 # the common case in one step: both locks at once
-                if lock.acquire(run=True):
-                    with lock.running(started=True):
-                        return cls.invoke(args, kwargs)
-                result = _conflicts.apply(cls, lock, args, kwargs)
-            elif cls.unique_strategy != "while_executing" and not lock.acquire():
-                result = _conflicts.apply(cls, lock, args, kwargs)
+                if (yield from lock.acquire_steps(run=True)):
+                    return (yield from _perform_steps(cls, lock, args, kwargs, release=True))
+                result = yield (_conflicts.apply, (cls, lock, args, kwargs), _NONE)
+            elif cls.unique_strategy != "while_executing" and not (yield from lock.acquire_steps()):
+                result = yield (_conflicts.apply, (cls, lock, args, kwargs), _NONE)
             else:
-                result = cls.execute(lock, args, kwargs)
+                result = yield from cls._execute_steps(lock, args, kwargs)
             if result is not _conflicts.RESCHEDULED:
                 return result
             # inline, "reschedule" waits in this process and tries again
-            _sleep(cls.unique_reschedule_delay)
+            yield sleep_of(cls.unique_reschedule_delay, _pause)
 
     # -- hooks for queues --------------------------------------------------------------
 
@@ -310,6 +368,12 @@ class UniqueJob:
         inline = cls.unique_queue is None or cls.unique_strategy == "while_executing"
         return cls.lock(*args, **kwargs).held(run_conflicts=inline)
 
+    @classmethod
+    async def ais_locked(cls, *args: Any, **kwargs: Any) -> bool:
+        """:meth:`is_locked`, awaited."""
+        inline = cls.unique_queue is None or cls.unique_strategy == "while_executing"
+        return await cls.lock(*args, **kwargs).aheld(run_conflicts=inline)
+
     # -- concurrency limits (uniqjob.concurrency; README "Concurrency limits") --------------
 
     #: Up to this many calls with one concurrency key hold a slot (queued or running) at once;
@@ -334,6 +398,38 @@ class UniqueJob:
     def semaphore(cls, *args: Any, **kwargs: Any) -> Semaphore:
         """Return the concurrency semaphore a call with these arguments counts against."""
         return _concurrency.semaphore_of(cls, args, kwargs)
+
+
+def _perform_steps(
+    cls: type[UniqueJob], lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any], *, release: bool
+) -> Steps[Any]:
+    """Perform under the locks already taken (as ``with lock.running(started=True, release=...)``)."""
+    yield from lock.hold_steps(started=True, release=release)
+    try:
+        result = yield (cls.invoke, (args, kwargs), _NONE)
+    finally:
+        yield from lock.unhold_steps(release=release)
+    return result
+
+
+def _pause(seconds: float) -> None:
+    _sleep(seconds)  # looked up at each call: tests replace the module's _sleep
+
+
+def _refuse_sync(cls: type[UniqueJob], entry: str) -> None:
+    raise ConfigurationError(
+        f"{cls.__qualname__}.perform is an async function: call it through the asyncio API "
+        f"(await {cls.__qualname__}.a{entry}(...)); {entry}() would not await it"
+    )
+
+
+def _check_async(cls: type[UniqueJob]) -> None:
+    """The asyncio API does not take concurrency limits yet: say so rather than block the loop."""
+    if cls.concurrency_limit is not None:
+        raise ConfigurationError(
+            f"{cls.__qualname__} has a concurrency_limit: concurrency limits are not available through "
+            "the asyncio API yet (use run()/enqueue(), e.g. in asyncio.to_thread)"
+        )
 
 
 def _settle_failed_start(

@@ -14,10 +14,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import Literal
+from contextvars import ContextVar, Token
+from typing import Any, Literal
 
 from ._moved import renamed
+from ._steps import Steps, adrive, drive
 from ._undo import undos
 from .errors import BackendError, CorruptRecordError, JobNotUnique, holder_text
 from .heartbeat import Beat, deadline, heartbeat
@@ -62,6 +63,8 @@ _AT_START: dict[Strategy, QueueMode | None] = {
     "until_expired": "keep",
 }
 
+_NONE: dict[str, Any] = {}  # a step's keyword arguments: none
+
 _ATTEMPTS = 3  # a reclaimed orphan is retried; a lock that keeps changing hands is a conflict
 
 # The lock of the perform running in this thread (or task): see current_lock().
@@ -102,6 +105,7 @@ class JobLock:
         "_beat",
         "_granted_at",
         "_key_fixed",
+        "_outer",
         "adopt",
         "backend",
         "conflict",
@@ -146,6 +150,7 @@ class JobLock:
         # A key travelling with a job is the one it holds; a fresh lock picks one of candidate_keys().
         self._key_fixed = token is not None and strategy != "while_executing"
         self._beat: Beat | None = None
+        self._outer: Token[JobLock | None] | None = None  # current_lock()'s value before this lock's perform
         #: The fence of the run lock this call holds (or last held); None before it has one.
         self.fence: int | None = None
         self.on_lost = on_lost
@@ -190,6 +195,10 @@ class JobLock:
         return self.candidate_keys()
 
     # -- enqueue -----------------------------------------------------------------------
+    #
+    # Each transition is written once, as steps (see uniqjob._steps): the sync method drives
+    # them by calling the store, the asyncio API (aacquire(), ``async with``, Job.arun()) by
+    # awaiting it.
 
     def acquire(self, *, run: bool = False, gone: Callable[[str], bool] | None = None) -> bool:
         """Take the queue lock; with ``run``, the run lock too, in one step. False on conflict.
@@ -198,6 +207,14 @@ class JobLock:
         is reclaimed only if ``gone(job_id)`` (the queue) proves its job will
         never run; autoexpire is the other way out. When in doubt, never delete.
         """
+        return drive(self.backend, self.acquire_steps(run=run, gone=gone))
+
+    async def aacquire(self, *, run: bool = False, gone: Callable[[str], Any] | None = None) -> bool:
+        """:meth:`acquire`, awaited (``gone`` may be async)."""
+        return await adrive(self.backend, self.acquire_steps(run=run, gone=gone))
+
+    def acquire_steps(self, *, run: bool = False, gone: Callable[[str], Any] | None = None) -> Steps[bool]:
+        """The steps of :meth:`acquire`."""
         claim = RunClaim(local_holder(), self.lease, self._attempt) if run else None
         # The job id is recorded by attach() once the queue holds the job: a
         # lock naming a job its queue has not yet seen would look "gone".
@@ -211,18 +228,14 @@ class JobLock:
             for _ in range(_ATTEMPTS):
                 self._granted_at = heartbeat.clock()
                 try:
-                    state = self.backend.claim(
-                        candidate,
-                        self.token,
-                        meta=meta,
-                        ttl=self.ttl,
-                        run=claim,
-                        count=count,
-                        counted=counted,
+                    state = yield (
+                        "claim",
+                        (candidate, self.token),
+                        {"meta": meta, "ttl": self.ttl, "run": claim, "count": count, "counted": counted},
                     )
                 except CorruptRecordError:
                     raise  # the store answered: nothing was applied
-                except BackendError:
+                except BaseException:  # the store failed, or the caller was cancelled: it may be applied
                     self._undo_claim(candidate)
                     raise
                 if state is None:
@@ -234,7 +247,9 @@ class JobLock:
                 if state.nothing_to_reclaim and not undos.pending:
                     break  # the usual duplicate: queued, nothing running, no job a queue could prove gone
                 if not (
-                    self._reclaim_ours(state) or self._reclaim_dead(state) or self._reclaim_gone(state, gone)
+                    (yield from self._reclaim_ours(state))
+                    or (yield from self._reclaim_dead(state))
+                    or (yield from self._reclaim_gone(state, gone))
                 ):
                     break
                 counted = self._counted(state, count, counted)
@@ -259,28 +274,28 @@ class JobLock:
         undos.add(lambda: backend.reclaim(key, token, token), f"the lock {key!r} of token {token}", (token,))
         self.token = new_token()
 
-    def _reclaim_ours(self, state: LockState) -> bool:
+    def _reclaim_ours(self, state: LockState) -> Steps[bool]:
         """Remove a lock left by one of this process's own failed steps (see uniqjob._undo); True if any."""
         queue, run = state.queue, state.run
         queue_token = queue.token if queue is not None and undos.owns(queue.token) else None
         run_token = run.token if run is not None and undos.owns(run.token) else None
         if queue_token is None and run_token is None:
             return False
-        return self.backend.reclaim(state.key, queue_token, run_token)
+        return bool((yield ("reclaim", (state.key, queue_token, run_token), _NONE)))
 
-    def _reclaim_gone(self, state: LockState, gone: Callable[[str], bool] | None) -> bool:
+    def _reclaim_gone(self, state: LockState, gone: Callable[[str], Any] | None) -> Steps[bool]:
         queue = state.queue
         if gone is None or queue is None or queue.state != QUEUED or not queue.meta.job_id:
             return False
-        if not gone(queue.meta.job_id):
+        if not (yield (gone, (queue.meta.job_id,), _NONE)):
             return False
         log.warning("reclaiming lock %s: its job %s is gone from the queue", state.key, queue.meta.job_id)
-        if not self.backend.dequeue(state.key, queue.token):
+        if not (yield ("dequeue", (state.key, queue.token), _NONE)):
             return False
         self.gone_tokens.append(queue.token)
         return True
 
-    def _reclaim_dead(self, state: LockState) -> bool:
+    def _reclaim_dead(self, state: LockState) -> Steps[bool]:
         """Reclaim the locks of a holder that is provably dead; True if worth retrying."""
         queue, run = state.queue, state.run
         if run is not None:
@@ -298,7 +313,7 @@ class JobLock:
         log.warning(
             "reclaiming orphaned lock %s: %s (it was %s)", state.key, why, holder_text(state.describe())
         )
-        self.backend.reclaim(state.key, queue_token, run_token)
+        yield ("reclaim", (state.key, queue_token, run_token), _NONE)
         return True
 
     # -- perform -----------------------------------------------------------------------
@@ -308,9 +323,13 @@ class JobLock:
 
         ``until_executing`` holds nothing: its queue lock is released here.
         """
+        drive(self.backend, self.start_steps())
+
+    def start_steps(self) -> Steps[None]:
+        """The steps of :meth:`start`."""
         mode = _AT_START[self.strategy]
         if mode is None:
-            self.backend.dequeue(self.key, None if self.adopt else self.token)
+            yield ("dequeue", (self.key, None if self.adopt else self.token), _NONE)
             return
         claim = RunClaim(local_holder(), self.lease, self._attempt)
         candidates = self.candidate_keys()
@@ -322,23 +341,25 @@ class JobLock:
                 # delivery may re-take the run lock with it. If it was applied, the lease lapses
                 # and its queue lock is then an orphan; the job layer drops an inline call's
                 # queued lock.
-                state = self.backend.start(
-                    candidate,
-                    self.token,
-                    run=claim,
-                    meta=self.meta,
-                    ttl=self.ttl,
-                    adopt=self.adopt,
-                    queue_lock=mode,
-                    count=count,
-                    counted=counted,
+                state = yield (
+                    "start",
+                    (candidate, self.token),
+                    {
+                        "run": claim,
+                        "meta": self.meta,
+                        "ttl": self.ttl,
+                        "adopt": self.adopt,
+                        "queue_lock": mode,
+                        "count": count,
+                        "counted": counted,
+                    },
                 )
                 if state is None:
                     self.key, self.conflict, self._key_fixed = candidate, None, True
                     self.fence = claim.fence
                     return
                 self.conflict = state
-                if not self._reclaim_dead(state):
+                if not (yield from self._reclaim_dead(state)):
                     break
                 counted = self._counted(state, count, counted)
         assert self.conflict is not None
@@ -354,10 +375,17 @@ class JobLock:
         stay: the caller settles them with :meth:`release` or :meth:`requeue`
         once its queue has said whether the job runs again (a retry).
         """
-        if not started:
-            self.start()
-        if _AT_START[self.strategy] is None:
+        drive(self.backend, self.hold_steps(started=started, release=release))
+        try:
             yield self
+        finally:
+            drive(self.backend, self.unhold_steps(release=release))
+
+    def hold_steps(self, *, started: bool = False, release: bool = True) -> Steps[None]:
+        """The steps that begin :meth:`running`: start, and the heartbeat; ``unhold_steps`` end it."""
+        if not started:
+            yield from self.start_steps()
+        if _AT_START[self.strategy] is None:
             return
         backend, key, token, lease = self.backend, self.key, self.token, self.lease
         attempt = self._attempt  # a second delivery of this job (same token) is another attempt's
@@ -367,7 +395,9 @@ class JobLock:
 
         granted = self._granted_at
         if granted is not None and heartbeat.clock() >= deadline(granted, lease):
-            self._confirm(renew, release)
+            yield from self._confirm(release)
+        # The heartbeat renews through the sync backend on its own threads, for async holders
+        # too: an event loop kept busy by other tasks cannot starve it.
         self._beat = heartbeat.start(
             renew,
             lease / 3,
@@ -377,16 +407,19 @@ class JobLock:
             on_lost=self._lost,
             group=backend,
         )
-        outer = _current.set(self)
-        try:
-            yield self
-        finally:
-            _current.reset(outer)
-            self._beat.cancel()
-            if release:
-                self.release()
+        self._outer = _current.set(self)
 
-    def _confirm(self, renew: Callable[[], bool], release: bool) -> None:
+    def unhold_steps(self, *, release: bool = True) -> Steps[None]:
+        """The steps that end :meth:`running`: the heartbeat stops and (with ``release``) the locks go."""
+        outer, self._outer = self._outer, None
+        if outer is not None:
+            _current.reset(outer)
+        if self._beat is not None:
+            self._beat.cancel()
+        if release:
+            yield from self.release_steps()
+
+    def _confirm(self, release: bool) -> Steps[None]:
         """The grant's reply came too late to count on its lease: renew once before perform, or give up.
 
         (A claim sent just before a stall is granted when the store wakes, and
@@ -396,14 +429,14 @@ class JobLock:
         """
         sent = heartbeat.clock()
         try:
-            mine = renew()
+            mine = yield ("renew", (self.key, self.token, self.lease, self._attempt), _NONE)
         except BackendError:
             if release:
-                self.release()
+                yield from self.release_steps()
             raise
         if not mine:
             if release:
-                self.release()
+                yield from self.release_steps()
             raise BackendError(
                 f"the lock {self.key!r} was granted too late to rely on and was gone when renewed; "
                 "the job did not run",
@@ -416,6 +449,42 @@ class JobLock:
         if on_lost is not None:
             on_lost(self)
 
+    # -- as a context manager: ``with Job.lock(...)`` / ``async with Job.lock(...)`` -----------
+
+    def enter_steps(self) -> Steps[JobLock]:
+        """Take what the strategy holds while its job runs, as ``Job.run()`` does; JobNotUnique if held."""
+        if self.strategy == "until_executed":
+            if not (yield from self.acquire_steps(run=True)):
+                assert self.conflict is not None
+                raise JobNotUnique(self.key, self.conflict.describe())
+            yield from self.hold_steps(started=True)
+            return self
+        if self.strategy != "while_executing" and not (yield from self.acquire_steps()):
+            assert self.conflict is not None
+            raise JobNotUnique(self.key, self.conflict.describe())
+        try:
+            yield from self.hold_steps()
+        except JobNotUnique:
+            yield ("dequeue", (self.key, self.token), _NONE)
+            raise
+        return self
+
+    def __enter__(self) -> JobLock:
+        """Hold this call's locks for the ``with`` body (see :meth:`enter_steps`); released after."""
+        return drive(self.backend, self.enter_steps())
+
+    def __exit__(self, *exc_info: object) -> None:
+        drive(self.backend, self.unhold_steps())
+
+    async def __aenter__(self) -> JobLock:
+        """:meth:`__enter__`, awaited: ``async with Job.lock(...) as lock:``."""
+        return await adrive(self.backend, self.enter_steps())
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await adrive(self.backend, self.unhold_steps())
+
+    # -- after perform -------------------------------------------------------------------
+
     def release(self) -> None:
         """Release what is still ours (``until_expired`` keeps its queue lock until it expires).
 
@@ -425,11 +494,18 @@ class JobLock:
         orphan that the next enqueue reclaims. (It is not retried: a second
         delivery of this job may hold the same token by then.)
         """
+        drive(self.backend, self.release_steps())
+
+    async def arelease(self) -> None:
+        """:meth:`release`, awaited."""
+        await adrive(self.backend, self.release_steps())
+
+    def release_steps(self) -> Steps[None]:
+        """The steps of :meth:`release`."""
+        keep = self.strategy == "until_expired"
         try:
-            self.backend.finish(
-                self.key, self.token, keep_queue=self.strategy == "until_expired", attempt=self._attempt
-            )
-        except Exception as exc:  # whatever the client raised: see above
+            yield ("finish", (self.key, self.token), {"keep_queue": keep, "attempt": self._attempt})
+        except Exception as exc:  # whatever the client raised: see release()
             # A running lock lapses with its lease; a queued one (while_executing never
             # has one) needs its queue or autoexpire, as any queued lock does.
             log.error("could not release %s (%s); its run lock lapses one lease from now", self.key, exc)
@@ -442,27 +518,44 @@ class JobLock:
         conflict while the retry waits; its autoexpire counts afresh from now
         plus ``delay`` (the wait before the retry).
         """
+        return drive(self.backend, self.requeue_steps(delay=delay))
+
+    async def arequeue(self, *, delay: float = 0.0) -> bool:
+        """:meth:`requeue`, awaited."""
+        return await adrive(self.backend, self.requeue_steps(delay=delay))
+
+    def requeue_steps(self, *, delay: float = 0.0) -> Steps[bool]:
+        """The steps of :meth:`requeue`."""
         if self._beat is not None:
             self._beat.cancel()
         if self.strategy in ("while_executing", "until_expired"):
             # nothing to hold while waiting / a queue lock that perform never touches
-            self.backend.finish(self.key, self.token, keep_queue=True, attempt=self._attempt)
+            yield ("finish", (self.key, self.token), {"keep_queue": True, "attempt": self._attempt})
             return True
         ttl = None if self.ttl is None else self.ttl + delay
-        if self.backend.requeue(self.key, self.token, meta=self.meta, ttl=ttl, attempt=self._attempt):
+        kwargs = {"meta": self.meta, "ttl": ttl, "attempt": self._attempt}
+        if (yield ("requeue", (self.key, self.token), kwargs)):
             return True
         log.warning("%s was taken by another enqueue while its job waited for a retry", self.key)
         return False
 
     def attach(self) -> bool:
         """Record ``meta.job_id`` in the queue lock, once the queue holds the job; False if not ours."""
+        return drive(self.backend, self.attach_steps())
+
+    def attach_steps(self) -> Steps[bool]:
+        """The steps of :meth:`attach`."""
         if not self.meta.job_id:
             return False
-        return self.backend.attach(self.key, self.token, self.meta.job_id)
+        return bool((yield ("attach", (self.key, self.token, self.meta.job_id), _NONE)))
 
     def dequeue(self) -> bool:
         """Drop the queue lock while it is still queued and ours (its job left the queue)."""
         return self.backend.dequeue(self.key, self.token)
+
+    def dequeue_steps(self) -> Steps[bool]:
+        """The steps of :meth:`dequeue`."""
+        return bool((yield ("dequeue", (self.key, self.token), _NONE)))
 
     def held(self, *, run_conflicts: bool = False) -> bool:
         """Would a claim of this key conflict now? Orphans don't count; every one of its keys must be held.
@@ -470,7 +563,18 @@ class JobLock:
         ``run_conflicts``: a live run lock alone conflicts too (a claim that runs
         at once, as an inline enqueue does).
         """
-        return all(_held(self.backend.read(candidate), run_conflicts) for candidate in self.candidate_keys())
+        return drive(self.backend, self.held_steps(run_conflicts=run_conflicts))
+
+    async def aheld(self, *, run_conflicts: bool = False) -> bool:
+        """:meth:`held`, awaited."""
+        return await adrive(self.backend, self.held_steps(run_conflicts=run_conflicts))
+
+    def held_steps(self, *, run_conflicts: bool = False) -> Steps[bool]:
+        """The steps of :meth:`held`."""
+        for candidate in self.candidate_keys():
+            if not _held((yield ("read", (candidate,), _NONE)), run_conflicts):
+                return False
+        return True
 
 
 def _held(state: LockState, run_conflicts: bool) -> bool:

@@ -149,10 +149,10 @@ def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
     _check_unique_args(cls)
     perform = inspect.getattr_static(cls, "perform")
     perform = getattr(perform, "__func__", perform)  # a classmethod's or staticmethod's function
-    if inspect.iscoroutinefunction(perform) or inspect.isasyncgenfunction(perform):
+    if inspect.isasyncgenfunction(perform):
         raise ConfigurationError(
-            f"{name}.perform is an async function: it would run unlocked; async jobs need the asyncio"
-            " API (not yet available)"
+            f"{name}.perform is an async generator: a job's perform returns (or, async, is awaited); "
+            "it cannot be iterated under a lock"
         )
 
 

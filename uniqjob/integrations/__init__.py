@@ -17,11 +17,12 @@ tells deliveries of one token apart).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import import_module
 from typing import Any, Final, Literal
 
+from .._steps import Steps, adrive, drive
 from ..concurrency import _job as _concurrency
 from ..errors import BackendError, ConfigurationError
 from ..job import UniqueJob
@@ -33,10 +34,12 @@ __all__ = [
     "Decide",
     "Decision",
     "Ticket",
+    "aperform",
     "job_ref",
     "perform",
     "resolve_job",
     "settle",
+    "settle_steps",
 ]
 
 log = logging.getLogger(__name__)
@@ -132,6 +135,21 @@ def perform(
     return job_cls.execute(lock, args, kwargs, settle=lambda exc, result: settle(lock, decide(exc, result)))
 
 
+async def aperform(
+    job_cls: type[UniqueJob],
+    lock: JobLock,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    decide: Decide,
+) -> Any:
+    """:func:`perform`, awaited (an async worker's side: arq)."""
+
+    def settle_async(exc: BaseException | None, result: Any) -> Awaitable[None]:
+        return adrive(lock.backend, settle_steps(lock, decide(exc, result)))
+
+    return await job_cls.aexecute(lock, args, kwargs, settle=settle_async)
+
+
 def settle(lock: JobLock, decision: Decision) -> None:
     """Release the lock (None: the job is done for good), or keep it queued for a retry in n seconds.
 
@@ -139,15 +157,20 @@ def settle(lock: JobLock, decision: Decision) -> None:
     kept, reserved, for the retry (whose token is the same). Call this before
     the retry is sent, so that the retry never finds either still running.
     """
+    drive(lock.backend, settle_steps(lock, decision))
+
+
+def settle_steps(lock: JobLock, decision: Decision) -> Steps[None]:
+    """The steps of :func:`settle`."""
     if decision == KEEP:
         return
     if decision is None:
-        lock.release()  # logs its own store failures
+        yield from lock.release_steps()  # logs its own store failures
         _concurrency.settle_slot(lock, None)
         return
     delay = float(decision)
     try:
-        lock.requeue(delay=delay)
+        yield from lock.requeue_steps(delay=delay)
     except BackendError:
         # Raising here would hide the job's own outcome; the lock lapses as an orphan instead.
         log.error("could not keep %s for its retry", lock.key, exc_info=True)

@@ -24,7 +24,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import redis
 from redis.commands.core import Script
@@ -148,6 +148,21 @@ def _run_record(fields: list[Any], ttl: int) -> RunRecord:
     )
 
 
+class Call(NamedTuple):
+    """One primitive's script call: the script, how many of ``items`` are keys, and its reply's reader.
+
+    ``grant`` names what a reply granted ("": nothing), for a primitive whose grant replicas must
+    acknowledge (``replicas``; see _acks), and ``undo`` takes that grant back, token-checked.
+    """
+
+    script: Script
+    numkeys: int
+    items: list[Any]
+    decode: Callable[[Any], Any]
+    grant: Callable[[Any], str] | None = None
+    undo: Callable[[], object] | None = None
+
+
 class RedisBackend(Backend):
     """Locks in Redis, shared by every host that talks to the same server.
 
@@ -251,10 +266,11 @@ class RedisBackend(Backend):
         try:
             return self._run(script, numkeys, items)
         except Exception as exc:
-            raise self._failed_script(exc, items[:numkeys]) from exc
+            raise self._failure(exc, items[:numkeys]) from exc
 
-    def _failed_script(self, exc: Exception, names: list[Any]) -> Exception:
-        """What a caller sees for a script that raised ``exc``: a CorruptRecordError, else a BackendError."""
+    def _failure(self, exc: Exception, names: list[Any]) -> Exception:
+        """What a script call that raised ``exc`` on keys ``names`` raises instead (``from exc``):
+        a CorruptRecordError, else a BackendError."""
         if str(exc).startswith(lua.CORRUPT):
             try:
                 self._corrupt(exc, names)
@@ -262,28 +278,20 @@ class RedisBackend(Backend):
                 return corrupt
         return self._fail(exc)
 
-    def _granted(
-        self,
-        script: Script,
-        numkeys: int,
-        items: list[Any],
-        grant: Callable[[Any], str],
-        undo: Callable[[], object] | None,
-    ) -> Any:
-        """Run a script that may grant, acknowledged by ``replicas`` (see _acks); its reply.
+    def _acked(self, call: Call) -> Any:
+        """Run ``call``, acknowledged by ``replicas`` (see _acks); its raw reply.
 
-        ``grant(reply)`` names what the reply granted ("" : nothing); a grant too
-        few replicas acknowledged is undone by ``undo`` and fails closed.
+        A grant too few replicas acknowledged is undone by ``call.undo`` and fails closed.
         """
-        acks = self._acks
-        assert acks is not None
+        acks, grant = self._acks, call.grant
+        assert acks is not None and grant is not None
         try:
-            reply, acked = acks.run(script, numkeys, items)
+            reply, acked = acks.run(call.script, call.numkeys, call.items)
         except Exception as exc:
-            raise self._failed_script(exc, items[:numkeys]) from exc
+            raise self._failure(exc, call.items[: call.numkeys]) from exc
         what = grant(reply)
         if what:
-            acks.check(acked, what, undo, self, self.name)
+            acks.check(acked, what, call.undo, self, self.name)
         return reply
 
     def _corrupt(self, exc: Exception, names: list[Any]) -> None:
@@ -367,6 +375,98 @@ class RedisBackend(Backend):
             items += [str(_ms(run.lease)), run.attempt]
         return items
 
+    # Each primitive is a script call (:class:`Call`: what to send, and how to read the reply) and
+    # its sending; the calls are the async store's too (_async.RedisAsync), only the sending differs.
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Call:
+        """The script call that primitive ``name`` makes with these arguments (not sent)."""
+        make: Callable[..., Call] = getattr(self, f"_{name}_call")
+        return make(*args, **kwargs)
+
+    def _done(self, call: Call) -> Any:
+        if self._acks is None or call.grant is None:
+            return call.decode(self._eval(call.script, call.numkeys, call.items))
+        return call.decode(self._acked(call))
+
+    def _granted(self, key: str, run: RunClaim | None, reply: Any) -> LockState | None:
+        """A CLAIM or START reply: None when taken (an integer: 1, or the run lock's fence), else the state"""
+        if type(reply) is int:
+            if run is not None:
+                run.fence = reply
+            return None
+        return self._state(key, reply)
+
+    def _claim_call(
+        self,
+        key: str,
+        token: str,
+        *,
+        meta: QueueMeta,
+        ttl: float | None = None,
+        run: RunClaim | None = None,
+        count: bool = False,
+        counted: float | None = None,
+    ) -> Call:
+        flag = ("q" if run is None else "r") + _drop(count, counted)
+        items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
+        what = f"the {'queue lock' if run is None else 'queue and run locks'} of {key!r}, granted"
+        undo = partial(self.reclaim, key, token, token if run is not None else None)
+        return Call(self._claim, 4, items, partial(self._granted, key, run), partial(_if_int, what), undo)
+
+    def _start_call(
+        self,
+        key: str,
+        token: str,
+        *,
+        run: RunClaim,
+        meta: QueueMeta,
+        ttl: float | None = None,
+        adopt: bool = False,
+        queue_lock: QueueMode = "run",
+        count: bool = False,
+        counted: float | None = None,
+    ) -> Call:
+        flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock] + _drop(count, counted)
+        items = self._items(key, token, meta, ttl, flag=flags, run=run, keys=self._tallied(key))
+        # Undone: the run lock of this token and attempt; the queue lock is left as a failed
+        # start leaves it (an orphan once the run lock is gone, reclaimed by the next claim).
+        undo = partial(self.finish, key, token, keep_queue=True, attempt=run.attempt)
+        what = partial(_if_int, f"the run lock of {key!r}, granted")
+        return Call(self._start, 4, items, partial(self._granted, key, run), what, undo)
+
+    def _attach_call(self, key: str, token: str, job_id: str) -> Call:
+        return Call(self._attach, 1, [self._keys(key)[0], token, job_id], bool)
+
+    def _requeue_call(
+        self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = ""
+    ) -> Call:
+        # REQUEUE touches no fence: its keys are the two locks only; its ARGV ends with the attempt.
+        items = self._items(key, token, meta, ttl, flag=attempt, run=None, keys=self._keys(key)[:2])
+        return Call(self._requeue, 2, items, bool)
+
+    def _renew_call(self, key: str, token: str, lease: float, attempt: str = "") -> Call:
+        # A renewal extends a held lease: nothing to undo, but one the replicas did not see must not
+        # count as confirmed, or the holder would trust a lease a promoted replica ends sooner.
+        what = partial(_if_one, f"the lease of the run lock of {key!r}, extended")
+        return Call(self._renew, 1, [self._keys(key)[1], token, _ms(lease), attempt], bool, what)
+
+    def _finish_call(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> Call:
+        items = [*self._keys(key)[:2], token, "1" if keep_queue else "0", attempt]
+        return Call(self._finish, 2, items, _nothing)
+
+    def _dequeue_call(self, key: str, token: str | None = None) -> Call:
+        return Call(self._dequeue, 1, [self._keys(key)[0], token or ""], bool)
+
+    def _reclaim_call(self, key: str, queue_token: str | None, run_token: str | None) -> Call:
+        return Call(self._reclaim, 2, [*self._keys(key)[:2], queue_token or "", run_token or ""], bool)
+
+    def _read_call(self, key: str) -> Call:
+        # Read at once, every field checked: a damaged record fails this call, not a later use.
+        return Call(self._read, 2, self._keys(key)[:2], partial(self._snapshot, key))
+
+    def _snapshot(self, key: str, reply: str | bytes) -> LockState:
+        return LockState(key, *self._parts(key, reply))
+
     def claim(
         self,
         key: str,
@@ -378,19 +478,10 @@ class RedisBackend(Backend):
         count: bool = False,
         counted: float | None = None,
     ) -> LockState | None:
-        flag = ("q" if run is None else "r") + _drop(count, counted)
-        items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
-        if self._acks is None:
-            reply = self._eval(self._claim, 4, items)
-        else:
-            what = f"the {'queue lock' if run is None else 'queue and run locks'} of {key!r}, granted"
-            undo = partial(self.reclaim, key, token, token if run is not None else None)
-            reply = self._granted(self._claim, 4, items, partial(_if_int, what), undo)
-        if type(reply) is int:  # taken: 1, or with ``run`` the run lock's fence
-            if run is not None:
-                run.fence = reply
-            return None
-        return self._state(key, reply)
+        result: LockState | None = self._done(
+            self._claim_call(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted)
+        )
+        return result
 
     def start(
         self,
@@ -405,53 +496,42 @@ class RedisBackend(Backend):
         count: bool = False,
         counted: float | None = None,
     ) -> LockState | None:
-        flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock] + _drop(count, counted)
-        items = self._items(key, token, meta, ttl, flag=flags, run=run, keys=self._tallied(key))
-        if self._acks is None:
-            reply = self._eval(self._start, 4, items)
-        else:
-            # Undone: the run lock of this token and attempt; the queue lock is left as a failed
-            # start leaves it (an orphan once the run lock is gone, reclaimed by the next claim).
-            undo = partial(self.finish, key, token, keep_queue=True, attempt=run.attempt)
-            reply = self._granted(
-                self._start, 4, items, partial(_if_int, f"the run lock of {key!r}, granted"), undo
+        result: LockState | None = self._done(
+            self._start_call(
+                key,
+                token,
+                run=run,
+                meta=meta,
+                ttl=ttl,
+                adopt=adopt,
+                queue_lock=queue_lock,
+                count=count,
+                counted=counted,
             )
-        if type(reply) is int:  # the fence of the run lock now held
-            run.fence = reply
-            return None
-        return self._state(key, reply)
+        )
+        return result
 
     def attach(self, key: str, token: str, job_id: str) -> bool:
-        return bool(self._eval(self._attach, 1, [self._keys(key)[0], token, job_id]))
+        return bool(self._done(self._attach_call(key, token, job_id)))
 
     def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = "") -> bool:
-        # REQUEUE touches no fence: its keys are the two locks only; its ARGV ends with the attempt.
-        items = self._items(key, token, meta, ttl, flag=attempt, run=None, keys=self._keys(key)[:2])
-        return bool(self._eval(self._requeue, 2, items))
+        return bool(self._done(self._requeue_call(key, token, meta=meta, ttl=ttl, attempt=attempt)))
 
     def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
-        items = [self._keys(key)[1], token, _ms(lease), attempt]
-        if self._acks is None:
-            return bool(self._eval(self._renew, 1, items))
-        # A renewal extends a held lease: nothing to undo, but one the replicas did not see must not
-        # count as confirmed, or the holder would trust a lease a promoted replica ends sooner.
-        what = f"the lease of the run lock of {key!r}, extended"
-        return bool(self._granted(self._renew, 1, items, partial(_if_one, what), None))
+        return bool(self._done(self._renew_call(key, token, lease, attempt)))
 
     def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
-        items = [*self._keys(key)[:2], token, "1" if keep_queue else "0", attempt]
-        self._eval(self._finish, 2, items)
+        self._done(self._finish_call(key, token, keep_queue=keep_queue, attempt=attempt))
 
     def dequeue(self, key: str, token: str | None = None) -> bool:
-        return bool(self._eval(self._dequeue, 1, [self._keys(key)[0], token or ""]))
+        return bool(self._done(self._dequeue_call(key, token)))
 
     def reclaim(self, key: str, queue_token: str | None, run_token: str | None) -> bool:
-        items = [*self._keys(key)[:2], queue_token or "", run_token or ""]
-        return bool(self._eval(self._reclaim, 2, items))
+        return bool(self._done(self._reclaim_call(key, queue_token, run_token)))
 
     def read(self, key: str) -> LockState:
-        # Read at once, every field checked: a damaged record fails this call, not a later use.
-        return LockState(key, *self._parts(key, self._eval(self._read, 2, self._keys(key)[:2])))
+        state: LockState = self._done(self._read_call(key))
+        return state
 
     def purge(self, key: str) -> list[str]:
         """Delete ``key``'s queue and run locks, whatever they hold; the Redis keys deleted.
@@ -557,6 +637,10 @@ def _if_int(what: str, reply: Any) -> str:
 
 def _if_one(what: str, reply: Any) -> str:
     return what if reply == 1 else ""
+
+
+def _nothing(reply: Any) -> None:
+    return None
 
 
 def _drop(count: bool, counted: float | None) -> str:

@@ -1,0 +1,226 @@
+"""The arq integration against real ``arq`` worker processes and the session's private redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import redis
+from arq.jobs import Job, JobStatus
+
+import uniqjob
+from tests.arq_jobs import Expiring, Failing, Flaky, Gate, Rescheduled, queue
+from tests.integration_workers import NODE_VAR, URL_VAR, Workers, count, open_gate, wait_until, worker_pool
+from tests.redis_server import RedisServer
+from uniqjob import ConfigurationError, UniqueJob
+from uniqjob.integrations import Ticket
+from uniqjob.integrations.arq import ArqQueue, decide, run_job
+from uniqjob.locks import LockState
+
+T = TypeVar("T")
+
+
+def run(call: Awaitable[T]) -> T:
+    async def main() -> T:
+        return await call
+
+    return asyncio.run(main())
+
+
+@pytest.fixture
+def workers(
+    redis_server: RedisServer, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[Workers]:
+    monkeypatch.setenv(URL_VAR, redis_server.url)
+    uniqjob.configure(redis_server.url)
+    with worker_pool(redis_server.url, tmp_path) as pool:
+        yield pool
+
+
+def start_worker(workers: Workers, name: str = "arq", **env: str) -> None:
+    """A plain ``arq`` worker process on the test queue."""
+    arq = str(Path(sys.executable).with_name("arq"))
+    workers.start(name, [arq, "tests.arq_jobs.WorkerSettings"], **env)
+
+
+def state(job_cls: type[UniqueJob], *args: object) -> LockState:
+    return uniqjob.default_backend().read(job_cls.lock_key(*args))
+
+
+def enqueue(job_cls: type[UniqueJob], *args: object) -> Any:
+    return run(job_cls.aenqueue(*args))
+
+
+def status(job: Job) -> JobStatus:
+    async def main() -> JobStatus:
+        return await Job(job.job_id, await queue.pool(), _queue_name=queue.queue_name or "").status()
+
+    return asyncio.run(main())
+
+
+def test_duplicates_while_queued_or_running_are_dropped(workers: Workers, redis_client: redis.Redis) -> None:
+    job = enqueue(Gate, "a")
+    assert isinstance(job, Job)
+    queued = state(Gate, "a")
+    assert queued.queue is not None and queued.queue.state == "queued"
+    assert queued.queue.meta.job_id == job.job_id  # the queue lock records the arq job id
+    assert [enqueue(Gate, "a") for _ in range(5)] == [None] * 5  # dropped while queued
+
+    start_worker(workers)
+    wait_until(lambda: count(redis_client, "started", "a") == 1, "the job to start")
+    running = state(Gate, "a")
+    assert running.queue is not None and running.queue.state == "running"
+    assert running.run is not None and running.run.holder.pid != os.getpid()  # held by the worker
+    assert [enqueue(Gate, "a") for _ in range(5)] == [None] * 5  # dropped while running
+    assert enqueue(Gate, "b") is not None  # another key is free
+
+    open_gate(redis_client, "a")
+    open_gate(redis_client, "b")
+    wait_until(lambda: not Gate.is_locked("a") and not Gate.is_locked("b"), "both locks to go")
+    assert count(redis_client, "started", "a") == count(redis_client, "done", "a") == 1
+    wait_until(lambda: status(job) == JobStatus.complete, "arq to record the result")
+
+
+def test_retries_keep_the_lock_until_the_job_is_done(workers: Workers, redis_client: redis.Redis) -> None:
+    start_worker(workers)
+    enqueue(Flaky, "f", 1)
+    wait_until(lambda: count(redis_client, "started", "f") == 1, "attempt 1")
+    open_gate(redis_client, "f:1")  # attempt 1 raises Retry
+    wait_until(lambda: count(redis_client, "started", "f") == 2, "attempt 2")
+    assert enqueue(Flaky, "f", 1) is None  # the retry holds the key
+    open_gate(redis_client, "f:2")
+    wait_until(lambda: count(redis_client, "done", "f") == 1, "attempt 2 to finish")
+    wait_until(lambda: not Flaky.is_locked("f", 1), "the lock to go")
+
+
+def test_between_retries_the_lock_is_queued_and_duplicates_drop(
+    workers: Workers, redis_client: redis.Redis
+) -> None:
+    start_worker(workers)
+    enqueue(Flaky, "w", 2)
+    wait_until(lambda: count(redis_client, "started", "w") == 1, "attempt 1")
+    open_gate(redis_client, "w:1")
+    wait_until(lambda: count(redis_client, "started", "w") == 2, "attempt 2")
+    # attempt 2 waits at its gate, holding the run lock; the retry kept the key all along
+    held = state(Flaky, "w", 2)
+    assert held.queue is not None and held.queue.state == "running"
+    assert enqueue(Flaky, "w", 2) is None
+    open_gate(redis_client, "w:2")
+    wait_until(lambda: count(redis_client, "started", "w") == 3, "attempt 3")
+    open_gate(redis_client, "w:3")
+    wait_until(lambda: not Flaky.is_locked("w", 2), "the lock to go")
+    assert count(redis_client, "done", "w") == 1
+
+
+def test_a_job_out_of_tries_frees_its_lock_at_the_next_enqueue(
+    workers: Workers, redis_client: redis.Redis
+) -> None:
+    start_worker(workers)  # max_tries = 3: a fourth try is dropped by arq without running
+    first = enqueue(Flaky, "x", 9)
+    for attempt in (1, 2, 3):
+        wait_until(lambda: count(redis_client, "started", "x") == attempt, f"attempt {attempt}")  # noqa: B023
+        open_gate(redis_client, f"x:{attempt}")
+    wait_until(lambda: status(first) == JobStatus.complete, "arq to drop the job")
+    assert state(Flaky, "x", 9).queue is not None  # nothing ran to free it...
+    second = enqueue(Flaky, "x", 9)  # ...but arq has finished with the job: the lock is reclaimed
+    assert isinstance(second, Job) and second.job_id != first.job_id
+
+
+def test_a_job_that_fails_for_good_releases_its_lock(workers: Workers, redis_client: redis.Redis) -> None:
+    start_worker(workers)
+    enqueue(Failing, "e")
+    wait_until(lambda: count(redis_client, "started", "e") == 1, "the job to run")
+    wait_until(lambda: not Failing.is_locked("e"), "the lock to go")
+
+
+def test_an_expired_job_frees_its_lock_at_the_next_enqueue(
+    workers: Workers, redis_client: redis.Redis
+) -> None:
+    first = enqueue(Expiring, "late")
+    assert enqueue(Expiring, "late") is None
+    wait_until(lambda: not redis_client.exists(f"arq:job:{first.job_id}"), "arq's job to expire", timeout=10)
+    assert status(first) == JobStatus.queued  # still in arq's queue, to be dropped when it comes up
+    second = enqueue(Expiring, "late")  # arq will never run the first: its lock is reclaimed
+    assert isinstance(second, Job)
+    start_worker(workers)
+    wait_until(lambda: count(redis_client, "started", "late") == 1, "the new job to run")
+    wait_until(lambda: not Expiring.is_locked("late"), "its lock to go")
+
+
+def test_a_killed_workers_lock_is_reclaimed(workers: Workers, redis_client: redis.Redis) -> None:
+    start_worker(workers, "first")
+    enqueue(Gate, "k")
+    wait_until(lambda: count(redis_client, "started", "k") == 1, "the job to start")
+    assert enqueue(Gate, "k") is None  # a live job is never robbed
+    workers.kill("first")
+    second = enqueue(Gate, "k")  # the worker's pid is gone: provably dead, reclaimed at once
+    assert isinstance(second, Job)
+    start_worker(workers, "second")
+    wait_until(lambda: count(redis_client, "started", "k") >= 2, "the new job to start")
+    open_gate(redis_client, "k")
+    wait_until(lambda: not Gate.is_locked("k"), "its lock to go")
+
+
+def test_a_killed_worker_elsewhere_is_reclaimed_within_one_lease(
+    workers: Workers, redis_client: redis.Redis
+) -> None:
+    start_worker(workers, "remote", **{NODE_VAR: "another-machine"})
+    enqueue(Gate, "r")
+    wait_until(lambda: count(redis_client, "started", "r") == 1, "the job to start")
+    workers.kill("remote")
+    assert enqueue(Gate, "r") is None  # another machine's pid cannot be checked: wait for the lease
+    waited = wait_until(lambda: enqueue(Gate, "r") is not None, "the lease to lapse", timeout=10)
+    assert waited <= Gate.unique_run_lease + 1.0
+
+
+def test_reschedule_goes_through_arq(workers: Workers, redis_client: redis.Redis) -> None:
+    start_worker(workers)
+    enqueue(Rescheduled, "s")
+    wait_until(lambda: count(redis_client, "started", "s") == 1, "the first run")
+    assert enqueue(Rescheduled, "s") is None  # the duplicate comes back through arq...
+    open_gate(redis_client, "s:1")
+    wait_until(lambda: count(redis_client, "started", "s") == 2, "the rescheduled run")  # ...and runs
+    open_gate(redis_client, "s:2")
+    wait_until(lambda: not Rescheduled.is_locked("s"), "its lock to go")
+
+
+# -- without a worker -------------------------------------------------------------------------
+
+
+def test_the_sync_enqueue_is_refused_and_leaves_no_lock(redis_server: RedisServer, monkeypatch: Any) -> None:
+    monkeypatch.setenv(URL_VAR, redis_server.url)
+    uniqjob.configure(redis_server.url)
+    with pytest.raises(ConfigurationError, match=r"ArqQueue\.push is async"):
+        Gate.enqueue("sync")
+    assert not Gate.is_locked("sync")
+
+
+def test_bad_queue_settings_are_configuration_errors() -> None:
+    with pytest.raises(ConfigurationError, match="ArqQueue needs arq RedisSettings"):
+        ArqQueue("redis://x")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="expires must be a number of seconds"):
+        ArqQueue(lambda: None, expires=0)  # type: ignore[arg-type, return-value]
+    with pytest.raises(ConfigurationError, match="not RedisSettings or ArqRedis"):
+        run(ArqQueue(lambda: "nope").pool())  # type: ignore[arg-type, return-value]
+
+
+def test_run_job_without_lock_data_says_so() -> None:
+    with pytest.raises(ConfigurationError, match="arq job j1 carries no uniqjob lock data"):
+        run(run_job({"job_id": "j1"}, {}, [], {}))
+    with pytest.raises(ConfigurationError, match="malformed"):
+        run(run_job({"job_id": "j2"}, {"uniqjob": {"key": ""}}, [], {}))
+    assert Ticket("k", "t").dump() == {"key": "k", "token": "t"}
+
+
+def test_decide_follows_arqs_own_rules() -> None:
+    from arq import Retry
+
+    assert decide(Retry(defer=2), None) == 2.0
+    assert decide(Retry(), None) == 0.0
+    assert decide(asyncio.CancelledError(), None) == 0.0  # a worker shutting down runs it again
+    assert decide(RuntimeError("x"), None) is None and decide(None, 1) is None

@@ -1,0 +1,197 @@
+"""arq integration: unique jobs on arq queues, run by a plain arq worker.
+
+A job class declares its queue once; its ``perform`` is usually ``async def``::
+
+    class SendReport(UniqueJob):
+        unique_queue = ArqQueue(RedisSettings(host="redis"))
+
+        async def perform(self, account_id: int) -> None: ...
+
+    await SendReport.aenqueue(42)   # takes the lock, then enqueues into arq; None for a duplicate
+
+and the arq worker runs uniqjob's functions (:data:`FUNCTIONS`)::
+
+    class WorkerSettings:
+        functions = [*uniqjob.integrations.arq.FUNCTIONS, ...]
+
+What arq runs is :func:`run_job`: it reads the lock key and token that travel
+with the job (never recomputed from the arguments), holds the lock while
+``perform`` is awaited, and releases it when the job is done for good. While
+arq means to run it again (``perform`` raised :class:`arq.Retry`, or the
+worker shut down mid-job: arq's "cancelled, will be run again") the lock stays
+held, ``queued``, so duplicates are still dropped. The queue lock records the
+arq job id, and :meth:`ArqQueue.job_gone` lets the next enqueue reclaim a lock
+whose job arq no longer has or has finished: expired before it started, out of
+tries, aborted, timed out, or with its result kept and done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from arq import ArqRedis, Retry, create_pool
+from arq.connections import RedisSettings
+from arq.constants import in_progress_key_prefix, job_key_prefix, result_key_prefix
+from arq.jobs import Job
+from arq.worker import Function, func
+
+from ..errors import BackendError, ConfigurationError
+from ..job import Queue, UniqueJob
+from ..joblock import JobLock
+from . import HEADER, Decision, Ticket, aperform, job_ref, resolve_job
+
+__all__ = ["AGAIN", "FUNCTIONS", "RUN", "ArqQueue", "enqueue_again", "run_job"]
+
+log = logging.getLogger(__name__)
+
+#: The name of :func:`run_job` in arq (what a pushed job calls).
+RUN = "uniqjob.run_job"
+#: The name of :func:`enqueue_again` in arq (a rescheduled duplicate's second try).
+AGAIN = "uniqjob.enqueue_again"
+
+Source = RedisSettings | ArqRedis | Callable[[], "RedisSettings | ArqRedis | Awaitable[ArqRedis]"]
+
+
+class ArqQueue(Queue):
+    """An arq queue as a job class's ``unique_queue`` (enqueue through ``await Job.aenqueue(...)``).
+
+    ``redis`` is arq's :class:`RedisSettings`, an :class:`ArqRedis` pool, or a
+    function returning either (or a coroutine making a pool), called on first
+    use. ``queue_name`` is arq's queue (None: arq's default); ``expires``
+    (seconds) drops a job arq has not started by then (arq's ``_expires``),
+    and its lock with it, at the next enqueue.
+    """
+
+    def __init__(self, redis: Source, *, queue_name: str | None = None, expires: float | None = None) -> None:
+        if not (isinstance(redis, RedisSettings | ArqRedis) or callable(redis)):
+            raise ConfigurationError(
+                f"ArqQueue needs arq RedisSettings, an ArqRedis pool or a function returning one, "
+                f"got {redis!r}"
+            )
+        if expires is not None and not (isinstance(expires, int | float) and expires > 0):
+            raise ConfigurationError(f"ArqQueue expires must be a number of seconds > 0, got {expires!r}")
+        self.queue_name = queue_name
+        self.expires = expires
+        self._source = redis
+        self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ArqRedis] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def __repr__(self) -> str:
+        return f"ArqQueue({self.queue_name or 'arq:queue'!r})"
+
+    async def pool(self) -> ArqRedis:
+        """The arq pool of the running event loop (made on first use in it)."""
+        loop = asyncio.get_running_loop()
+        pool = self._pools.get(loop)
+        if pool is None:
+            source: Any = self._source
+            if callable(source) and not isinstance(source, RedisSettings | ArqRedis):
+                source = source()
+                if isinstance(source, Awaitable):
+                    source = await source
+            if isinstance(source, RedisSettings):
+                source = await create_pool(source)
+            if not isinstance(source, ArqRedis):
+                raise ConfigurationError(
+                    f"the ArqQueue factory returned {source!r}, not RedisSettings or ArqRedis"
+                )
+            pool = self._pools[loop] = source
+        return pool
+
+    def new_job_id(self) -> str:
+        """Return a fresh arq job id, recorded in the job's queue lock."""
+        return uuid.uuid4().hex
+
+    async def push(  # an async queue: awaited by Job.aenqueue
+        self, job_cls: type[UniqueJob], lock: JobLock, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Job:
+        """Enqueue the job into arq, with its lock's key and token."""
+        ticket = Ticket(lock.key, lock.token, job_ref(job_cls))
+        pool = await self.pool()
+        job = await pool.enqueue_job(
+            RUN,
+            {HEADER: ticket.dump()},
+            list(args),
+            dict(kwargs),
+            _job_id=lock.meta.job_id or None,
+            _queue_name=self.queue_name,
+            _expires=self.expires,
+        )
+        if job is None:  # arq keeps job ids unique: a fresh one cannot be taken
+            raise BackendError(f"arq refused job id {lock.meta.job_id!r}: it is in use", "arq")
+        return job
+
+    async def push_later(
+        self, job_cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any], delay: float
+    ) -> Job | None:
+        """Have a worker call ``await job_cls.aenqueue(*args, **kwargs)`` in ``delay`` seconds."""
+        pool = await self.pool()
+        return await pool.enqueue_job(
+            AGAIN,
+            job_ref(job_cls),
+            list(args),
+            dict(kwargs),
+            _defer_by=max(delay, 0.0),
+            _queue_name=self.queue_name,
+        )
+
+    async def job_gone(self, job_id: str) -> bool:  # type: ignore[override]
+        """True if arq has finished job ``job_id`` (its result is kept) or will never run it.
+
+        A job whose data is gone while it is not running will never run: arq drops
+        it as "expired" (``_expires``, or its data's own expiry) when it comes up.
+        """
+        try:
+            async with (await self.pool()).pipeline(transaction=False) as pipe:
+                pipe.exists(result_key_prefix + job_id)
+                pipe.exists(in_progress_key_prefix + job_id)
+                pipe.exists(job_key_prefix + job_id)
+                finished, running, data = await pipe.execute()
+        except Exception:  # when in doubt, never delete
+            log.warning("cannot tell whether arq job %s is gone; keeping its lock", job_id, exc_info=True)
+            return False
+        return bool(finished) or not (running or data)
+
+
+async def run_job(ctx: dict[str, Any], data: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """What arq workers run for a job of an :class:`ArqQueue`: perform it under the lock it carries."""
+    job_id = str(ctx.get("job_id", ""))
+    ticket = Ticket.load(data.get(HEADER) if isinstance(data, dict) else None, f"arq job {job_id}")
+    job_cls = resolve_job(ticket.job)
+    lock = job_cls.lock_from(ticket.key, ticket.token)
+    lock.meta = replace(lock.meta, job_id=job_id)
+    return await aperform(job_cls, lock, list(args), dict(kwargs), decide)
+
+
+async def enqueue_again(
+    ctx: dict[str, Any], ref: str, args: Sequence[Any], kwargs: dict[str, Any]
+) -> str | None:
+    """A rescheduled call's second try (policy "reschedule"); the new arq job id, None if dropped."""
+    job = await resolve_job(ref).aenqueue(*args, **kwargs)
+    return job.job_id if isinstance(job, Job) else None
+
+
+def decide(exc: BaseException | None, result: Any) -> Decision:
+    """Seconds until arq runs a job again after this try, or None if it never will.
+
+    arq runs a job again after :class:`arq.Retry` (at its ``defer``) and after a
+    cancellation (a worker shutting down mid-job). Should arq then drop the
+    job instead (out of tries, aborted, timed out), its lock is freed by the
+    next enqueue, which finds the job finished (:meth:`ArqQueue.job_gone`).
+    """
+    if isinstance(exc, Retry):
+        return (exc.defer_score or 0) / 1000
+    if isinstance(exc, asyncio.CancelledError):
+        return 0.0
+    return None
+
+
+#: The functions an arq worker needs for uniqjob's jobs: ``functions = [*FUNCTIONS, ...]``.
+FUNCTIONS: list[Function] = [func(run_job, name=RUN), func(enqueue_again, name=AGAIN)]
