@@ -162,3 +162,29 @@ def test_a_server_that_is_down_fails_the_batch_with_a_backend_error() -> None:
         backend.read_many(["a", "b"])
     with pytest.raises(BackendError, match="redis"):
         store_for(backend).read_many(["a"])
+
+
+def test_a_record_of_the_wrong_type_is_its_keys_error_in_the_batch(backend: RedisBackend) -> None:
+    keys = fill(backend, 3)
+    backend.client.set(backend._keys("torn")[0], "garbage")  # a string where a queue lock (a hash) belongs
+    store = store_for(backend)
+    take(store, "c0")
+    take(store, "c1")
+    semaphores = store._keys("c0")  # type: ignore[attr-defined]
+    backend.client.delete(semaphores[1])
+    backend.client.set(semaphores[1], "garbage")  # a string where the parked list belongs
+    states = backend.read_many([keys[0], "torn", keys[1], keys[2]])
+    assert tokens(states) == ["t0", None, "t1", "t2"]
+    with pytest.raises(CorruptRecordError) as alone:
+        backend.read("torn")
+    torn = states[1]
+    assert isinstance(torn, CorruptRecordError) and (torn.path, torn.reason) == (
+        alone.value.path,
+        alone.value.reason,
+    )
+    slots = store.read_many(["c1", "c0"])
+    with pytest.raises(CorruptRecordError) as one:
+        store.read("c0")
+    assert isinstance(slots[0], SemaphoreState) and isinstance(slots[1], CorruptRecordError)
+    assert (slots[1].path, slots[1].reason) == (one.value.path, one.value.reason)
+    assert slots[1].path == semaphores[1] and "list" in slots[1].reason  # named by the structure at fault

@@ -83,7 +83,7 @@ class LockRow:
 
 
 def iter_rows(backend: Backend | None = None, *, job_class: str | None = None) -> Iterator[LockRow]:
-    """Yield a row per held key, streaming the store's scan; keys freed meanwhile are skipped.
+    """Yield a row per held key, streaming the store's scan a page at a time; keys freed since are skipped.
 
     A record that cannot be read is a ``corrupt`` row, whatever ``job_class``
     (its class cannot be read either); those too damaged to name their key

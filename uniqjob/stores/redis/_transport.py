@@ -12,7 +12,8 @@ TLS, auth, database, timeouts, retry policy), sends a command encoded by
 in line; the semaphore scripts with arrays (of integers, strings, nil and
 arrays), read by :func:`_array`. Errors and timeouts are raised as redis-py
 raises them, with the same classes. (Why not ``execute_command``:
-docs/performance.md.)
+docs/performance.md.) A batch of calls (:meth:`Scripts.many`, the listings'
+reads) goes in one write, its replies read in one pass (:func:`_replies`).
 
 Only a plain ``ConnectionPool`` of redis-py's own connection classes, speaking
 RESP2, without health checks or client-side caching and not bounded below
