@@ -8,6 +8,7 @@ the test waits them out.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -20,11 +21,12 @@ import pytest
 
 from tests.conftest import STORES, FakeClock, make_store
 from tests.support.dictstore import DictBackend
-from uniqjob.errors import ConfigurationError
+from uniqjob.errors import ConfigurationError, CorruptRecordError
 from uniqjob.locks import Holder, LockState, QueueMeta, RunClaim
 from uniqjob.stores import LockMachine
 from uniqjob.stores._records import Fences
 from uniqjob.stores.base import Backend
+from uniqjob.stores.file import FileBackend
 from uniqjob.stores.redis import RedisBackend
 
 ME = Holder("host-a", "node-a", os.getpid(), 1)
@@ -603,3 +605,61 @@ def test_counts_age_out_of_the_window_by_the_minute(store: Store) -> None:
     assert b.duplicates(3600) == {"tests.Job": 2}  # the first minute has left the hour
     store.advance(3700)
     assert b.duplicates(3600) == {}
+
+
+def _damage(b: Backend, key: str) -> bool:
+    """Give ``key``'s run lock a field of the wrong type in the store; False if it has no record to damage.
+
+    (The memory and dict stores hold Python objects, never a record a
+    reader could find torn.)
+    """
+    if isinstance(b, RedisBackend):
+        assert b.client.hset(b._keys(key)[1], "i", "x") == 0  # the pid: there already
+        return True
+    if isinstance(b, FileBackend):
+        for path in b.directory.glob("*.json"):
+            record = json.loads(path.read_text())
+            if record.get("key") == key:
+                record["r"]["pid"] = "x"
+                path.write_text(json.dumps(record))
+                return True
+        raise AssertionError(f"no record of {key!r} under {b.directory}")
+    return False
+
+
+def _facts(state: LockState | CorruptRecordError) -> tuple[object, ...]:
+    """What a read found, less the times left (they run down between two reads)."""
+    if isinstance(state, CorruptRecordError):
+        return ("corrupt", state.path, state.key, state.reason)
+    queue, run = state.queue, state.run
+    return (
+        state.key,
+        state.free,
+        None if queue is None else (queue.token, queue.state, queue.since, queue.meta, queue.ttl is None),
+        None if run is None else (run.token, run.holder, run.started, run.lease, run.fence),
+    )
+
+
+def test_read_many_reads_each_key_as_read_does(store: Store) -> None:
+    b = store.backend
+    assert b.read_many([]) == []
+    keys = [f"key:{i}" for i in range(5)]
+    for i, key in enumerate(keys):
+        meta = QueueMeta("tests.Job", f"({i},)", f"job-{i}")
+        run = RunClaim(ME, 60.0) if i % 2 else None
+        assert b.claim(key, f"t{i}", meta=meta, ttl=600 if i == 4 else None, run=run) is None
+    assert b.claim("{brace}", "tb", meta=META) is None
+    assert b.claim("damaged", "td", meta=META, run=RunClaim(ME, 60.0)) is None
+    damaged = _damage(b, "damaged")
+    asked = [keys[0], keys[1], "damaged", "free", keys[2], "{brace}", keys[3], keys[4]]
+    many = b.read_many(asked)
+    one: list[LockState | CorruptRecordError] = []
+    for key in asked:
+        try:
+            one.append(b.read(key))
+        except CorruptRecordError as exc:
+            one.append(exc)
+    assert [_facts(s) for s in many] == [_facts(s) for s in one]
+    assert isinstance(many[2], CorruptRecordError) == damaged
+    assert isinstance(many[3], LockState) and many[3].free
+    assert all(isinstance(s, LockState) and not s.free for s in many[:2] + many[4:])

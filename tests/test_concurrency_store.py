@@ -6,6 +6,7 @@ so the tests that age a lease use leases of a few tens of milliseconds there.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import STORES, FakeClock, make_store
-from uniqjob.concurrency import Outcome, Park, SemaphoreStore, store_for
+from uniqjob.concurrency import Outcome, Park, SemaphoreState, SemaphoreStore, store_for
 from uniqjob.errors import CorruptRecordError
 from uniqjob.locks import Holder
 from uniqjob.stores._stripes import _StripeLock
@@ -23,6 +24,7 @@ from uniqjob.stores.base import Backend
 from uniqjob.stores.file import FileBackend, FileSemaphores
 from uniqjob.stores.memory import MemoryBackend
 from uniqjob.stores.redis import RedisBackend
+from uniqjob.stores.redis._semaphores import RedisSemaphores
 
 ME = Holder("here", "node-1", 100, 1)
 OTHER = Holder("there", "node-2", 200, 2)
@@ -546,3 +548,49 @@ def test_a_promotion_goes_to_the_pusher_the_job_layer_registered(
     with caplog.at_level("ERROR", logger="uniqjob.concurrency.semaphore"):
         assert semaphore.deliver(store, K, [Promotion("t2", "queue", "{}", 0)], ME) == 0
     assert "could not hand parked job t2" in caplog.text
+
+
+def _damage(s: Store, key: str) -> bool:
+    """Make ``key``'s slot record unreadable in the store; False if the store has no record to damage."""
+    store = s.store
+    if isinstance(store, RedisSemaphores):
+        assert store.client.hset(store._keys(key)[0], "a", "{not json") == 0  # the slot of "a": there already
+        return True
+    if isinstance(store, FileSemaphores):
+        for path in store.directory.glob("*.json"):
+            if json.loads(path.read_text()).get("key") == key:
+                path.write_text("{not json")
+                return True
+        raise AssertionError(f"no record of {key!r} under {store.directory}")
+    return False  # the memory and dict stores hold Python objects
+
+
+def _facts(state: SemaphoreState | CorruptRecordError) -> tuple[object, ...]:
+    """What a read found, less the times left (they run down between two reads)."""
+    if isinstance(state, CorruptRecordError):
+        return ("corrupt", state.path, state.key, state.reason)
+    slots = [(x.token, x.status, x.via, x.holder, x.since, x.lease, x.redo, x.args) for x in state.slots]
+    return (state.key, state.limit, state.job_class, sorted(slots), state.parked, state.head)
+
+
+def test_read_many_reads_each_key_as_read_does(s: Store) -> None:
+    assert s.store.read_many([]) == []
+    for n in range(3):
+        for token in ("a", "b", "c"):
+            assert take(s, token, limit=1, park=queued(f"{{{token}}}"), key=f"k{n}") in ("taken", "parked")
+    assert take(s, "a", limit=1, key="damaged") == "taken"
+    damaged = _damage(s, "damaged")
+    asked = ["k0", "damaged", "free", "k1", "{brace}", "k2"]
+    many = s.store.read_many(asked, head=1)
+    one: list[SemaphoreState | CorruptRecordError] = []
+    for key in asked:
+        try:
+            one.append(s.store.read(key, head=1))
+        except CorruptRecordError as exc:
+            one.append(exc)
+    assert [_facts(x) for x in many] == [_facts(x) for x in one]
+    assert isinstance(many[1], CorruptRecordError) == damaged
+    assert all(isinstance(x, SemaphoreState) and x.empty for x in (many[2], many[4]))
+    for state in (many[0], many[3], many[5]):
+        assert isinstance(state, SemaphoreState)
+        assert (len(state.slots), state.parked, [p.token for p in state.head]) == (1, 2, ["b"])

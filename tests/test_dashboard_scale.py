@@ -9,6 +9,8 @@ with it (every key is read once, for the true totals). It prints the figures.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 import tracemalloc
 from collections.abc import Iterator
@@ -33,22 +35,27 @@ pytestmark = pytest.mark.soak
 
 
 @pytest.fixture(scope="module")
-def big() -> Iterator[Backend]:
-    with RedisServer() as server:
-        backend = config.resolve(server.url)
-        me = local_holder()
-        for n in range(LOCKS):
-            meta = QueueMeta(f"app.jobs.Job{n % 50}", f"{n}, 'x' * 40", f"job-{n}")
-            run = RunClaim(me, lease=600) if n % 3 == 0 else None
-            assert backend.claim(f"k{n}", f"t{n}", meta=meta, ttl=3600, run=run) is None
-        slots = store_for(backend)
-        for n in range(KEYS):
-            for token in ("a", "b"):  # one slot held, one job parked behind it
-                slots.acquire(
-                    f"c{n}", f"{token}{n}", limit=1, lease=600, running=False, holder=None,
-                    park=Park("queue", payload="{}"), job_class="app.jobs.Limited", args=str(n), caller=me,
-                )  # fmt: skip
-        yield backend
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def big(server: RedisServer) -> Iterator[Backend]:
+    backend = config.resolve(server.url)
+    me = local_holder()
+    for n in range(LOCKS):
+        meta = QueueMeta(f"app.jobs.Job{n % 50}", f"{n}, 'x' * 40", f"job-{n}")
+        run = RunClaim(me, lease=600) if n % 3 == 0 else None
+        assert backend.claim(f"k{n}", f"t{n}", meta=meta, ttl=3600, run=run) is None
+    slots = store_for(backend)
+    for n in range(KEYS):
+        for token in ("a", "b"):  # one slot held, one job parked behind it
+            slots.acquire(
+                f"c{n}", f"{token}{n}", limit=1, lease=600, running=False, holder=None,
+                park=Park("queue", payload="{}"), job_class="app.jobs.Limited", args=str(n), caller=me,
+            )  # fmt: skip
+    yield backend
 
 
 def _measure(client: TestClient, path: str) -> tuple[float, float, str]:
@@ -75,3 +82,17 @@ def test_the_pages_hold_bounded_rows_of_a_big_store(big: Backend) -> None:
     assert locks.count("<tr data-key=") == _data.ROWS + _data.TOP
     assert f">{KEYS}</div>" in home  # parked jobs, one per key
     assert locks_mib < 64 and home_mib < 64
+
+
+def test_the_locks_command_lists_a_big_store(big: Backend, server: RedisServer) -> None:
+    began = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "uniqjob", "locks", "--url", server.url],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    took = time.perf_counter() - began
+    print(f"\nuniqjob locks on {LOCKS} locks: {took:.1f} s")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == LOCKS + 1  # the header, then a line per held key

@@ -22,6 +22,7 @@ from .. import config
 from ..concurrency import SemaphoreState, store_for
 from ..concurrency.ops import stale
 from ..stores.base import Backend
+from ._pages import read_slots
 
 __all__ = ["ConcurrencyReport", "KeyReport", "Totals", "concurrency", "concurrency_key", "iter_keys"]
 
@@ -135,8 +136,7 @@ def _matches(job_class: str, wanted: str | None) -> bool:
 def iter_keys(backend: Backend | None = None, *, job_class: str | None = None) -> Iterator[KeyReport]:
     """Yield a report per concurrency key, as the store's scan finds them; emptied keys are skipped."""
     store = store_for(backend if backend is not None else config.default_backend())
-    for key in store.scan():
-        state = store.read(key, head=1)
+    for state in read_slots(store, head=1):
         if not state.empty and _matches(state.job_class, job_class):
             yield KeyReport.from_state(state)
 

@@ -12,6 +12,7 @@ from ..concurrency import release as release_slots
 from ..errors import ConfigurationError, CorruptRecordError
 from ..locks import QUEUED, RUNNING, LockState, holder_is_dead, orphaned
 from ..stores.base import Backend
+from ._pages import read_scan, read_slots
 
 __all__ = ["CORRUPT", "PARKED", "LockRelease", "LockRow", "Reaped", "iter_rows", "reap", "release"]
 
@@ -82,7 +83,7 @@ class LockRow:
 
 
 def iter_rows(backend: Backend | None = None, *, job_class: str | None = None) -> Iterator[LockRow]:
-    """Yield a row per held key, streaming the store's scan; keys freed meanwhile are skipped.
+    """Yield a row per held key, streaming the store's scan a page at a time; keys freed since are skipped.
 
     A record that cannot be read is a ``corrupt`` row, whatever ``job_class``
     (its class cannot be read either); those too damaged to name their key
@@ -91,12 +92,10 @@ def iter_rows(backend: Backend | None = None, *, job_class: str | None = None) -
     backend = backend if backend is not None else config.default_backend()
     seen: set[str] = set()
     parked: frozenset[str] | None = None  # read once, at the first queued lock that may be parked
-    for key in backend.scan():
-        try:
-            state = backend.read(key)
-        except CorruptRecordError as exc:
-            seen.add(exc.path)
-            yield LockRow.from_corrupt(exc, key)
+    for key, state in read_scan(backend):
+        if isinstance(state, CorruptRecordError):
+            seen.add(state.path)
+            yield LockRow.from_corrupt(state, key)
             continue
         if state.free:
             continue
@@ -121,8 +120,8 @@ def _parked_tokens(backend: Backend) -> frozenset[str]:
     except ConfigurationError:  # a store that keeps no slots parks nothing
         return frozenset()
     tokens: set[str] = set()
-    for key in store.scan():
-        tokens.update(p.token for p in store.read(key, head=_PARKED_READ).head)
+    for state in read_slots(store, head=_PARKED_READ):
+        tokens.update(p.token for p in state.head)
     return frozenset(tokens)
 
 
@@ -172,12 +171,10 @@ def reap(
         if each is not None:
             each(row)
 
-    for key in backend.scan():
-        try:
-            state = backend.read(key)
-        except CorruptRecordError as exc:
-            damaged.add(exc.path)
-            found(LockRow.from_corrupt(exc, key), corrupt)
+    for key, state in read_scan(backend):
+        if isinstance(state, CorruptRecordError):
+            damaged.add(state.path)
+            found(LockRow.from_corrupt(state, key), corrupt)
             continue
         if state.free:
             continue

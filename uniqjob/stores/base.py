@@ -17,12 +17,13 @@ from __future__ import annotations
 import functools
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 from .._moved import renamed
 from ..errors import ConfigurationError, CorruptRecordError
 from ..locks import LockState, QueueMeta, RunClaim
+from ._batches import read_each
 from ._drops import check_window
 from .semaphores import SemaphoreStore
 
@@ -181,6 +182,15 @@ class Backend(ABC):
     @abstractmethod
     def read(self, key: str) -> LockState:
         """Return a snapshot of ``key``'s locks (lapsed leases already dropped)."""
+
+    def read_many(self, keys: Sequence[str]) -> list[LockState | CorruptRecordError]:
+        """Return :meth:`read` of each of ``keys``, in order; a damaged record's error in its place.
+
+        The listings read the store a page of keys at a time through this.
+        This default calls :meth:`read` for each key; a store that can read
+        many keys in one round trip (Redis pipelines them) overrides it.
+        """
+        return read_each(self.read, keys)
 
     @abstractmethod
     def scan(self) -> Iterator[str]:

@@ -27,9 +27,12 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
+from ..errors import CorruptRecordError
 from ..locks import Holder
+from ._batches import read_each
 
 __all__ = [
     "HANDOFF",
@@ -288,6 +291,15 @@ class SemaphoreStore(ABC):
     @abstractmethod
     def read(self, key: str, *, head: int = 5) -> SemaphoreState:
         """Return a snapshot of ``key`` with its ``head`` oldest parked calls."""
+
+    def read_many(self, keys: Sequence[str], *, head: int = 5) -> list[SemaphoreState | CorruptRecordError]:
+        """Return :meth:`read` of each of ``keys``, in order; a damaged record's error in its place.
+
+        The concurrency figures read the store a page of keys at a time
+        through this. This default calls :meth:`read` for each key; a store
+        that can read many keys in one round trip (Redis pipelines them) overrides it.
+        """
+        return read_each(partial(self.read, head=head), keys)
 
     @abstractmethod
     def scan(self) -> Iterator[str]:

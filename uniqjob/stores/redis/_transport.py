@@ -12,7 +12,8 @@ TLS, auth, database, timeouts, retry policy), sends a command encoded by
 in line; the semaphore scripts with arrays (of integers, strings, nil and
 arrays), read by :func:`_array`. Errors and timeouts are raised as redis-py
 raises them, with the same classes. (Why not ``execute_command``:
-docs/performance.md.)
+docs/performance.md.) A batch of calls (:meth:`Scripts.many`, the listings'
+reads) goes in one write, its replies read in one pass (:func:`_replies`).
 
 Only a plain ``ConnectionPool`` of redis-py's own connection classes, speaking
 RESP2, without health checks or client-side caching and not bounded below
@@ -37,6 +38,7 @@ import select
 import threading
 import weakref
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import redis
@@ -298,6 +300,44 @@ class Scripts:
             head = self._head(script, numkeys, len(items))
             return lanes.call(pack_after(head, items, lanes.encoding, lanes.errors))
 
+    def many(self, script: Script, numkeys: int, batch: Sequence[Sequence[Any]]) -> list[Any]:
+        """Run ``script`` once for each entry of ``batch`` (its keys, then its arguments), all sent together.
+
+        The replies come in ``batch``'s order, an error reply in its place as
+        the ``ResponseError`` redis-py makes of it (returned, not raised); a
+        failure to talk to the server is raised. On this thread's kept
+        connection the commands go in one write and their replies are read in
+        one pass; otherwise through the client's ``pipeline(transaction=False)``,
+        which on a cluster client sends each call to the node of its keys' slot.
+        If the server lost the script (``NOSCRIPT``), it is loaded and the batch sent again.
+        """
+        for attempt in (0, 1):
+            replies = self._batch(script, numkeys, batch)
+            if attempt or not any(isinstance(reply, Exception) and is_noscript(reply) for reply in replies):
+                return replies
+            script.sha = self.client.script_load(script.script)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _batch(self, script: Script, numkeys: int, batch: Sequence[Sequence[Any]]) -> list[Any]:
+        if not batch:
+            return []
+        lanes = self.lanes
+        if lanes is None:
+            pipe = self.client.pipeline(transaction=False)
+            for items in batch:  # (a cluster pipeline refuses its evalsha method, not the command)
+                pipe.execute_command("EVALSHA", script.sha, numkeys, *items)
+            return list(pipe.execute(raise_on_error=False))
+        commands = b"".join(
+            pack_after(
+                self._heads.get((script.sha, numkeys, len(items))) or self._head(script, numkeys, len(items)),
+                items,
+                lanes.encoding,
+                lanes.errors,
+            )
+            for items in batch
+        )
+        return lanes.call(commands, partial(_replies, count=len(batch)))  # type: ignore[no-any-return]
+
     def _head(self, script: Script, numkeys: int, count: int) -> bytes:
         head = self._heads[(script.sha, numkeys, count)] = evalsha_head(script.sha, numkeys, count)
         return head
@@ -477,13 +517,27 @@ def _exchange_pair(sock: Any, command: bytes) -> tuple[Any, int | Exception]:
     an error reply to the first is raised then, as :func:`_exchange` raises it;
     the second is an integer, or the error ``WAIT`` replied (returned, not raised).
     """
+    reply, acked = _replies(sock, command, count=2)
+    if isinstance(reply, Exception):
+        raise reply
+    if type(acked) is not int and not isinstance(acked, redis.ResponseError):
+        raise redis.InvalidResponse(f"WAIT replied {acked!r}")
+    return reply, acked
+
+
+def _replies(sock: Any, command: bytes, *, count: int) -> list[Any]:
+    """Send ``command``, ``count`` commands, and read their ``count`` replies, all before any is acted on.
+
+    An error reply is returned in its place, as the ``ResponseError`` redis-py
+    would raise for it; socket failures and bad lengths are raised as :func:`_exchange` raises them.
+    """
     data = b""
     replies: list[Any] = []
     try:
         sock.sendall(command)
         data = _more(sock)
         at = 0
-        while len(replies) < 2:
+        while len(replies) < count:
             try:
                 if data[at : at + 1] == b"-":
                     end = data.find(b"\r\n", at)
@@ -499,15 +553,10 @@ def _exchange_pair(sock: Any, command: bytes) -> tuple[Any, int | Exception]:
                 continue
             replies.append(value)
         if at != len(data):
-            raise redis.InvalidResponse("more than two replies to two commands")
+            raise redis.InvalidResponse(f"more than {count} replies to {count} commands")
     except (OSError, ValueError) as exc:
         raise _wire_error(exc, data) from exc
-    reply, acked = replies
-    if isinstance(reply, Exception):
-        raise reply
-    if type(acked) is not int and not isinstance(acked, redis.ResponseError):
-        raise redis.InvalidResponse(f"WAIT replied {acked!r}")
-    return reply, acked
+    return replies
 
 
 class _Short(Exception):
