@@ -541,14 +541,14 @@ class RedisBackend(Backend):
         """
         if getattr(self.read, "__func__", None) is not RedisBackend.read:
             return super().read_many(keys)
-        batch = [self._keys(key)[:2] for key in keys]
-        replies = self._call(partial(self._scripts.many, self._read, 2, batch))
+        calls = [self._read_call(key) for key in keys]  # the calls read() makes, sent together
+        replies = self._call(partial(self._scripts.many, self._read, 2, [call.items for call in calls]))
         states: list[LockState | CorruptRecordError] = []
-        for key, named, reply in zip(keys, batch, replies, strict=True):
+        for call, reply in zip(calls, replies, strict=True):
             try:
                 if isinstance(reply, Exception):
-                    raise self._failed_script(reply, named) from reply
-                states.append(LockState(key, *self._parts(key, reply)))
+                    raise self._failure(reply, call.items[: call.numkeys]) from reply
+                states.append(call.decode(reply))
             except CorruptRecordError as exc:
                 states.append(exc)
         return states
