@@ -83,6 +83,11 @@ def split_hosts(url: str) -> tuple[SplitResult, str]:
     scheme, sep, rest = url.partition("://")
     end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
     userinfo, at, hosts = rest[:end].rpartition("@")
+    if "@" in userinfo:  # a second user:pass@ inside the list, or an '@' left unencoded
+        raise Invalid(
+            "the user name and password go once, before the host list (user:pass@host1:port,host2:port),"
+            " for every node; an '@' inside them is written %40"
+        )
     return split(f"{scheme}{sep}{userinfo}{at}{rest[end:]}"), hosts
 
 

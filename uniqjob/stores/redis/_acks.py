@@ -55,7 +55,14 @@ class Acks:
         return self.scripts.acked(script, numkeys, items, self._wait)
 
     def check(
-        self, acked: int | Exception, what: str, undo: Callable[[], object] | None, owner: object, store: str
+        self,
+        acked: int | Exception,
+        what: str,
+        undo: Callable[[], object] | None,
+        owner: object,
+        store: str,
+        *,
+        name: Any = None,
     ) -> None:
         """Raise BackendError (naming ``owner``, the store) if fewer than ``replicas`` acknowledged ``what``.
 
@@ -70,6 +77,8 @@ class Acks:
         else:
             told = f"{what} on the master but acknowledged by {acked} of {self.replicas} replicas "
             told += f"within {self.timeout}s"
+            if name is not None:
+                told += _connected(self.scripts.connected_replicas(name))
         if undo is None:
             raise BackendError(f"{told}; not confirmed ({owner!r})", store)
         try:
@@ -79,3 +88,9 @@ class Acks:
             told += "it stays on the master until undone or lapsed"
             raise BackendError(f"{told} ({owner!r})", store) from exc
         raise BackendError(f"{told}; undone ({owner!r})", store)
+
+
+def _connected(count: int | None) -> str:
+    if count is None:
+        return ""
+    return f" (the master has {count} replica{'' if count == 1 else 's'} connected)"
