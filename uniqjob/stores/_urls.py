@@ -31,7 +31,8 @@ __all__ = [
     "whole",
 ]
 
-_SECRET_USERINFO = re.compile(r"(?<=://)([^/?#@]*?):[^/?#@]*@")
+# user:pass@ after the scheme, and after a comma (credentials wrongly given per node of a list)
+_SECRET_USERINFO = re.compile(r"(?:(?<=://)|(?<=,))([^/?#@,]*?):[^/?#@]*@")
 _SECRET_OPTION = re.compile(r"([?&](?:sentinel_)?password=)[^&#]*")
 
 

@@ -69,16 +69,18 @@ class Acks:
         Before it is raised, ``undo`` (if any) removes, token-checked, only
         what this call granted. If it fails too, the error says so: what was
         granted then stays on the master until it is undone later or lapses.
+        With ``name`` (the first Redis key the script touched), a count too low also says
+        how many replicas the master that holds it has connected (``INFO replication``,
+        asked only then): 0 after a failover that left the new master without one.
         """
         if isinstance(acked, Exception):
             told = f"{what} on the master but the wait for {self.replicas} replicas failed ({acked})"
         elif acked >= self.replicas:
             return
         else:
-            told = f"{what} on the master but acknowledged by {acked} of {self.replicas} replicas "
+            master = "the master" if name is None else _master(self.scripts.connected_replicas(name))
+            told = f"{what} on {master} but acknowledged by {acked} of {self.replicas} replicas "
             told += f"within {self.timeout}s"
-            if name is not None:
-                told += _connected(self.scripts.connected_replicas(name))
         if undo is None:
             raise BackendError(f"{told}; not confirmed ({owner!r})", store)
         try:
@@ -90,7 +92,7 @@ class Acks:
         raise BackendError(f"{told}; undone ({owner!r})", store)
 
 
-def _connected(count: int | None) -> str:
-    if count is None:
-        return ""
-    return f" (the master has {count} replica{'' if count == 1 else 's'} connected)"
+def _master(connected: int | None) -> str:
+    if connected is None:
+        return "the master"
+    return f"the master (which has {connected} replica{'' if connected == 1 else 's'} connected)"
