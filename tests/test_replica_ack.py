@@ -22,10 +22,11 @@ import pytest
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
+from tests.conftest import sentinel_client
 from tests.integration_workers import wait_until
 from tests.redis_server import RedisServer
 from tests.support import sigstop
-from tests.support.topologies import Cluster
+from tests.support.topologies import Cluster, SentinelGroup
 from uniqjob import JobLock
 from uniqjob._undo import undos
 from uniqjob.errors import BackendError, ConfigurationError, CorruptRecordError
@@ -72,7 +73,8 @@ def pair() -> Iterator[Pair]:
         group.admin.close()
 
 
-@pytest.fixture(params=["kept", "pooled", "valkey-py"])
+# (ids that are not tests/conftest.py STORES kinds: a "valkey-py" id would be deselected here)
+@pytest.fixture(params=["kept", "pooled", "valkey.Valkey"])
 def store(request: pytest.FixtureRequest, pair: Pair) -> Iterator[RedisBackend]:
     """A backend with ``replicas=1`` on the master: kept connections, a blocking pool, or valkey-py."""
     pair.admin.flushall()
@@ -80,7 +82,7 @@ def store(request: pytest.FixtureRequest, pair: Pair) -> Iterator[RedisBackend]:
     client: Any
     if request.param == "kept":
         client = redis.Redis(port=pair.master.port, socket_timeout=5)
-    elif request.param == "valkey-py":
+    elif request.param == "valkey.Valkey":
         valkey = pytest.importorskip("valkey")
         client = valkey.Valkey(port=pair.master.port, socket_timeout=5)
     else:
@@ -232,6 +234,34 @@ def test_replica_timeout_must_fit_in_the_socket_timeout(pair: Pair) -> None:
     client.close()
 
 
+def test_the_socket_timeout_must_leave_headroom_after_the_wait(pair: Pair) -> None:
+    client = redis.Redis(port=pair.master.port, socket_timeout=5.0)
+    with pytest.raises(
+        ConfigurationError, match=r"replica_timeout \(4.999s\) must be shorter .* by at least 0.5s"
+    ):
+        RedisBackend(client, replicas=1, replica_timeout=4.999)
+    assert RedisBackend(client, replicas=1, replica_timeout=4.5).replica_timeout == 4.5
+    client.close()
+
+
+def test_an_unacknowledged_grant_says_how_many_replicas_the_master_has(
+    store: RedisBackend, pair: Pair
+) -> None:
+    with pair.replica_stopped():  # stopped, not gone: the master still counts it connected
+        with pytest.raises(BackendError, match=r"on the master \(which has 1 replica connected\) but"):
+            store.claim("k", "mine", meta=META)
+        with pytest.raises(BackendError, match=r"on the master \(which has 1 replica connected\) but"):
+            _acquire(store, "s", "mine")
+
+
+def test_a_corrupt_slot_record_met_by_a_grant_is_named(store: RedisBackend, pair: Pair) -> None:
+    slots = store.semaphores()._keys("bad")[0]  # type: ignore[attr-defined]
+    pair.admin.set(slots, "garbage")  # a string where a hash belongs
+    with pytest.raises(CorruptRecordError) as caught:
+        _acquire(store, "bad", "t")
+    assert caught.value.path == slots
+
+
 # -- slots --------------------------------------------------------------------------------
 
 
@@ -347,12 +377,26 @@ def _setslot(server: RedisServer, *args: object) -> None:
         client.execute_command("CLUSTER", "SETSLOT", *args)
 
 
-def test_cluster_redirects_are_followed_once(cluster: Cluster) -> None:
-    """A slot that moved since the client read its map (MOVED), and one that is moving (ASK)."""
+def _cluster_client(cluster: Cluster, kind: str, **kwargs: Any) -> Any:
+    """A cluster client of ``kind``: redis-py's RedisCluster, or valkey-py's ValkeyCluster."""
+    if kind == "ValkeyCluster":
+        valkey_cluster = pytest.importorskip("valkey.cluster")
+        nodes = [valkey_cluster.ClusterNode("127.0.0.1", p) for p in cluster.ports[:3]]
+        return valkey_cluster.ValkeyCluster(startup_nodes=nodes, **kwargs)
     seeds = [ClusterNode("127.0.0.1", p) for p in cluster.ports[:3]]  # type: ignore[no-untyped-call]
-    client = RedisCluster(startup_nodes=seeds)
+    return RedisCluster(startup_nodes=seeds, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["RedisCluster", "ValkeyCluster"])
+def test_cluster_redirects_are_followed_once(cluster: Cluster, kind: str) -> None:
+    """A slot that moved since the client read its map (MOVED), and one that is moving (ASK).
+
+    Through either library's cluster client: each names its nodes' clients, and its redirect
+    errors, its own way.
+    """
+    client = _cluster_client(cluster, kind)
     store = RedisBackend(client, replicas=1, replica_timeout=TIMEOUT, namespace="moves")
-    moving, moved = "moving-key", "moved-key"
+    moving, moved = f"moving-key-{kind}", f"moved-key-{kind}"
     for key in (moving, moved):
         # the client's slot map is read now; then the key's empty slot goes to another master
         assert store.renew(key, "nobody", 30.0) is False
@@ -374,3 +418,26 @@ def test_cluster_redirects_are_followed_once(cluster: Cluster) -> None:
             for master in cluster.primaries():
                 _setslot(master, slot, "NODE", _node_id(source))  # back where it was
     store.close()
+
+
+@pytest.mark.parametrize("kind", ["RedisCluster", "ValkeyCluster"])
+def test_a_cluster_client_s_socket_timeout_must_leave_headroom_after_the_wait(
+    cluster: Cluster, kind: str
+) -> None:
+    client = _cluster_client(cluster, kind, socket_timeout=1.0)
+    with pytest.raises(
+        ConfigurationError, match=r"replica_timeout \(0.75s\) must be shorter .* \(1.0s\) by at"
+    ):
+        RedisBackend(client, replicas=1, replica_timeout=0.75)
+    RedisBackend(client, replicas=1, replica_timeout=0.5).close()
+
+
+def test_a_sentinel_client_s_socket_timeout_must_leave_headroom_after_the_wait(
+    sentinel_group: SentinelGroup,
+) -> None:
+    client = sentinel_client(sentinel_group, socket_timeout=1.0)
+    with pytest.raises(
+        ConfigurationError, match=r"replica_timeout \(0.75s\) must be shorter .* \(1.0s\) by at"
+    ):
+        RedisBackend(client, replicas=1, replica_timeout=0.75)
+    RedisBackend(client, replicas=1, replica_timeout=0.5).close()

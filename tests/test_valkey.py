@@ -98,10 +98,13 @@ def valkey_cluster() -> Iterator[Cluster]:
         yield cluster
 
 
-def test_a_valkey_cluster_through_valkey_py_s_cluster_client(valkey_cluster: Cluster) -> None:
+@pytest.mark.parametrize("replicas", [0, 1])
+def test_a_valkey_cluster_through_valkey_py_s_cluster_client(valkey_cluster: Cluster, replicas: int) -> None:
+    """The lock and slot cycle; with ``replicas=1``, each grant acknowledged by its master's replica."""
     seeds = [valkey.cluster.ClusterNode("127.0.0.1", port) for port in valkey_cluster.ports[:3]]
     client = valkey.cluster.ValkeyCluster(startup_nodes=seeds, socket_timeout=5)
-    backend = RedisBackend(client, namespace="vkc")
+    client.flushall(target_nodes=valkey.cluster.ValkeyCluster.PRIMARIES)
+    backend = RedisBackend(client, namespace="vkc", replicas=replicas)
     assert repr(backend).startswith("RedisBackend(cluster [127.0.0.1:")
     keys = [*(f"jobs.K:{i}" for i in range(12)), "}", "}{", "{}", ""]
     for key in keys:

@@ -56,7 +56,9 @@ def add_url_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--url",
         metavar="URL",
-        help="lock store: redis://host:6379/0, rediss://..., unix:///path.sock, file:///dir "
+        help="lock store: redis://host:6379/0, rediss://..., unix:///path.sock, redis+cluster://h1:6379,h2:6379,"
+        " redis+sentinel://h1:26379,h2:26379/MASTER_NAME, valkey://... (and valkeys, valkey+cluster,"
+        " valkey+sentinel), file:///dir "
         f"(default: ${config.ENV_URL}, else the file store in {config.default_directory()})",
     )
     parser.add_argument(

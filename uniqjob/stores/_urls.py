@@ -31,7 +31,8 @@ __all__ = [
     "whole",
 ]
 
-_SECRET_USERINFO = re.compile(r"(?<=://)([^/?#@]*?):[^/?#@]*@")
+# user:pass@ after the scheme, and after a comma (credentials wrongly given per node of a list)
+_SECRET_USERINFO = re.compile(r"(?:(?<=://)|(?<=,))([^/?#@,]*?):[^/?#@]*@")
 _SECRET_OPTION = re.compile(r"([?&](?:sentinel_)?password=)[^&#]*")
 
 
@@ -83,6 +84,11 @@ def split_hosts(url: str) -> tuple[SplitResult, str]:
     scheme, sep, rest = url.partition("://")
     end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
     userinfo, at, hosts = rest[:end].rpartition("@")
+    if "@" in userinfo:  # a second user:pass@ inside the list, or an '@' left unencoded
+        raise Invalid(
+            "the user name and password go once, before the host list (user:pass@host1:port,host2:port),"
+            " for every node; an '@' inside them is written %40"
+        )
     return split(f"{scheme}{sep}{userinfo}{at}{rest[end:]}"), hosts
 
 

@@ -55,20 +55,31 @@ class Acks:
         return self.scripts.acked(script, numkeys, items, self._wait)
 
     def check(
-        self, acked: int | Exception, what: str, undo: Callable[[], object] | None, owner: object, store: str
+        self,
+        acked: int | Exception,
+        what: str,
+        undo: Callable[[], object] | None,
+        owner: object,
+        store: str,
+        *,
+        name: Any = None,
     ) -> None:
         """Raise BackendError (naming ``owner``, the store) if fewer than ``replicas`` acknowledged ``what``.
 
         Before it is raised, ``undo`` (if any) removes, token-checked, only
         what this call granted. If it fails too, the error says so: what was
         granted then stays on the master until it is undone later or lapses.
+        With ``name`` (the first Redis key the script touched), a count too low also says
+        how many replicas the master that holds it has connected (``INFO replication``,
+        asked only then): 0 after a failover that left the new master without one.
         """
         if isinstance(acked, Exception):
             told = f"{what} on the master but the wait for {self.replicas} replicas failed ({acked})"
         elif acked >= self.replicas:
             return
         else:
-            told = f"{what} on the master but acknowledged by {acked} of {self.replicas} replicas "
+            master = "the master" if name is None else _master(self.scripts.connected_replicas(name))
+            told = f"{what} on {master} but acknowledged by {acked} of {self.replicas} replicas "
             told += f"within {self.timeout}s"
         if undo is None:
             raise BackendError(f"{told}; not confirmed ({owner!r})", store)
@@ -79,3 +90,9 @@ class Acks:
             told += "it stays on the master until undone or lapsed"
             raise BackendError(f"{told} ({owner!r})", store) from exc
         raise BackendError(f"{told}; undone ({owner!r})", store)
+
+
+def _master(connected: int | None) -> str:
+    if connected is None:
+        return "the master"
+    return f"the master (which has {connected} replica{'' if connected == 1 else 's'} connected)"

@@ -55,6 +55,7 @@ from ._acks import Acks
 from ._client import backend_error, is_response_error, key_of, match, names, scan_pages, where
 from ._prelude import CORRUPT
 from ._transport import Lanes, Scripts
+from ._url import check_store_options
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -201,6 +202,7 @@ class RedisSemaphores(SemaphoreStore):
         replicas: int = 0,
         replica_timeout: float = 1.0,
     ) -> None:
+        check_store_options(namespace, replicas)
         self.client = cast("redis.Redis", client)  # a cluster client answers the same commands
         self.namespace = namespace
         self._prefix = f"{namespace}:c:"
@@ -279,8 +281,13 @@ class RedisSemaphores(SemaphoreStore):
     def _eval(self, script: Script, key: str, args: Sequence[Any]) -> Any:
         try:
             return self._scripts.call(script, len(_PARTS), [*self._keys(key), *args])
-        except Exception as exc:  # an error reply of redis-py's or valkey-py's may name a record
-            raise (self._explain(key, exc) if is_response_error(exc) else self._failed(exc)) from exc
+        except Exception as exc:
+            raise self._script_error(key, exc) from exc
+
+    def _script_error(self, key: str, exc: Exception) -> BackendError:
+        """What a caller sees for a script that raised ``exc``: an error reply of redis-py's or
+        valkey-py's may name a record (:meth:`_explain`); anything else is a BackendError."""
+        return self._explain(key, exc) if is_response_error(exc) else self._failed(exc)
 
     def _granting(
         self,
@@ -307,10 +314,8 @@ class RedisSemaphores(SemaphoreStore):
             return self._eval(script, key, args)
         try:
             reply, acked = acks.run(script, len(_PARTS), [*self._keys(key), *args])
-        except redis.ResponseError as exc:
-            raise self._explain(key, exc) from exc
         except Exception as exc:
-            raise self._failed(exc) from exc
+            raise self._script_error(key, exc) from exc
         mine = _text(reply[0]) in own
         promoted = len(reply[1])
         if mine or promoted:
@@ -318,7 +323,8 @@ class RedisSemaphores(SemaphoreStore):
             granted = [f"the {'lease of the ' if renew else ''}slot of {token}"] if mine else []
             granted += [f"{promoted} promoted call{'s' if promoted > 1 else ''}"] if promoted else []
             undo = partial(self._release_token, key, token, caller) if mine and not renew else None
-            acks.check(acked, f"{' and '.join(granted)} of {key!r}, granted", undo, self, self.name)
+            what = f"{' and '.join(granted)} of {key!r}, granted"
+            acks.check(acked, what, undo, self, self.name, name=self._keys(key)[0])
         return reply
 
     def _release_token(self, key: str, token: str, caller: Holder) -> None:

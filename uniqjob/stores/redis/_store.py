@@ -39,7 +39,7 @@ from ._acks import Acks
 from ._client import backend_error, key_of, match, names, scan_pages, where
 from ._semaphores import RedisSemaphores
 from ._transport import Scripts
-from ._url import redis_client_from_url
+from ._url import check_store_options, redis_client_from_url
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -190,8 +190,7 @@ class RedisBackend(Backend):
         replicas: int = 0,
         replica_timeout: float = 1.0,
     ) -> None:
-        if type(replicas) is not int or replicas < 0:
-            raise ConfigurationError(f"replicas must be a whole number >= 0, got {replicas!r}")
+        check_store_options(namespace, replicas)
         if not (isinstance(replica_timeout, int | float) and 0 < replica_timeout < float("inf")):
             raise ConfigurationError(
                 f"replica_timeout must be a number of seconds > 0, got {replica_timeout!r}"
@@ -291,7 +290,7 @@ class RedisBackend(Backend):
             raise self._failure(exc, call.items[: call.numkeys]) from exc
         what = grant(reply)
         if what:
-            acks.check(acked, what, call.undo, self, self.name)
+            acks.check(acked, what, call.undo, self, self.name, name=call.items[0])
         return reply
 
     def _corrupt(self, exc: Exception, names: list[Any]) -> None:
@@ -639,14 +638,26 @@ class RedisBackend(Backend):
             raise self._fail(exc) from exc
 
 
+#: How much longer than ``replica_timeout`` the socket timeout must be: WAIT replies once its
+#: timeout is up, and the reply must then still cross the network in time.
+WAIT_HEADROOM = 0.5
+
+
 def _check_wait(client: Any, replica_timeout: float) -> None:
-    """Refuse a ``replica_timeout`` the client's socket timeout would cut short (WAIT replies after it)."""
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    """Refuse a ``replica_timeout`` the client's socket timeout would cut short (WAIT replies after it).
+
+    The socket timeout is the pool's (one server, a Sentinel master) or the one every
+    cluster node's connections get (a cluster client's nodes manager); it must exceed
+    ``replica_timeout`` by :data:`WAIT_HEADROOM`.
+    """
+    pool = getattr(client, "connection_pool", None) or getattr(client, "nodes_manager", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
     limit = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
-    if isinstance(limit, int | float) and limit <= replica_timeout:
+    if isinstance(limit, int | float) and limit < replica_timeout + WAIT_HEADROOM:
         raise ConfigurationError(
             f"replica_timeout ({replica_timeout}s) must be shorter than the client's socket timeout "
-            f"({limit}s): the wait for replicas would time out the connection instead"
+            f"({limit}s) by at least {WAIT_HEADROOM}s: the wait for replicas would time out the "
+            "connection instead"
         )
 
 

@@ -33,6 +33,7 @@ sent or half read is ever taken for the next call's reply.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import threading
@@ -44,7 +45,9 @@ from typing import Any
 import redis
 from redis._parsers import _RESP2Parser
 from redis.commands.core import Script
-from redis.exceptions import AskError, MovedError, NoScriptError
+from redis.exceptions import NoScriptError
+
+from ._client import _classes
 
 __all__ = ["Lanes", "Scripts", "evalsha_head", "is_noscript", "pack", "pack_after"]
 
@@ -388,26 +391,64 @@ class Scripts:
     def _on_owner(
         self, script: Script, numkeys: int, items: Sequence[Any], wait: tuple[int, int]
     ) -> tuple[Any, int | Exception]:
-        """:func:`_piped` on the cluster primary that owns ``items[0]``'s slot; one redirect followed."""
+        """:func:`_piped` on the cluster primary that owns ``items[0]``'s slot; one redirect followed.
+
+        Works with redis-py's ``RedisCluster`` and valkey-py's ``ValkeyCluster`` (each node's
+        client, and the redirect errors, are the library's own). A node that cannot be reached
+        (a master killed, say) makes the client read the slot map again before the error is
+        raised, so the next call goes to whichever node owns the slot then.
+        """
         cluster = self.client
         node = cluster.get_node_from_key(items[0])
         try:
-            return _piped(node.redis_connection, script, numkeys, items, wait)
-        except AskError as exc:  # MovedError too: the slot map this client holds is out of date
-            if isinstance(exc, MovedError):
+            return _piped(_node_client(node), script, numkeys, items, wait)
+        except _classes("AskError") as exc:  # MovedError too: the slot map this client holds is out of date
+            if isinstance(exc, _classes("MovedError")):
                 cluster.nodes_manager.initialize()
                 node = cluster.get_node_from_key(items[0])
-                return _piped(node.redis_connection, script, numkeys, items, wait)
+                return _piped(_node_client(node), script, numkeys, items, wait)
             # ASK: the slot is moving and the key is not on this node: ask the one it names (ASKING first)
-            target = cluster.get_node(host=exc.host, port=exc.port)
+            target = cluster.get_node(host=exc.host, port=exc.port)  # type: ignore[attr-defined]
             if target is None:
                 raise
-            return _piped(target.redis_connection, script, numkeys, items, wait, asking=True)
+            return _piped(_node_client(target), script, numkeys, items, wait, asking=True)
+        except _classes("ConnectionError") + _classes("TimeoutError") + (OSError,):
+            _refresh(cluster)
+            raise
+
+    def connected_replicas(self, name: Any) -> int | None:
+        """How many replicas the primary that holds ``name`` has connected (``INFO replication``).
+
+        On one server (or a Sentinel master) the client's own; on a cluster, that of the
+        node that owns ``name``'s slot. None if it cannot be told: this never raises.
+        """
+        try:
+            client = self.client
+            if callable(getattr(client, "get_node_from_key", None)):
+                client = _node_client(client.get_node_from_key(name))
+            info = client.info("replication")
+            return int(info["connected_slaves"])
+        except Exception:  # only for a message: the call fails with its own error
+            return None
 
     def close(self) -> None:
         """Close the kept connections, if any (a later call opens new ones)."""
         if self.lanes is not None:
             self.lanes.close()
+
+
+def _node_client(node: Any) -> Any:
+    """One cluster node's client: redis-py calls it ``redis_connection``, valkey-py ``valkey_connection``."""
+    client = getattr(node, "redis_connection", None) or getattr(node, "valkey_connection", None)
+    if client is None:
+        raise AttributeError(f"cluster node {getattr(node, 'name', node)!r} has no client")
+    return client
+
+
+def _refresh(cluster: Any) -> None:
+    """Have ``cluster`` read its slot map again, if a node answers; if none does, the next call tries."""
+    with contextlib.suppress(Exception):  # every node down, or the failover not over
+        cluster.nodes_manager.initialize()
 
 
 def _piped(

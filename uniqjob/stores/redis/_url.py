@@ -36,13 +36,17 @@ if TYPE_CHECKING:
     from ._store import RedisBackend
 
 __all__ = [
+    "MAX_REPLICAS",
     "REDIS_SCHEMES",
     "REDIS_TIMEOUT",
     "REDIS_URL_OPTIONS",
     "RedisURL",
+    "check_store_options",
     "from_url",
+    "namespace_problem",
     "parse",
     "redis_client_from_url",
+    "replicas_problem",
 ]
 
 #: The query options a Redis or Valkey URL may carry, and what each means; any
@@ -57,7 +61,7 @@ REDIS_URL_OPTIONS: dict[str, str] = {
     "client_name": "the name CLIENT LIST shows for the connections, no spaces",
     "health_check_interval": "whole seconds between PINGs of an idle connection (default 0: off); no cluster",
     "namespace": "the prefix of every Redis key of the store, no '{' or '}' (default uniqjob)",
-    "replicas": "replicas that must acknowledge each grant (Redis WAIT), 0 or more (default 0: none)",
+    "replicas": "replicas that must acknowledge each grant (Redis WAIT), 0 to 64 (default 0: none)",
     "replica_timeout": "seconds to wait for that acknowledgement before the grant is undone (default 1)",
     "sentinel_username": "+sentinel URLs only: ACL user of the Sentinels (user@ is the master's)",
     "sentinel_password": "+sentinel URLs only: password of the Sentinels (:password@ is the master's)",
@@ -91,6 +95,34 @@ REDIS_SCHEMES: dict[str, tuple[str, bool, Topology]] = {
 }
 
 _STORE_OPTIONS = ("namespace", "replicas", "replica_timeout")
+
+#: The most replicas a grant may wait for (``replicas=``): more than any master has.
+MAX_REPLICAS = 64
+
+
+def namespace_problem(namespace: object, name: str = "namespace") -> str | None:
+    """What is wrong with ``namespace`` as a Redis store's key prefix; None if nothing.
+
+    A namespace is a non-empty string with no ``{`` or ``}`` (they would set the
+    cluster slot of every key, and let two namespaces name the same keys) and
+    no control character.
+    """
+    if not isinstance(namespace, str) or not namespace:
+        return f"{name} must be a non-empty string, got {namespace!r}"
+    if "{" in namespace or "}" in namespace:
+        return f"{name} may hold no '{{' or '}}' (they set cluster slots), got {namespace!r}"
+    if any(ord(c) < 32 or ord(c) == 127 for c in namespace):
+        return f"{name} holds a control character, got {namespace!r}"
+    return None
+
+
+def replicas_problem(replicas: object, name: str = "replicas") -> str | None:
+    """What is wrong with ``replicas`` (how many replicas acknowledge each grant); None if nothing."""
+    if type(replicas) is not int or not 0 <= replicas <= MAX_REPLICAS:
+        return f"{name} must be a whole number from 0 to {MAX_REPLICAS}, got {replicas!r}"
+    return None
+
+
 _DEFAULT_PORT = {"server": 6379, "cluster": 6379, "sentinel": 26379}
 _KIND = {"server": "", "cluster": " Cluster", "sentinel": " Sentinel"}
 
@@ -193,10 +225,9 @@ def _server(spec: RedisURL, parts: SplitResult, given: Mapping[str, str]) -> Non
         return
     host = unquote(parts.hostname or "") or "localhost"
     kwargs["host"] = plain_text("the host", host)  # a NUL byte too
-    if parts.port is not None:
-        if parts.port == 0:
-            raise Invalid("port 0 is not a port to connect to (use 1-65535)")
-        kwargs["port"] = parts.port
+    if parts.port == 0:
+        raise Invalid("port 0 is not a port to connect to (use 1-65535)")
+    kwargs["port"] = parts.port or _DEFAULT_PORT["server"]  # named in messages too: never None
     _path_db(kwargs, unquote(parts.path)[1:], given)
 
 
@@ -235,16 +266,23 @@ def _sentinel_kwargs(spec: RedisURL) -> None:
             spec.sentinel[name] = kwargs.pop(f"sentinel_{name}")
 
 
+def check_store_options(namespace: object, replicas: object) -> None:
+    """ConfigurationError if ``namespace`` or ``replicas``, as given to a store's constructor, is wrong."""
+    problem = namespace_problem(namespace) or replicas_problem(replicas)
+    if problem is not None:
+        raise ConfigurationError(problem)
+
+
 def _store_option(spec: RedisURL, name: str, value: str) -> None:
     spec.store_options.append(name)
     if name == "namespace":
-        if "{" in value or "}" in value:
-            raise Invalid(
-                f"option 'namespace' may hold no '{{' or '}}' (they set cluster slots), got {value!r}"
-            )
-        spec.namespace = plain_text("option 'namespace'", value)
+        if (problem := namespace_problem(value, "option 'namespace'")) is not None:
+            raise Invalid(problem)
+        spec.namespace = value
     elif name == "replicas":
-        spec.replicas = whole("option 'replicas'", value, "a whole number of replicas, 0 or more")
+        spec.replicas = whole("option 'replicas'", value, f"a whole number of replicas, 0 to {MAX_REPLICAS}")
+        if (problem := replicas_problem(spec.replicas, "option 'replicas'")) is not None:
+            raise Invalid(problem)
     else:
         spec.replica_timeout = seconds(name, value)
 
