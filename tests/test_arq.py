@@ -11,6 +11,10 @@ from typing import Any, TypeVar
 
 import pytest
 import redis
+
+# arq 0.28 asks for redis<6 while celery asks for redis>=6.1: `pip install --no-deps arq` (as .ci/run does).
+pytest.importorskip("arq", reason="arq is not installed: pip install --no-deps 'arq>=0.28'")
+
 from arq.jobs import Job, JobStatus
 
 import uniqjob
