@@ -58,7 +58,12 @@ class FakeClock:
 
 
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
+def redis_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    if hasattr(request, "param"):  # pytest would restart it, on a new port, at each parameter
+        raise RuntimeError(
+            f"the session's redis_server got the parameter {request.param!r}: a fixture overriding "
+            "redis_server must not be parametrized itself; put the parameter on a fixture of another name"
+        )
     with RedisServer() as server:
         yield server
 

@@ -39,9 +39,21 @@ SERVERS = ["redis-server", "valkey-server"]
 
 
 @pytest.fixture(params=SERVERS)
-def redis_server(request: pytest.FixtureRequest, redis_server: RedisServer) -> RedisServer:
+def server_kind(request: pytest.FixtureRequest) -> str:
+    """Which server ``redis_server`` is below: the parameter lives here, not on ``redis_server``.
+
+    pytest hands a parameter of ``redis_server`` to every fixture of that name,
+    the session's too: its cache key would change at each switch, closing the
+    session's redis-server and starting another on a new port, so clients made
+    before (an RQ queue's, a configured store's) would meet a closed port.
+    """
+    return str(request.param)
+
+
+@pytest.fixture
+def redis_server(request: pytest.FixtureRequest, server_kind: str, redis_server: RedisServer) -> RedisServer:
     """The session's redis-server, then its valkey-server (skipped, saying how to get one, without)."""
-    if request.param == "valkey-server":
+    if server_kind == "valkey-server":
         return request.getfixturevalue("valkey_server")  # type: ignore[no-any-return]
     return redis_server
 
