@@ -388,3 +388,25 @@ def test_a_wrong_example_fails_its_file(
     (work := tmp_path / "work").mkdir()
     with pytest.raises((AssertionError, pytest.fail.Exception)):
         run_file(doc, work, redis_server.url, monkeypatch)
+
+
+def _anchors(path: Path) -> set[str]:
+    """The anchors GitHub makes for the headings of ``path``."""
+    anchors = set()
+    for heading in re.findall(
+        r"^#+ (.+)$", re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M), re.M
+    ):
+        anchors.add(re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-"))
+    return anchors
+
+
+def test_every_link_between_the_files_reaches_its_file_and_heading() -> None:
+    for path in DOC_FILES:
+        for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # a link off this repository
+            file, _, anchor = target.partition("#")
+            linked = (path.parent / file).resolve() if file else path
+            assert linked.exists(), f"{path.name}: a link to {target}: no such file"
+            if anchor:
+                assert anchor in _anchors(linked), f"{path.name}: a link to {target}: no such heading"
