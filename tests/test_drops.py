@@ -263,7 +263,7 @@ def test_a_long_file_counter_log_is_compacted(tmp_path: Path, clock: FakeClock) 
 def test_counts_in_a_redis_cluster_are_kept_beside_each_lock_and_summed_over_every_node() -> None:
     with Cluster(masters=3, replicas=0) as cluster:
         client = redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
-        b = RedisBackend(client, namespace="c")  # type: ignore[arg-type]
+        b = RedisBackend(client, namespace="c")
         meta = QueueMeta("app.Job")
         keys = [f"app.Job:{i}" for i in range(30)]
         for key in keys:

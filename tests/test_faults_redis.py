@@ -210,7 +210,7 @@ def test_a_cluster_client_works_and_its_failures_are_backend_errors(tmp_path: Pa
         client = redis.RedisCluster(
             host="127.0.0.1", port=port, socket_timeout=TIMEOUT, retry=Retry(NoBackoff(), 0)
         )
-        backend = RedisBackend(client, namespace="c")  # type: ignore[arg-type]
+        backend = RedisBackend(client, namespace="c")
         assert f"127.0.0.1:{port}" in repr(backend)  # no connection_pool: named by its nodes
         run = RunClaim(HOLDER, 30.0, "a1")
         assert backend.claim("k", "t1", meta=META, run=run) is None and run.fence > 0

@@ -1,4 +1,8 @@
-"""The Redis backend's short path: its command encoder and the connection each thread keeps."""
+"""The Redis backend's short path: its command encoder and the connection each thread keeps.
+
+Every test that takes a server runs against the session's redis-server and
+again against its valkey-server (``redis_server`` and ``own_server`` below).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -19,14 +24,27 @@ from hypothesis import strategies as st
 from redis.backoff import AbstractBackoff, NoBackoff
 from redis.retry import Retry
 
+from tests.conftest import HOW_TO_GET_VALKEY
 from tests.integration_workers import wait_until
 from tests.redis_server import RedisServer
 from tests.support import sigstop
 from tests.support.proxy import FaultProxy
+from tests.support.topologies import valkey_binary
 from uniqjob import BackendError
 from uniqjob.locks import QueueMeta, RunClaim, local_holder
 from uniqjob.stores.redis import RedisBackend, _transport
 from uniqjob.stores.redis._transport import evalsha_head, pack, pack_after
+
+SERVERS = ["redis-server", "valkey-server"]
+
+
+@pytest.fixture(params=SERVERS)
+def redis_server(request: pytest.FixtureRequest, redis_server: RedisServer) -> RedisServer:
+    """The session's redis-server, then its valkey-server (skipped, saying how to get one, without)."""
+    if request.param == "valkey-server":
+        return request.getfixturevalue("valkey_server")  # type: ignore[no-any-return]
+    return redis_server
+
 
 _args = st.lists(st.one_of(st.text(), st.integers(), st.binary()), max_size=12)
 _texts = st.lists(st.one_of(st.text(), st.integers()), max_size=12)
@@ -118,6 +136,7 @@ def test_a_connection_the_server_closed_is_replaced(redis_server: RedisServer) -
 
 def test_close_closes_every_kept_connection(redis_server: RedisServer, redis_client: redis.Redis) -> None:
     name = "uniqjob-close-test"
+    _cycle(RedisBackend(redis_client, namespace="warm"), "k")  # scripts loaded: no pooled SCRIPT LOAD below
     backend = RedisBackend(redis.Redis.from_url(redis_server.url, client_name=name), namespace="close")
     used, done = threading.Event(), threading.Event()
 
@@ -148,6 +167,7 @@ def test_a_thread_that_ends_leaves_no_connection(
     redis_server: RedisServer, redis_client: redis.Redis
 ) -> None:
     name = "uniqjob-thread-end-test"
+    _cycle(RedisBackend(redis_client, namespace="warm"), "k")  # scripts loaded: no pooled SCRIPT LOAD below
     backend = RedisBackend(redis.Redis.from_url(redis_server.url, client_name=name), namespace="ends")
     workers = [threading.Thread(target=_cycle, args=(backend, f"k{n}")) for n in range(3)]
     for worker in workers:
@@ -233,21 +253,41 @@ def test_retries_are_the_clients_own_policy(redis_server: RedisServer, path: str
         refused.claim("k", "t", meta=QueueMeta())
     assert _CountingBackoff.failures == 2
 
-    # A call that times out: retried twice, then the timeout is raised.
+    # A call that times out: retried twice, then the timeout is raised. The server is kept
+    # busy by a loop of a fixed length, not by watching TIME: Valkey's TIME inside a script is
+    # the time the script started, so such a loop keeps Valkey busy until its busy-script-time
+    # (5 s), long past the retry's reconnect, whose handshake (CLIENT SETINFO) then times out
+    # too and is retried by the same policy: 2 + 2 x 2 = 6 backoffs. Without a handshake
+    # (RESP2, so no HELLO; driver_info=None, so no CLIENT SETINFO) a reconnect needs no reply,
+    # so only the calls time out, on either server, however long each is kept busy.
+    timeout = 0.1
     host, port = redis_server.url.removeprefix("redis://").split("/")[0].split(":")
-    slow = RedisBackend(client(host=host, port=int(port), socket_timeout=0.1), namespace="slow")
-    busy = """
-local function us() local t = redis.call('TIME') return t[1] * 1000000 + t[2] end
-local start = us()
-repeat until us() - start > 150000
-return 1
-"""  # the server is busy for 0.15 s: longer than the socket timeout
+    slow = RedisBackend(
+        client(host=host, port=int(port), socket_timeout=timeout, protocol=2, driver_info=None),
+        namespace="slow",
+    )
+    busy = _busy_script(redis_server, seconds=timeout * 4)  # ample: only longer than a timeout matters
     _CountingBackoff.failures = 0
     slow.claim("warm", "t", meta=QueueMeta())  # connected: from here on only the call can fail
     slow._claim.script, slow._claim.sha = busy, slow.client.script_load(busy)
     with pytest.raises(BackendError, match="Timeout"):
         slow.claim("k", "t", meta=QueueMeta())
     assert _CountingBackoff.failures == 2
+    with redis.Redis.from_url(redis_server.url) as admin:
+        admin.ping()  # the server done with the calls that timed out, for the tests that follow
+
+
+def _busy_script(server: RedisServer, seconds: float) -> str:
+    """A script that keeps ``server`` busy about ``seconds``: an empty loop, its length measured here."""
+    loop = "for i = 1, %d do end return 1"
+    count, took = 1_000_000, 0.0
+    with redis.Redis.from_url(server.url) as admin:
+        while took < 0.05:  # a sample long enough to scale from
+            count *= 2
+            started = time.monotonic()
+            admin.eval(loop % count, 0)
+            took = time.monotonic() - started
+    return loop % int(count * seconds / took)
 
 
 def test_a_unix_socket_takes_the_short_path_too(redis_server: RedisServer) -> None:
@@ -365,10 +405,15 @@ def test_the_reader_names_what_is_wrong(
 _TIMEOUT = 0.3  # the socket timeout of the clients below: a stall longer than this fails a call
 
 
-@pytest.fixture(scope="module")
-def own_server() -> Iterator[RedisServer]:
-    """A redis-server of this module's own, to stall (SIGSTOP) and restart."""
-    with RedisServer() as server:
+@pytest.fixture(scope="module", params=SERVERS)
+def own_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    """A redis-server, then a valkey-server, of this module's own, to stall (SIGSTOP) and restart."""
+    binary = None
+    if request.param == "valkey-server":
+        binary = valkey_binary()
+        if binary is None:
+            pytest.skip(HOW_TO_GET_VALKEY)
+    with RedisServer(binary=binary) as server:
         yield server
 
 

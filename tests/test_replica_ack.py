@@ -311,7 +311,7 @@ def _replica_of(cluster: Cluster, master: RedisServer) -> RedisServer:
 def test_cluster_grants_are_acknowledged_on_the_master_that_owns_the_key(cluster: Cluster) -> None:
     seeds = [ClusterNode("127.0.0.1", p) for p in cluster.ports[:3]]  # type: ignore[no-untyped-call]
     client = RedisCluster(startup_nodes=seeds)
-    store = RedisBackend(client, replicas=1, replica_timeout=TIMEOUT, namespace="acks")  # type: ignore[arg-type]
+    store = RedisBackend(client, replicas=1, replica_timeout=TIMEOUT, namespace="acks")
     keys = [f"key-{n}" for n in range(12)]
     owners = {key: cluster.master_of("acks:{" + key + "}:q") for key in keys}
     assert len({owner.port for owner in owners.values()}) == 3  # the keys span every master
@@ -351,7 +351,7 @@ def test_cluster_redirects_are_followed_once(cluster: Cluster) -> None:
     """A slot that moved since the client read its map (MOVED), and one that is moving (ASK)."""
     seeds = [ClusterNode("127.0.0.1", p) for p in cluster.ports[:3]]  # type: ignore[no-untyped-call]
     client = RedisCluster(startup_nodes=seeds)
-    store = RedisBackend(client, replicas=1, replica_timeout=TIMEOUT, namespace="moves")  # type: ignore[arg-type]
+    store = RedisBackend(client, replicas=1, replica_timeout=TIMEOUT, namespace="moves")
     moving, moved = "moving-key", "moved-key"
     for key in (moving, moved):
         # the client's slot map is read now; then the key's empty slot goes to another master

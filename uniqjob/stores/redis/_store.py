@@ -4,7 +4,9 @@ Each primitive is one Lua script, so one round trip and one atomic step. The
 scripts read the server's clock (``TIME``), never the client's. The keys of
 one lock key share a hash tag, ``<namespace>:{<key>}:q`` (queue lock),
 ``...:r`` (run lock) and ``...:f`` (its last fence), so every script touches
-one cluster slot. Listing uses ``SCAN``, never ``KEYS``.
+one cluster slot (a key that starts with ``}`` is named another way:
+``_client.names``). Listing uses ``SCAN``, never ``KEYS``, on every primary
+of a cluster.
 
 The scripts are called through ``_transport.Scripts``, on a connection each thread keeps;
 a success is an integer (1, or the fence of a run lock). See
@@ -18,12 +20,11 @@ the cause chained; a record of the wrong shape or type as
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
 from redis.commands.core import Script
@@ -35,9 +36,13 @@ from ..base import Backend, QueueMode
 from ..semaphores import SemaphoreStore
 from . import _lua as lua
 from ._acks import Acks
+from ._client import backend_error, key_of, match, names, scan_pages, where
 from ._semaphores import RedisSemaphores
 from ._transport import Scripts
 from ._url import redis_client_from_url
+
+if TYPE_CHECKING:
+    from ._client import Client
 
 __all__ = ["RedisBackend"]
 
@@ -48,6 +53,8 @@ log = logging.getLogger(__name__)
 _QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k"}
 _QUIET = (b"Q", "Q")  # the mark of a snapshot that need not be read: see _lua's snapshot()
 _SCAN_PAGE = 1000
+_PARTS = ("q", "r", "f")  # queue lock, run lock, last fence
+_TALLIED = (*_PARTS, "d")  # and the dropped duplicates
 
 
 # The C scanner itself: JSONDecoder.decode adds two Python calls and a regex for whitespace.
@@ -141,27 +148,12 @@ def _run_record(fields: list[Any], ttl: int) -> RunRecord:
     )
 
 
-def _where(client: Any) -> str:
-    """Where ``client`` talks to, for messages: never raises, whatever kind of client it is."""
-    try:
-        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
-        if isinstance(kwargs, dict):
-            where = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
-            return f"{where!r}, db={kwargs.get('db', 0)}"
-        get_nodes = getattr(client, "get_nodes", None)  # RedisCluster: no one pool
-        if callable(get_nodes):
-            names = [str(getattr(node, "name", node)) for node in itertools.islice(get_nodes(), 4)]
-            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-            return f"cluster [{shown}]"
-    except Exception:  # a description must not fail the call it describes
-        pass
-    return f"a {type(client).__name__} client"
-
-
 class RedisBackend(Backend):
     """Locks in Redis, shared by every host that talks to the same server.
 
-    ``client`` is a redis-py client (``decode_responses`` on or off) or a URL
+    ``client`` is a redis-py client (``decode_responses`` on or off; on one
+    server, a ``RedisCluster`` or a Sentinel ``master_for`` client), valkey-py's
+    ``Valkey`` or ``ValkeyCluster``, or a URL
     (``redis://``, ``rediss://``, ``unix://``; checked by
     :func:`uniqjob.stores.redis.redis_client_from_url`). A URL gets bounded socket
     timeouts (``timeout`` seconds), so an unreachable server fails the call
@@ -176,7 +168,7 @@ class RedisBackend(Backend):
 
     def __init__(
         self,
-        client: redis.Redis | str,
+        client: Client | str,
         *,
         namespace: str = "uniqjob",
         timeout: float = 5.0,
@@ -195,11 +187,12 @@ class RedisBackend(Backend):
         self.replica_timeout = float(replica_timeout)
         if isinstance(client, str):
             client = redis_client_from_url(client, timeout=timeout)
-        self.client: redis.Redis = client
+        # A cluster client answers the same commands (its own way): one type for the code below.
+        self.client = cast("redis.Redis", client)
         if replicas:
             _check_wait(client, self.replica_timeout)
         self.namespace = namespace
-        self._prefix = namespace + ":{"
+        self._prefix = namespace + ":"
         self._holder: tuple[Holder | None, list[str]] = (None, [])
         try:
             client.execute_command  # noqa: B018  (not a client at all: a ConfigurationError now)
@@ -218,7 +211,7 @@ class RedisBackend(Backend):
             self._purge = self._script(lua.PURGE)
             self._acks = Acks(self._scripts, replicas, self.replica_timeout) if replicas else None
         except Exception as exc:
-            raise ConfigurationError(f"cannot use {_where(client)} as a Redis client: {exc!r}") from exc
+            raise ConfigurationError(f"cannot use {where(client)} as a Redis client: {exc!r}") from exc
 
     def semaphores(self) -> SemaphoreStore:
         """A new semaphore store on this server and client, under ``<namespace>:c:``."""
@@ -231,27 +224,21 @@ class RedisBackend(Backend):
         )
 
     def __repr__(self) -> str:
-        return f"RedisBackend({_where(self.client)})"
+        return f"RedisBackend({where(self.client)})"
 
     def _script(self, source: str) -> Script:
         return self.client.register_script(source)
 
     def _keys(self, key: str) -> list[str]:
-        base = self._prefix + key
-        return [base + "}:q", base + "}:r", base + "}:f"]
+        return names(self._prefix, key, _PARTS)
 
     def _tallied(self, key: str) -> list[str]:
         """``key``'s Redis keys and, in its slot too, its dropped duplicates (``_lua.count_drop``)."""
-        return [*self._keys(key), self._prefix + key + "}:d"]
+        return names(self._prefix, key, _TALLIED)
 
     def _fail(self, exc: Exception) -> BackendError:
         """The BackendError a caller sees for ``exc``, naming the server (raise it ``from exc``)."""
-        if isinstance(exc, BackendError):
-            return exc
-        text = str(exc) or type(exc).__name__
-        if not isinstance(exc, redis.RedisError):
-            text = f"{type(exc).__name__}: {text}"  # not the client's own error: say what it was
-        return BackendError(f"{text} ({self!r})", self.name)
+        return backend_error(exc, self, self.name)
 
     def _call(self, fn: Callable[[], T]) -> T:
         try:
@@ -308,7 +295,7 @@ class RedisBackend(Backend):
 
     def _key_of(self, name: str) -> str:
         """The lock key a Redis key name of this namespace belongs to."""
-        return name[len(self._prefix) : -3]
+        return key_of(self._prefix, name, name[-1:]) or name
 
     def _state(self, key: str, reply: str | bytes) -> LockState:
         """The state a script's snapshot reply describes; the usual duplicate's ("Q"), unread until used."""
@@ -476,40 +463,47 @@ class RedisBackend(Backend):
         return [name for bit, name in ((1, names[0]), (2, names[1])) if gone & bit]
 
     def scan(self) -> Iterator[str]:
-        # By name, never by content: a key whose record is damaged is listed too.
-        head = len(self.namespace) + 2  # "<namespace>:{"
-        match = f"{self.namespace}:{{*}}:[qr]"
-        found = self._call(partial(self.client.scan_iter, match=match, count=_SCAN_PAGE))
+        # By name, never by content: a key whose record is damaged is listed too. Every
+        # primary of a cluster, a page at a time; a key is listed once, however often it is met.
+        prefix = self._prefix
+        pages = self._call(partial(scan_pages, self.client, match(prefix, "[qr]"), _SCAN_PAGE))
+        seen: set[str] = set()
         while True:
-            page = self._call(partial(_take, found, _SCAN_PAGE))
-            if not page:
+            page = self._call(partial(next, pages, None))
+            if page is None:
                 return
-            names = [_text(n) for n in page]
-            queued = {n[:-2] for n in names if n.endswith(":q")}
+            held = [(key, name[-1]) for name in page if (key := key_of(prefix, name, name[-1:])) is not None]
+            queued = {key for key, part in held if part == "q"}
             # A run lock whose queue lock autoexpired is still a held key.
-            lone = [n[:-2] for n in names if n.endswith(":r") and n[:-2] not in queued]
+            lone = [key for key, part in held if part == "r" and key not in queued and key not in seen]
             if lone:
-                exists = self._call(partial(self._exist, [base + ":q" for base in lone]))
-                queued.update(base for base, e in zip(lone, exists, strict=True) if not e)
-            for base in queued:
-                yield base[head:-1]
+                exists = self._call(partial(self._exist, [self._keys(key)[0] for key in lone]))
+                queued.update(key for key, e in zip(lone, exists, strict=True) if not e)
+            for key in queued - seen:
+                seen.add(key)
+                yield key
 
     def duplicates(self, window: float = WINDOW) -> dict[str, int]:
         """Sum the keys' ``<namespace>:{<key>}:d`` hashes (see ``_lua.count_drop``), found with ``SCAN``."""
         check_window(window)
-        head = len(self._prefix)
-        match = f"{self.namespace}:{{*}}:d"
-        found = self._call(partial(self.client.scan_iter, match=match, count=_SCAN_PAGE))
+        prefix = self._prefix
+        pages = self._call(partial(scan_pages, self.client, match(prefix, "d"), _SCAN_PAGE))
         out: dict[str, int] = {}
         first: int | None = None
+        seen: set[str] = set()  # a key met twice (a cluster mid-reshard) is counted once
         while True:
-            page = [_text(n) for n in self._call(partial(_take, found, _SCAN_PAGE))]
-            if not page:
+            page = self._call(partial(next, pages, None))
+            if page is None:
                 return out
+            page = [name for name in page if name not in seen]
+            seen.update(page)
             if first is None:  # the window ends at the server's clock, as the counts began on it
                 seconds, micros = self._call(self.client.time)
                 first = first_minute(seconds + micros / 1_000_000, window)
             for name, fields in zip(page, self._call(partial(self._hashes, page)), strict=True):
+                key = key_of(prefix, name, "d")
+                if key is None:
+                    continue
                 if not isinstance(fields, dict):  # another type: counts are for people, never an outage
                     log.warning("skipping %s: not a hash of dropped duplicates (%s)", name, fields)
                     continue
@@ -517,7 +511,7 @@ class RedisBackend(Backend):
                 cls = counts.pop("c", "")
                 length = counts.pop("n", "")
                 if length.isdigit():
-                    cls = name[head:-3][: int(length)]
+                    cls = key[: int(length)]
                 total = sum(
                     int(n) for m, n in counts.items() if m.isdigit() and n.isdigit() and int(m) >= first
                 )
@@ -531,6 +525,7 @@ class RedisBackend(Backend):
         return pipe.execute(raise_on_error=False)
 
     def _exist(self, names: list[str]) -> list[Any]:
+        # One EXISTS per name: a cluster pipeline sends each to the node of its slot.
         pipe = self.client.pipeline(transaction=False)
         for name in names:
             pipe.exists(name)
@@ -562,10 +557,6 @@ def _if_int(what: str, reply: Any) -> str:
 
 def _if_one(what: str, reply: Any) -> str:
     return what if reply == 1 else ""
-
-
-def _take(items: Iterator[T], count: int) -> list[T]:
-    return list(itertools.islice(items, count))
 
 
 def _drop(count: bool, counted: float | None) -> str:

@@ -403,8 +403,16 @@ def _piped(
 
 
 def is_noscript(exc: BaseException) -> bool:
-    """The server does not know the script (restart, SCRIPT FLUSH): redis-py's class, or a fork's of it."""
-    return isinstance(exc, NoScriptError) or type(exc).__name__ == "NoScriptError"
+    """The server does not know the script (restart, SCRIPT FLUSH), whichever client says so.
+
+    redis-py's class, a fork's of the same name (valkey-py's), or the bare error reply
+    (a client that raises every reply as one class).
+    """
+    return (
+        isinstance(exc, NoScriptError)
+        or type(exc).__name__ == "NoScriptError"
+        or str(exc).startswith("NOSCRIPT")
+    )
 
 
 _CHUNK = 65536
