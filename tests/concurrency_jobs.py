@@ -187,7 +187,7 @@ class Stuck(UniqueJob):
     unique_queue = StuckQueue()
     concurrency_limit = 2
     concurrency_duration = 60
-    unique_run_lease = 0.15  # a heartbeat every 50 ms
+    unique_run_lease = 1.0  # a heartbeat every third of a second (the shortest lease)
 
     def perform(self, n: int) -> int:
         return n

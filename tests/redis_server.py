@@ -230,7 +230,8 @@ class RedisServer:
                 sock.settimeout(1.0)
                 sock.connect(self.socket_path)
                 sock.sendall(b"PING\r\n")
-                return sock.recv(64).startswith(b"+PONG")
+                # NOAUTH: up, and asking for the password of its --requirepass
+                return sock.recv(64).startswith((b"+PONG", b"-NOAUTH"))
         except OSError:
             return False
 

@@ -37,7 +37,7 @@ def test_pickles_with_facts_and_message(error: UniqJobError) -> None:
 
 
 def test_messages_name_the_facts() -> None:
-    assert str(CASES[0]) == "job 'app.Job:1:abc' is already locked (state=running, host=web-1, pid=42)"
+    assert str(CASES[0]) == "job 'app.Job:1:abc' is already locked (running as pid 42 on web-1)"
     assert CASES[0].holder["host"] == "web-1"  # type: ignore[attr-defined]
     assert str(CASES[2]).startswith('payload["user"]: ')
     assert str(CASES[4]).startswith("redis: Error 111")

@@ -406,12 +406,12 @@ class _SlowClaim(MemoryBackend):
 
 def test_a_grant_that_arrives_past_the_holders_deadline_is_confirmed_before_perform() -> None:
     """Else perform would start with its lock already presumed lost, and no heartbeat to keep it."""
-    store = _SlowClaim(delay=0.25)
+    store = _SlowClaim(delay=0.8)
     seen: list[bool] = []
 
     class Late(UniqueJob):
         unique_backend = store
-        unique_run_lease = 0.3  # presumed lost 0.2 s after the claim was sent
+        unique_run_lease = 1.0  # presumed lost 0.67 s after the claim was sent
 
         def perform(self) -> None:
             current = uniqjob.current_lock()
@@ -424,12 +424,12 @@ def test_a_grant_that_arrives_past_the_holders_deadline_is_confirmed_before_perf
 
 
 def test_a_late_grant_that_cannot_be_confirmed_does_not_run() -> None:
-    store = _SlowClaim(delay=0.25, renew_ok=False)
+    store = _SlowClaim(delay=0.8, renew_ok=False)
     ran: list[int] = []
 
     class Late(UniqueJob):
         unique_backend = store
-        unique_run_lease = 0.3
+        unique_run_lease = 1.0
 
         def perform(self) -> None:
             ran.append(1)

@@ -422,7 +422,7 @@ def test_long_perform_keeps_its_lock(redis_backend: Backend) -> None:
     started = threading.Event()
 
     class Long(UniqueJob):
-        unique_run_lease = 0.3
+        unique_run_lease = 1.0  # the shortest
 
         def perform(self) -> None:
             started.set()
@@ -432,7 +432,7 @@ def test_long_perform_keeps_its_lock(redis_backend: Backend) -> None:
     t.start()
     try:
         assert started.wait(5)
-        deadline = 1.2  # four leases
+        deadline = 2.5  # two and a half leases
         import time
 
         end = time.monotonic() + deadline

@@ -160,7 +160,7 @@ def test_a_duplicate_describes_its_holder_only_when_told(caplog: pytest.LogCaptu
         assert described == []
         caplog.set_level(logging.INFO, logger="uniqjob")
         assert not Held.before_enqueue(1)
-        assert described == [1] and "already locked ({'state': 'queued'" in caplog.text
+        assert described == [1] and "already locked (queued, taken " in caplog.text
         Held.unique_on_conflict = "raise"
         with pytest.raises(JobNotUnique) as raised:
             Held.before_enqueue(1)

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .errors import JobNotUnique
+from .errors import JobNotUnique, holder_text
 from .joblock import JobLock
 
 if TYPE_CHECKING:
@@ -35,10 +35,10 @@ def apply(cls: type[UniqueJob], lock: JobLock, args: Sequence[Any], kwargs: dict
     # gathered only for a log line that is written.
     if policy == "log":
         if log.isEnabledFor(logging.INFO):
-            log.info("%s dropped: %s is already locked (%s)", cls.job_name(), lock.key, _holder(lock))
+            log.info("%s dropped: %s is already locked (%s)", cls.job_name(), lock.key, _said(lock))
     elif policy == "reschedule":
         if log.isEnabledFor(logging.INFO):
-            log.info("%s rescheduled: %s is already locked (%s)", cls.job_name(), lock.key, _holder(lock))
+            log.info("%s rescheduled: %s is already locked (%s)", cls.job_name(), lock.key, _said(lock))
         queue = cls.unique_queue
         if queue is None:
             return RESCHEDULED
@@ -49,3 +49,8 @@ def apply(cls: type[UniqueJob], lock: JobLock, args: Sequence[Any], kwargs: dict
 def _holder(lock: JobLock) -> dict[str, object]:
     """The facts of what blocked ``lock``'s last acquire or start, for a log line or an error."""
     return lock.conflict.describe() if lock.conflict is not None else {}
+
+
+def _said(lock: JobLock) -> str:
+    """What blocked ``lock``, as a phrase for a log line."""
+    return holder_text(_holder(lock))

@@ -32,6 +32,7 @@ __all__ = [
     "configure",
     "default_backend",
     "default_directory",
+    "default_is_implicit",
     "redis_client_from_url",
 ]
 
@@ -39,6 +40,7 @@ ENV_URL = "UNIQJOB_URL"
 
 _mutex = threading.Lock()
 _default: Backend | None = None
+_implicit = False  # the default is the per-host file store nobody chose
 _by_url: dict[str, Backend] = {}
 _backend_types: set[type[Backend]] = set()
 
@@ -96,16 +98,21 @@ def resolve(target: str | Backend) -> Backend:
 
 def configure(target: str | Backend | None) -> Backend | None:
     """Set the process-wide default backend (a URL or a Backend); None goes back to the environment."""
-    global _default
+    global _default, _implicit
     backend = None if target is None else resolve(target)
     with _mutex:
-        _default = backend
+        _default, _implicit = backend, False
     return backend
+
+
+def default_is_implicit() -> bool:
+    """True if the default store is the per-host file store nobody chose (no configure(), no UNIQJOB_URL)."""
+    return _implicit or (_default is None and not os.environ.get(ENV_URL))
 
 
 def default_backend() -> Backend:
     """Return the process-wide default backend, creating it on first use."""
-    global _default
+    global _default, _implicit
     backend = _default
     if backend is not None:
         return backend
@@ -120,5 +127,6 @@ def default_backend() -> Backend:
                 from .stores.file import FileBackend
 
                 chosen = FileBackend(default_directory())
+                _implicit = True
             _default = chosen
         return _default

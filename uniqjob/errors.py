@@ -20,10 +20,36 @@ __all__ = [
     "ConfigurationError",
     "CorruptRecordError",
     "JobNotUnique",
+    "StoreRefusedURLError",
     "UniqJobError",
     "UniqueKeyError",
     "UnstorableCallError",
+    "holder_text",
 ]
+
+
+def holder_text(facts: Mapping[str, Any]) -> str:
+    """A key holder's facts (``LockState.describe()``) as a phrase: ``running as pid 42 on web-1 for 3.100s``.
+
+    Durations carry their unit; facts without a phrase of their own follow as ``name=value``.
+    """
+    facts = {k: v for k, v in facts.items() if v not in (None, "")}
+    if not facts:
+        return ""
+    text = str(facts.pop("state", "held"))
+    if "host" in facts or "pid" in facts:
+        text += f" as pid {facts.pop('pid', '?')} on {facts.pop('host', '?')}"
+    if "running_for" in facts:
+        text += f" for {_secs(facts.pop('running_for'))}"
+    if "since" in facts:
+        text += f", taken {_secs(facts.pop('since'))} ago"
+    if "job_id" in facts:
+        text += f", job id {facts.pop('job_id')}"
+    return ", ".join([text, *(f"{k}={v}" for k, v in facts.items())])
+
+
+def _secs(value: object) -> str:
+    return f"{value:.3f}s" if isinstance(value, (int, float)) and not isinstance(value, bool) else f"{value}s"
 
 
 class UniqJobError(Exception):
@@ -39,7 +65,7 @@ class JobNotUnique(UniqJobError):
         super().__init__(self._message())
 
     def _message(self) -> str:
-        facts = ", ".join(f"{k}={v}" for k, v in self.holder.items() if v not in (None, ""))
+        facts = holder_text(self.holder)
         return f"job {self.key!r} is already locked" + (f" ({facts})" if facts else "")
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -75,6 +101,14 @@ class BackendError(UniqJobError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.message, self.backend))
+
+
+class StoreRefusedURLError(BackendError, ConfigurationError):
+    """The store's answer is the URL's mistake: a password needed or refused, no such database.
+
+    A :class:`BackendError` (the call failed at the store) and a
+    :class:`ConfigurationError` (the fix is in the URL); the command line exits 78.
+    """
 
 
 class CorruptRecordError(BackendError):

@@ -25,12 +25,12 @@ module-level function instead.)
 
 from __future__ import annotations
 
-import difflib
 import functools
 import inspect
 from collections.abc import Callable
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
+from ._names import did_you_mean
 from .errors import ConfigurationError
 from .job import UniqueJob
 from .joblock import JobLock
@@ -143,8 +143,7 @@ def _settings(options: dict[str, Any]) -> dict[str, Any]:
     for option, value in options.items():
         attr = OPTIONS.get(option)
         if attr is None:
-            close = difflib.get_close_matches(option, OPTIONS, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
+            hint = did_you_mean(option, OPTIONS)
             raise ConfigurationError(
                 f"@unique has no option {option!r} ({hint}options: {', '.join(OPTIONS)})"
             )

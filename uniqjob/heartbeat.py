@@ -63,6 +63,7 @@ __all__ = [
     "PRESUMED",
     "RETRY",
     "TAKEN",
+    "TAKEN_TEXT",
     "Beat",
     "Heartbeat",
     "deadline",
@@ -78,8 +79,12 @@ MARGIN_RATIO = 1 / 3
 #: Seconds between tries of a renewal that failed (the store did not answer); half an interval if less.
 RETRY = 1.0
 
-#: ``Beat.reason`` when the store said the lock is no longer ours (another holder took it over).
+#: ``Beat.reason`` when the store said the lock is no longer ours (removed by force, or expired and taken).
 TAKEN = "taken"
+#: Why a :data:`TAKEN` lock is lost, as a phrase. The store only says the token no longer
+#: matches: whether the key was deleted (``uniqjob release --force``) or expired and was taken
+#: by another holder, it cannot tell.
+TAKEN_TEXT = "the store no longer holds it for this holder (released by force, or expired and taken)"
 #: ``Beat.reason`` when no renewal was confirmed before the deadline.
 PRESUMED = "presumed"
 
@@ -159,7 +164,7 @@ class Beat:
     def explain(self) -> str:
         """Why the lock is lost, as a phrase for a message ("" while it is not)."""
         if self.reason == TAKEN:
-            return "it was taken over by another holder"
+            return TAKEN_TEXT
         if self.reason == PRESUMED:
             assert self.lease is not None
             return (
@@ -383,9 +388,7 @@ class Heartbeat:
     def _report(self, beat: Beat) -> None:
         """Log the loss (once: only the call that marked it comes here); run ``on_lost`` on a new thread."""
         if beat.reason == TAKEN:
-            log.warning(
-                "lost the run lock of %s: another holder took it over", beat.name, extra={LOST_RECORD: True}
-            )
+            log.warning("lost the run lock of %s: %s", beat.name, beat.explain(), extra={LOST_RECORD: True})
         else:
             log.warning(
                 "presumed the run lock of %s lost: %s; stop acting on it (renewals go on, token-checked)",

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from . import _conflicts, config, settings
+from . import _conflicts, _names, config, settings
 from ._plan import JobPlan, build_lock, plan_of, planned_values
 from .concurrency import _job as _concurrency
 from .concurrency._settings import ConcurrencyPolicy
@@ -73,6 +73,7 @@ class UniqueJob:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        _names.check(cls, UniqueJob)  # first: a clash (backend = "s3") would break what follows
         cls._plan = plan_of(cls, UniqueJob)
         settings.check(cls, Queue)
         _concurrency.check(cls)
@@ -166,6 +167,7 @@ class UniqueJob:
         queue = cls.unique_queue
         if queue is None:
             return cls._run(lock, args, kwargs)
+        settings.check_store(cls)
         # An until_expired lock outlives its job on purpose: its job being gone proves nothing.
         gone = None if lock.strategy == "until_expired" else queue.job_gone
         if cls.unique_strategy != "while_executing" and not lock.acquire(gone=gone):
@@ -276,6 +278,8 @@ class UniqueJob:
             return True  # nothing is locked at enqueue
         lock = cls.lock(*args, **kwargs)
         queue = cls.unique_queue
+        if queue is not None:
+            settings.check_store(cls)
         if lock.acquire(
             gone=queue.job_gone if queue is not None and lock.strategy != "until_expired" else None
         ):

@@ -19,7 +19,7 @@ from typing import Literal
 
 from ._moved import renamed
 from ._undo import undos
-from .errors import BackendError, CorruptRecordError, JobNotUnique
+from .errors import BackendError, CorruptRecordError, JobNotUnique, holder_text
 from .heartbeat import Beat, deadline, heartbeat
 from .locks import (
     QUEUED,
@@ -294,7 +294,10 @@ class JobLock:
             queue_token, run_token = queue.token, None  # its lease lapsed a moment ago
         else:
             return False
-        log.warning("reclaiming orphaned lock %s (holder %s)", state.key, state.describe())
+        why = "its holder is dead" if run is not None else "its run lock's lease lapsed"
+        log.warning(
+            "reclaiming orphaned lock %s: %s (it was %s)", state.key, why, holder_text(state.describe())
+        )
         self.backend.reclaim(state.key, queue_token, run_token)
         return True
 

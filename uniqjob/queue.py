@@ -42,6 +42,16 @@ class Queue:
         """
         raise NotImplementedError
 
+    @property
+    def proves_jobs_gone(self) -> bool:
+        """True if :meth:`job_gone` can prove a lost job gone (by default: if the class overrides it).
+
+        A queue that cannot (a purged Celery task leaves no trace) strands a
+        queued lock whose job is lost until ``unique_lock_autoexpire`` passes:
+        a class on it with none is warned about when it is defined.
+        """
+        return type(self).job_gone is not Queue.job_gone
+
     def job_gone(self, job_id: str) -> bool:
         """True only if the queue can prove that job ``job_id`` will never run (deleted, expired).
 

@@ -1,15 +1,18 @@
 """Validation of a job class's ``unique_*`` settings, run when the class is defined.
 
-A typo or a bad value fails at import, not at 3 a.m.: unknown ``unique_*``
-attributes, unknown policies and strategies, durations that are not positive.
+A bad value fails at import, not at 3 a.m.: unknown policies and strategies,
+durations that are not positive. (Misspelt setting names, and names that clash
+with the mixin's own, are :mod:`uniqjob._names`'s.)
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
+from . import config
 from ._ticks import parse_period
 from .errors import ConfigurationError
 from .joblock import STRATEGIES
@@ -18,7 +21,20 @@ from .stores.base import Backend
 if TYPE_CHECKING:
     from .job import Queue, UniqueJob
 
-__all__ = ["POLICIES", "SETTINGS", "ConflictPolicy", "check", "once_per", "seconds"]
+__all__ = [
+    "MAX_RUN_LEASE",
+    "MIN_RUN_LEASE",
+    "POLICIES",
+    "SETTINGS",
+    "ConflictPolicy",
+    "check",
+    "check_store",
+    "once_per",
+    "run_lease",
+    "seconds",
+]
+
+log = logging.getLogger(__name__)
 
 ConflictPolicy = Literal["log", "discard", "raise", "reschedule"]
 POLICIES: tuple[ConflictPolicy, ...] = ("log", "discard", "raise", "reschedule")
@@ -42,6 +58,27 @@ SETTINGS = frozenset(
 )
 
 
+#: The shortest run lease (seconds): a holder renews it every third, and a renewal slower than
+#: a third of it presumes the lock lost; below a second, one slow reply would stop a job.
+MIN_RUN_LEASE = 1.0
+#: The longest run lease (seconds): a holder that dies keeps its key this long.
+MAX_RUN_LEASE = 86400.0
+
+
+def run_lease(value: object, what: str) -> float:
+    """Validate a run lease: seconds (or a timedelta) from :data:`MIN_RUN_LEASE` to :data:`MAX_RUN_LEASE`."""
+    lease = seconds(value, what)
+    if lease is None:
+        raise ConfigurationError(f"{what} must be set")
+    if not MIN_RUN_LEASE <= lease <= MAX_RUN_LEASE:
+        raise ConfigurationError(
+            f"{what} must be {MIN_RUN_LEASE:g} to {MAX_RUN_LEASE:g} seconds (a day), got {value!r}: a holder"
+            " renews it every third, so a shorter one is lost to one slow reply, and a longer one keeps a"
+            " dead holder's key that long"
+        )
+    return lease
+
+
 def seconds(value: object, what: str) -> float | None:
     """Validate a duration setting: None, or a positive, finite number of seconds or timedelta."""
     if value is None:
@@ -60,10 +97,6 @@ def seconds(value: object, what: str) -> float | None:
 def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
     """Raise :class:`ConfigurationError` naming the first bad setting of job class ``cls``."""
     name = cls.__qualname__
-    for attr in vars(cls):
-        if attr.startswith("unique_") and attr not in SETTINGS:
-            known = ", ".join(sorted(SETTINGS))
-            raise ConfigurationError(f"{name}.{attr} is not a uniqjob setting (known: {known})")
     _one_of(name, "unique_on_conflict", cls.unique_on_conflict, POLICIES)
     _one_of(name, "unique_strategy", cls.unique_strategy, STRATEGIES)
     autoexpire: Any = cls.unique_lock_autoexpire
@@ -73,8 +106,7 @@ def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
         raise ConfigurationError(
             f"{name}.unique_strategy 'until_expired' needs unique_lock_autoexpire: nothing else frees it"
         )
-    if seconds(cls.unique_run_lease, f"{name}.unique_run_lease") is None:
-        raise ConfigurationError(f"{name}.unique_run_lease must be set")
+    run_lease(cls.unique_run_lease, f"{name}.unique_run_lease")
     limit = cls.unique_lock_limit
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise ConfigurationError(f"{name}.unique_lock_limit must be a whole number >= 1, got {limit!r}")
@@ -100,6 +132,20 @@ def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
             f"{name}.unique_on_lost must be a callable taking the JobLock, got {type(on_lost).__name__}"
         )
     _check_once_per(cls, name, autoexpire)
+    if (
+        queue is not None
+        and not queue.proves_jobs_gone
+        and cls.unique_strategy != "while_executing"
+        and autoexpire is None
+        and cls.unique_once_per is None
+    ):
+        log.warning(
+            "%s: its queue (%s) cannot prove a job gone, so the queue lock of a job lost from it (a purged"
+            " task) never clears and refuses that call for good; set unique_lock_autoexpire to seconds"
+            " longer than a job may wait and run (e.g. unique_lock_autoexpire = 3600)",
+            name,
+            type(queue).__name__,
+        )
     _check_unique_args(cls)
     perform = inspect.getattr_static(cls, "perform")
     perform = getattr(perform, "__func__", perform)  # a classmethod's or staticmethod's function
@@ -107,6 +153,25 @@ def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
         raise ConfigurationError(
             f"{name}.perform is an async function: it would run unlocked; async jobs need the asyncio"
             " API (not yet available)"
+        )
+
+
+_store_checked: set[type] = set()  # classes whose store check_store() has looked at
+
+
+def check_store(cls: type[UniqueJob]) -> None:
+    """At a class's first enqueue onto a queue: warn if its locks are in the per-host store nobody chose."""
+    if cls in _store_checked:
+        return
+    _store_checked.add(cls)
+    if cls.unique_backend is None and config.default_is_implicit():
+        log.warning(
+            "%s: its locks are in the default file store (%s), which only this host sees: producers and"
+            " workers on other hosts do not see them; give every process one shared store:"
+            " uniqjob.configure('redis://HOST:6379/0') at start-up, or UNIQJOB_URL=redis://HOST:6379/0"
+            " in the environment, or unique_backend on the class",
+            cls.job_name(),
+            config.default_directory(),
         )
 
 

@@ -22,8 +22,9 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 
-from .. import __version__
+from .. import __version__, config
 from ..errors import BackendError, ConfigurationError, CorruptRecordError, UniqJobError
+from ..stores._urls import shown
 from ._common import (
     EX_CONFIG,
     EX_DATAERR,
@@ -37,6 +38,7 @@ from ._common import (
     UsageError,
     escape,
     say,
+    store_url,
 )
 from ._concurrency import add_discard_parked_parser
 from ._dashboard import add_dashboard_parser
@@ -108,6 +110,15 @@ def _library_warnings_to_stderr() -> Iterator[None]:
         logger.removeHandler(handler)
 
 
+def _origin(args: argparse.Namespace, exc: Exception) -> str:
+    """Where the store of an error came from when no --url named it: `` (the store of UNIQJOB_URL=...)``."""
+    url = os.environ.get(config.ENV_URL)
+    given = getattr(args, "url", None) is not None and not getattr(args, "env_url", False)
+    if given or not url or config.ENV_URL in str(exc):
+        return ""
+    return f" (the store of {config.ENV_URL}={shown(url)})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``uniqjob`` command with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
     parser = build_parser()
@@ -120,6 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         say("error: no command given (see uniqjob --help)")
         return EX_USAGE
     try:
+        if getattr(args, "namespace", None) is not None:
+            args.env_url = args.url is None  # the URL is UNIQJOB_URL's, with the namespace put in
+            args.url = store_url(args.url, args.namespace)
         with _library_warnings_to_stderr():
             status: int = handler(args)
             sys.stdout.flush()  # here, where a closed pipe is handled, not at interpreter exit
@@ -127,13 +141,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"error: {exc} (see uniqjob {args.command_name} --help)")
         return EX_USAGE
     except ConfigurationError as exc:
-        say(f"configuration error: {exc}")
+        say(f"configuration error: {exc}{_origin(args, exc)}")
         return EX_CONFIG
     except CorruptRecordError as exc:  # a BackendError, but the store answered: its record is damaged
         say(str(exc))
         return EX_DATAERR
     except BackendError as exc:
-        say(f"lock store unavailable: {exc}")
+        say(f"lock store unavailable: {exc}{_origin(args, exc)}")
         return EX_UNAVAILABLE
     except UniqJobError as exc:
         say(str(exc))

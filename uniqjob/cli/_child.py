@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
+from ..heartbeat import TAKEN_TEXT
 from . import _supervisor
 from ._common import say
 from ._supervisor import FORWARDED, KILL_ALL
@@ -151,7 +152,7 @@ class Child:
     grace: float = 10.0
     lost: Callable[[], bool] = lambda: False
     lapse: Callable[[], float] = lambda: math.inf
-    why: Callable[[], str] = lambda: "lost the lock to another holder"
+    why: Callable[[], str] = lambda: f"lost the lock: {TAKEN_TEXT}"
     presume_at: Callable[[], float] = lambda: math.inf
 
     def supervise(self, waiter: SignalWaiter) -> int:

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 from typing import NoReturn, TypeAlias
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .. import config
 from ..errors import ConfigurationError
+from ..settings import run_lease
+from ..stores._urls import scheme_of
 from ..stores.base import Backend
+from ..stores.redis._url import REDIS_SCHEMES
 
 # sysexits(3) codes, so cron mail and scripts can tell the failures apart.
 EX_OK = 0
@@ -47,13 +52,57 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def add_url_option(parser: argparse.ArgumentParser) -> None:
-    """Add ``--url``: where the locks live (else UNIQJOB_URL, else the default file store)."""
+    """Add ``--url`` (where the locks live: else UNIQJOB_URL, else the file store) and ``--namespace``."""
     parser.add_argument(
         "--url",
         metavar="URL",
         help="lock store: redis://host:6379/0, rediss://..., unix:///path.sock, file:///dir "
         f"(default: ${config.ENV_URL}, else the file store in {config.default_directory()})",
     )
+    parser.add_argument(
+        "--namespace",
+        metavar="NAME",
+        help="a Redis store's namespace, the prefix of its keys (default uniqjob): the same as the URL's"
+        " ?namespace=NAME, and the namespace= of RedisBackend(...)",
+    )
+
+
+def add_quiet_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--quiet``: no line unless something went wrong."""
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="say nothing on stderr unless something went wrong"
+    )
+
+
+def store_url(url: str | None, namespace: str | None) -> str | None:
+    """The store URL of ``--url`` (else UNIQJOB_URL) with ``--namespace`` in its query; None: the default.
+
+    UsageError when the namespace cannot apply: no Redis URL, or one whose own
+    ``?namespace=`` differs.
+    """
+    if namespace is None:
+        return url
+    target = url if url is not None else os.environ.get(config.ENV_URL)
+    if not target:
+        raise UsageError(
+            f"--namespace needs a Redis store (--url redis://... or ${config.ENV_URL}); the default"
+            " file store has no namespaces"
+        )
+    if not namespace:
+        raise UsageError("--namespace must not be empty")
+    scheme = scheme_of(target)
+    if scheme not in REDIS_SCHEMES:
+        raise UsageError(f"--namespace applies to Redis stores; a {scheme or 'schemeless'}:// store has none")
+    parts = urlsplit(target)
+    given = [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "namespace"]
+    if given:
+        if given != [namespace]:
+            raise UsageError(
+                f"--namespace {namespace!r} and the URL's ?namespace={given[-1]} differ: give one of them"
+            )
+        return target
+    query = "&".join(filter(None, [parts.query, urlencode({"namespace": namespace})]))
+    return urlunsplit(parts._replace(query=query))
 
 
 def open_backend(url: str | None) -> Backend:
@@ -66,6 +115,21 @@ def open_backend(url: str | None) -> Backend:
             "a shared store (redis://..., file:///dir)"
         )
     return backend
+
+
+def lease(text: str) -> float:
+    """argparse type: a run lease, :data:`~uniqjob.settings.MIN_RUN_LEASE` to ``MAX_RUN_LEASE`` seconds."""
+    try:
+        return run_lease(_number(text), "a lease")
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def wait_seconds(text: str) -> float:
+    """argparse type: seconds to wait, zero or more, or ``inf`` (as long as it takes)."""
+    if text.strip().lower() in ("inf", "infinity", "forever"):
+        return math.inf
+    return seconds(text)
 
 
 def _number(text: str) -> float:

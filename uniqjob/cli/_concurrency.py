@@ -13,7 +13,17 @@ import json
 import sys
 
 from ..ops import KeyReport, Released, Totals, concurrency, discard_parked
-from ._common import EX_FAILURE, EX_OK, HelpFormatter, SubParsers, add_url_option, escape, open_backend, say
+from ._common import (
+    EX_FAILURE,
+    EX_OK,
+    HelpFormatter,
+    SubParsers,
+    add_quiet_option,
+    add_url_option,
+    escape,
+    open_backend,
+    say,
+)
 
 __all__ = [
     "add_concurrency_options",
@@ -45,7 +55,7 @@ def add_concurrency_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--top",
         type=_count,
-        default=_TOP,
+        default=None,
         metavar="N",
         help=f"with --concurrency: the N busiest keys (default {_TOP}; 0: all); totals count every key",
     )
@@ -83,7 +93,8 @@ def _totals_line(totals: Totals, shown: int) -> str:
 
 def concurrency_locks_command(args: argparse.Namespace) -> int:
     """Handle ``uniqjob locks --concurrency``."""
-    report = concurrency(open_backend(args.url), top=args.top or None, job_class=args.job_class)
+    top = _TOP if args.top is None else args.top
+    report = concurrency(open_backend(args.url), top=top or None, job_class=args.job_class)
     out = sys.stdout
     if args.json:
         for row in report.keys:
@@ -94,7 +105,7 @@ def concurrency_locks_command(args: argparse.Namespace) -> int:
         out.write(_HEADER + "\n")
         for row in report.keys:
             out.write(_line(row) + "\n")
-    else:
+    elif not args.quiet:
         print("no concurrency slots held, no jobs parked", file=sys.stderr)
     if report.totals.keys:
         out.write(_totals_line(report.totals, len(report.keys)) + "\n")
@@ -159,6 +170,7 @@ def add_discard_parked_parser(subparsers: SubParsers) -> None:
     )
     parser.add_argument("key", metavar="KEY")
     add_url_option(parser)
+    add_quiet_option(parser)
     parser.set_defaults(handler=discard_parked_command)
 
 
@@ -168,5 +180,6 @@ def discard_parked_command(args: argparse.Namespace) -> int:
     if not count:
         _warn(f"nothing parked on {args.key!r}")
         return EX_FAILURE
-    print(f"discarded {count} parked job(s) of {escape(args.key)}; they will not run")
+    if not args.quiet:
+        print(f"discarded {count} parked job(s) of {escape(args.key)}; they will not run")
     return EX_OK

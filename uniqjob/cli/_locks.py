@@ -30,6 +30,8 @@ from ._common import (
     EX_SOFTWARE,
     HelpFormatter,
     SubParsers,
+    UsageError,
+    add_quiet_option,
     add_url_option,
     escape,
     open_backend,
@@ -101,6 +103,7 @@ COLUMNS: list[Column] = [
     Column("LEFT", 8, _left),
     Column("ORPHAN", 7, _orphan),
     Column("JOB", _JOB_WIDTH, _job),
+    Column("JOB_ID", 36, lambda r: r.job_id or "-"),  # a uuid's length: RQ's and Celery's ids
     Column("KEY", 0, _key),
 ]
 
@@ -122,8 +125,12 @@ says: its class cannot be read), with its path and why; it blocks its key until
 removed with `uniqjob release --force KEY` (or the path, if it names no key).
 The exit status is then 65.
 
---json fields: key, class, args, job_id, state, host, pid, age_s, ttl_s, lease_s, orphaned,
-path, reason (the last two only set, and key may be null, for a corrupt record);
+STATE is queued (waiting in its queue), parked (waiting for a concurrency slot, in
+no queue yet), running, or corrupt. JOB_ID is the queue's id of the job (RQ, Celery),
+recorded when it was enqueued; "-" for a lock with none (inline, `uniqjob run`, parked).
+
+--json fields: key, class, args, state, job_id, host, pid, age_s, ttl_s, lease_s,
+orphaned, path, reason (the last two only set, and key may be null, for a corrupt record);
 when the store counted dropped duplicates in the last hour, the last line is
 {"duplicates": {CLASS: N}, "window_s": 3600} (see `uniqjob stats`)
 
@@ -138,6 +145,7 @@ examples:
   uniqjob locks --url redis://redis.internal:6379/0 --json | jq -r 'select(.orphaned) | .key'
   uniqjob locks --class uniqjob.cli.run      # only locks taken by `uniqjob run`
   uniqjob locks --concurrency --top 10       # the ten busiest concurrency keys, and totals
+  uniqjob locks --url redis://redis.internal:6379/0 --namespace myapp   # RedisBackend(namespace=)
 """
 
 
@@ -159,6 +167,7 @@ def add_locks_parser(subparsers: SubParsers) -> None:
         help="only locks of this job class (full name, or its last dotted part)",
     )
     add_concurrency_options(parser)
+    add_quiet_option(parser)
     parser.set_defaults(handler=locks_command)
 
 
@@ -166,6 +175,8 @@ def locks_command(args: argparse.Namespace) -> int:
     """Handle ``uniqjob locks``."""
     if args.concurrency:
         return concurrency_locks_command(args)
+    if args.top is not None:
+        raise UsageError("--top counts concurrency keys: give it with --concurrency")
     backend = open_backend(args.url)
     rows = iter_rows(backend, job_class=args.job_class)
     out = _stdout()
@@ -185,7 +196,7 @@ def locks_command(args: argparse.Namespace) -> int:
         drops = duplicates(backend, job_class=args.job_class)
         if drops:  # the last line, when the store counted any: see the epilog
             out.write(json.dumps({"duplicates": drops, "window_s": WINDOW}) + "\n")
-    elif not header_written:
+    elif not header_written and not args.quiet:
         print("no locks held", file=sys.stderr)
     if corrupt:
         out.flush()
@@ -252,6 +263,7 @@ def add_release_parser(subparsers: SubParsers) -> None:
     parser.add_argument("key", metavar="KEY")
     add_url_option(parser)
     parser.add_argument("--force", action="store_true", help="release even if the holder is alive")
+    add_quiet_option(parser)
     parser.set_defaults(handler=release_command)
 
 
@@ -267,7 +279,14 @@ def release_command(args: argparse.Namespace) -> int:
         return report_released(done)  # a key of `locks --concurrency`
     row = done.row
     if done.done == "released":
-        print(f"released {escape(key)} ({escape(_describe(row))})")
+        if row.host is not None and not row.orphaned:  # --force took it from a live holder
+            say(
+                f"WARNING: released {key!r} from a live holder, pid {row.pid} on {row.host} (its lease had"
+                f" {row.lease_s or 0.0:.1f}s left): its job is probably still running, now unlocked; a"
+                " `uniqjob run` holder stops its command at its next heartbeat"
+            )
+        if not args.quiet:
+            print(f"released {escape(key)} ({escape(_describe(row))})")
         return EX_OK
     if done.done == "alive":
         say(
@@ -309,9 +328,13 @@ again meanwhile is left alone (reclaim checks its token). A record that
 cannot be read is skipped, named on stderr with the command that removes it,
 and the exit status is then 65.
 
+Each lock reclaimed is a line on stdout, then a count on stderr; with nothing to
+reclaim (and nothing corrupt) it says nothing, and --quiet leaves out the lines and
+the count, so a cron line mails only what is wrong.
+
 examples:
   uniqjob reap --dry-run
-  */10 * * * *  uniqjob reap --url redis://redis.internal:6379/0 >/dev/null
+  */10 * * * *  uniqjob reap --quiet --url redis://redis.internal:6379/0
 """
 
 
@@ -328,6 +351,7 @@ def add_reap_parser(subparsers: SubParsers) -> None:
     parser.add_argument(
         "--dry-run", action="store_true", help="report what would be reclaimed, change nothing"
     )
+    add_quiet_option(parser)
     parser.set_defaults(handler=reap_command)
 
 
@@ -337,12 +361,14 @@ def reap_command(args: argparse.Namespace) -> int:
 
     def show(row: LockRow) -> None:
         if row.state != CORRUPT:
-            print(f"{verb} {escape(_key(row))} ({escape(_describe(row))})")
+            if not args.quiet:
+                print(f"{verb} {escape(_key(row))} ({escape(_describe(row))})")
             return
         sys.stdout.flush()  # its line after the reclaims already printed, when both go to one terminal
         say(f"skipping {_corrupt_line(row)}; remove it with {_fix(row)}")
 
     done = reap(open_backend(args.url), dry_run=args.dry_run, each=show)
     skipped = f"; skipped {len(done.corrupt)} corrupt record(s)" if done.corrupt else ""
-    print(f"{verb} {len(done.reclaimed)} orphaned lock(s) of {done.held} held{skipped}", file=sys.stderr)
+    if (done.reclaimed or done.corrupt) and not args.quiet:
+        print(f"{verb} {len(done.reclaimed)} orphaned lock(s) of {done.held} held{skipped}", file=sys.stderr)
     return EX_DATAERR if done.corrupt else EX_OK

@@ -14,22 +14,26 @@ from collections.abc import Iterator, Sequence
 
 from .._ticks import MAX_SKEW, parse_period, tick_of
 from ..errors import ConfigurationError
-from ..heartbeat import LOST_RECORD, TAKEN
+from ..heartbeat import LOST_RECORD, TAKEN, TAKEN_TEXT
 from ..joblock import JobLock
 from ..keys import make_key
 from ..locks import LockState, QueueMeta
+from ..settings import MAX_RUN_LEASE, MIN_RUN_LEASE
 from ._child import Child, SignalWaiter, signal_waiter, spawn
 from ._common import (
     EX_TEMPFAIL,
     HelpFormatter,
     SubParsers,
     UsageError,
+    add_quiet_option,
     add_url_option,
     exit_code,
+    lease,
     open_backend,
     positive_seconds,
     say,
     seconds,
+    wait_seconds,
 )
 
 __all__ = ["RUN_JOB", "add_run_parser", "command_key"]
@@ -51,7 +55,12 @@ before the lease could lapse on the store (sooner than --grace if need be).
 exit status:
   the command's own status; 128+N if it died of signal N (also when stopped on a lost lock);
   75 (or --conflict-exit) if the lock is held elsewhere; 64 bad usage;
-  69 lock store unreachable; 78 bad store URL; 126/127 command not executable/found
+  65 a lock record that cannot be read; 69 lock store unreachable; 70 internal error;
+  78 bad store URL or settings (a password the server wants, a database it lacks);
+  126/127 command not executable/found
+
+quiet: a lock held elsewhere is one line on stderr, unless --quiet or --conflict-exit 0
+(cron mails whatever a job prints: a busy tick then sends none). Errors are always said.
 
 examples:
   # crontab: a nightly backup that never overlaps itself, on any host
@@ -82,25 +91,27 @@ def add_run_parser(subparsers: SubParsers) -> None:
     add_url_option(parser)
     parser.add_argument(
         "--lease",
-        type=positive_seconds,
+        type=lease,
         default=30.0,
         metavar="SECONDS",
-        help="run lock lease: how soon other hosts may take over if this one dies (default: 30)",
+        help=f"run lock lease: how soon other hosts may take over if this one dies ({MIN_RUN_LEASE:g} to"
+        f" {MAX_RUN_LEASE:g}; default: 30)",
     )
     parser.add_argument(
         "--wait",
-        type=seconds,
+        type=wait_seconds,
         default=0.0,
         metavar="SECONDS",
-        help="wait up to SECONDS for the lock instead of giving up at once",
+        help="wait up to SECONDS for the lock instead of giving up at once (inf: as long as it takes)",
     )
     parser.add_argument(
         "--conflict-exit",
         type=exit_code,
         default=EX_TEMPFAIL,
         metavar="CODE",
-        help="exit status when the lock is held elsewhere (default: 75)",
+        help="exit status when the lock is held elsewhere (default: 75; 0 also says nothing)",
     )
+    add_quiet_option(parser)
     parser.add_argument(
         "--once-per",
         type=_period,
@@ -175,7 +186,9 @@ def run_command(args: argparse.Namespace) -> int:
             return 128 + signum
         if not got:
             state = lock.conflict
-            if period is not None and state is not None and state.run is None and state.queue is not None:
+            if args.quiet or args.conflict_exit == 0:
+                pass  # a busy tick by choice: cron mails nothing
+            elif period is not None and state is not None and state.run is None and state.queue is not None:
                 say(f"already run in this {period:g}s tick (lock {key!r}); not running: {name}")
             else:
                 say(_conflict_message(key, state, name))
@@ -221,7 +234,7 @@ def _why(lock: JobLock) -> str:
     """One line on why the lock is lost, for stderr."""
     beat = lock.beat
     if beat is None or beat.reason in ("", TAKEN) or beat.lease is None:
-        return f"lost the lock to another holder (key {lock.key!r})"
+        return f"lost the lock {lock.key!r}: {TAKEN_TEXT}"
     unconfirmed = beat.lost_at - beat.confirmed
     return (
         f"lock {lock.key!r} presumed lost: the store confirmed no renewal for {unconfirmed:.1f}s"

@@ -23,10 +23,11 @@ from ..concurrency import release as release_slots
 from ..concurrency.ops import stale
 from ._drops import Stats, duplicates, stats
 from ._figures import ConcurrencyReport, KeyReport, Totals, concurrency, concurrency_key, iter_keys
-from ._locks import CORRUPT, LockRelease, LockRow, Reaped, iter_rows, reap, release
+from ._locks import CORRUPT, PARKED, LockRelease, LockRow, Reaped, iter_rows, reap, release
 
 __all__ = [
     "CORRUPT",
+    "PARKED",
     "ConcurrencyReport",
     "KeyReport",
     "LockRelease",

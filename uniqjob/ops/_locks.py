@@ -9,14 +9,17 @@ from typing import Literal
 from .. import config
 from ..concurrency import Released
 from ..concurrency import release as release_slots
-from ..errors import CorruptRecordError
-from ..locks import RUNNING, LockState, holder_is_dead, orphaned
+from ..errors import ConfigurationError, CorruptRecordError
+from ..locks import QUEUED, RUNNING, LockState, holder_is_dead, orphaned
 from ..stores.base import Backend
 
-__all__ = ["CORRUPT", "LockRelease", "LockRow", "Reaped", "iter_rows", "reap", "release"]
+__all__ = ["CORRUPT", "PARKED", "LockRelease", "LockRow", "Reaped", "iter_rows", "reap", "release"]
 
 #: The state of a row whose record cannot be read: it blocks its key until removed.
 CORRUPT = "corrupt"
+#: The state of a queued lock whose call is parked behind a concurrency limit, in no queue yet.
+PARKED = "parked"
+_PARKED_READ = 100_000  # parked calls read per concurrency key to find the parked locks
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +35,9 @@ class LockRow:
     key: str | None
     job_class: str | None = field(default=None, metadata={"json": "class"})
     args: str | None = None
-    job_id: str | None = None
     state: str = RUNNING
+    #: The queue's id of the job, recorded in its queue lock (RQ, Celery); None if it has none.
+    job_id: str | None = None
     host: str | None = None
     pid: int | None = None
     age_s: float | None = 0.0
@@ -51,17 +55,19 @@ class LockRow:
         )
 
     @classmethod
-    def from_state(cls, state: LockState) -> LockRow:
-        """Describe a snapshot of one key's locks (which must not be free)."""
+    def from_state(cls, state: LockState, *, parked: bool = False) -> LockRow:
+        """Describe one key's locks (which must not be free); ``parked``: its call waits for a slot."""
         queue, run = state.queue, state.run
         since = queue.since if queue is not None else run.started if run is not None else state.now
         return cls(
             key=state.key,
             job_class=(queue.meta.cls or None) if queue is not None else None,
             args=(queue.meta.args or None) if queue is not None else None,
-            job_id=(queue.meta.job_id or None) if queue is not None else None,
             # A run lock whose queue lock autoexpired is still a running job.
-            state=queue.state if queue is not None else RUNNING,
+            state=(PARKED if parked and queue.state == QUEUED else queue.state)
+            if queue is not None
+            else RUNNING,
+            job_id=(queue.meta.job_id or None) if queue is not None else None,
             host=run.holder.host if run is not None else None,
             pid=run.holder.pid if run is not None else None,
             age_s=round(max(state.now - since, 0.0), 3),
@@ -84,6 +90,7 @@ def iter_rows(backend: Backend | None = None, *, job_class: str | None = None) -
     """
     backend = backend if backend is not None else config.default_backend()
     seen: set[str] = set()
+    parked: frozenset[str] | None = None  # read once, at the first queued lock that may be parked
     for key in backend.scan():
         try:
             state = backend.read(key)
@@ -93,12 +100,30 @@ def iter_rows(backend: Backend | None = None, *, job_class: str | None = None) -
             continue
         if state.free:
             continue
-        row = LockRow.from_state(state)
+        queue = state.queue
+        may_park = queue is not None and queue.state == QUEUED and not queue.meta.job_id
+        if may_park and parked is None:
+            parked = _parked_tokens(backend)
+        row = LockRow.from_state(
+            state, parked=may_park and queue is not None and queue.token in (parked or ())
+        )
         if job_class is None or class_matches(row.job_class, job_class):
             yield row
     for error in backend.corrupt():
         if error.path not in seen:
             yield LockRow.from_corrupt(error)
+
+
+def _parked_tokens(backend: Backend) -> frozenset[str]:
+    """The tokens of the calls parked behind a concurrency limit: their queue locks say "queued"."""
+    try:
+        store = backend.semaphores()
+    except ConfigurationError:  # a store that keeps no slots parks nothing
+        return frozenset()
+    tokens: set[str] = set()
+    for key in store.scan():
+        tokens.update(p.token for p in store.read(key, head=_PARKED_READ).head)
+    return frozenset(tokens)
 
 
 def class_matches(cls: str | None, wanted: str) -> bool:

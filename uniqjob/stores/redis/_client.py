@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import redis
 
-from ...errors import BackendError
+from ...errors import BackendError, StoreRefusedURLError
+from ._errors import url_mistake
 
 if TYPE_CHECKING:
     from redis.cluster import RedisCluster
@@ -105,6 +106,8 @@ def backend_error(exc: Exception, owner: object, store: str) -> BackendError:
     text = str(exc) or type(exc).__name__
     if not is_client_error(exc):
         text = f"{type(exc).__name__}: {text}"
+    elif (mistake := url_mistake(text)) is not None:  # no password, a wrong one, no such database
+        return StoreRefusedURLError(f"{mistake} ({owner!r})", store)
     return BackendError(f"{text} ({owner!r})", store)
 
 
