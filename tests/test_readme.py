@@ -410,3 +410,31 @@ def test_every_link_between_the_files_reaches_its_file_and_heading() -> None:
             assert linked.exists(), f"{path.name}: a link to {target}: no such file"
             if anchor:
                 assert anchor in _anchors(linked), f"{path.name}: a link to {target}: no such heading"
+
+
+def test_the_first_set_up_command_runs_in_a_fresh_venv(tmp_path: Path) -> None:
+    (setup,) = [b for b in blocks_of(README) if b.lang == "sh" and "pip install ." in b.body]
+    tree = tmp_path / "checkout"
+    tree.mkdir()
+    for name in ("pyproject.toml", "setup.cfg", "README.md", "uniqjob"):
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif (ROOT / name).exists():
+            shutil.copy(ROOT / name, tree / name)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "UNIQJOB_URL")}
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    done = subprocess.run(
+        ["bash", "-c", setup.body],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if done.returncode != 0 and re.search(
+        r"No matching distribution|Could not find a version|Network", done.stderr
+    ):
+        pytest.skip(f"pip cannot reach a package index here: {done.stderr.strip().splitlines()[-1]}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.endswith("hello\n"), done.stdout[-2000:]
