@@ -537,7 +537,7 @@ def test_the_command_is_listed_with_its_help(capsys: pytest.CaptureFixture[str])
     assert "dashboard" in capsys.readouterr().out
     assert main(["dashboard", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "usage: uniqjob dashboard [-h] [--url URL] [--host HOST] [--port PORT] [--read-only]" in out
+    assert "usage: uniqjob dashboard [-h] [--url URL] [--namespace NAME] [--host HOST] [--port PORT] [--read-only]" in out
     assert "serving on http://HOST:PORT/" in out and "uniqjob dashboard --read-only" in out
 
 

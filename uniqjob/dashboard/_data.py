@@ -12,8 +12,17 @@ import itertools
 from dataclasses import dataclass, field
 
 from ..errors import CorruptRecordError
-from ..locks import holder_is_dead
-from ..ops import CORRUPT, ConcurrencyReport, KeyReport, LockRow, concurrency, concurrency_key, iter_rows
+from ..locks import QUEUED, holder_is_dead
+from ..ops import (
+    CORRUPT,
+    PARKED,
+    ConcurrencyReport,
+    KeyReport,
+    LockRow,
+    concurrency,
+    concurrency_key,
+    iter_rows,
+)
 from ..stores.base import Backend
 
 __all__ = [
@@ -73,7 +82,7 @@ def uniqueness(backend: Backend, *, job_class: str | None = None, limit: int = R
         found.held += 1
         if row.state == CORRUPT:
             found.corrupt += 1
-        elif row.state == "queued":
+        elif row.state in (QUEUED, PARKED):  # a parked call's lock waits too (for a slot, not a worker)
             found.queued += 1
         else:
             found.running += 1
