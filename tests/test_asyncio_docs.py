@@ -1,4 +1,4 @@
-"""The arq example of docs/arq.md runs on a real arq worker, as written (docs/asyncio.md's: test_readme.py)."""
+"""The arq example of docs/arq.md runs on a real arq worker, as written (asyncio.md's: test_readme.py)."""
 
 from __future__ import annotations
 
