@@ -103,7 +103,7 @@ def _called(what: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if what is SLEEP:
         return args[1](args[0])
     reply = what(*args, **kwargs)
-    return _refuse(what, reply) if inspect.isawaitable(reply) else reply
+    return _refuse(what, reply) if _awaitable(reply) else reply
 
 
 async def _awaited(astore: AsyncBackend, step: Step) -> Any:
@@ -113,7 +113,12 @@ async def _awaited(astore: AsyncBackend, step: Step) -> Any:
     if what is SLEEP:
         return await asyncio.sleep(args[0])
     reply = what(*args, **kwargs)
-    return (await reply) if inspect.isawaitable(reply) else reply
+    return (await reply) if _awaitable(reply) else reply
+
+
+def _awaitable(reply: Any) -> bool:
+    """``inspect.isawaitable(reply)``, None (a dropped duplicate's, most functions') answered at once."""
+    return reply is not None and inspect.isawaitable(reply)
 
 
 def _refuse(what: Any, awaitable: Any) -> Any:
