@@ -54,27 +54,34 @@ def sleep_of(seconds: float, sleep: Callable[[float], None] = time.sleep) -> Ste
 def drive(store: Backend, steps: Steps[T]) -> T:
     """Run ``steps`` to the end, calling each step (the sync API); return its result.
 
-    The one loop is :func:`_run`'s, a coroutine: with steps that are called, not
-    awaited, it runs to its end in a single ``send``, with no event loop.
+    A store primitive is called straight on ``store``; only a function step's
+    reply is checked for an awaitable (which the sync API refuses).
     """
-    run = _run(steps, _called, store, False)
-    try:
-        run.send(None)
-    except StopIteration as done:
-        result: T = done.value
-        return result
-    run.close()  # pragma: no cover - a called step never suspends
-    raise RuntimeError("a sync step waited on an event loop")
+    send, throw = steps.send, steps.throw
+    reply: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            what, args, kwargs = send(reply) if error is None else throw(error)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+        try:
+            if type(what) is str:
+                reply, error = getattr(store, what)(*args, **kwargs), None
+            else:
+                reply, error = _called(what, args, kwargs), None
+        except BaseException as exc:  # thrown into the steps, as adrive() does
+            reply, error = None, exc
 
 
 async def adrive(store: Backend, steps: Steps[T]) -> T:
     """Run ``steps`` to the end, awaiting each step (the asyncio API); return its result."""
-    return await _run(steps, _awaited, async_backend(store), True)
+    return await _run(steps, async_backend(store))
 
 
-async def _run(steps: Steps[T], do: Callable[[Any, Step], Any], store: Any, wait: bool) -> T:
-    """Send each step's answer (``do(store, step)``, awaited if ``wait``) into ``steps``, or throw
-    what it raised, until they return."""
+async def _run(steps: Steps[T], astore: AsyncBackend) -> T:
+    """Send each step's awaited answer into ``steps``, or throw what it raised, until they return."""
     reply: Any = None
     error: BaseException | None = None
     while True:
@@ -84,23 +91,19 @@ async def _run(steps: Steps[T], do: Callable[[Any, Step], Any], store: Any, wait
             result: T = done.value
             return result
         try:
-            reply, error = do(store, step), None
-            if wait:
-                reply = await reply
+            reply, error = await _awaited(astore, step), None
         except (
             BaseException
         ) as exc:  # thrown into the steps (a cancellation too: they release what they hold)
             reply, error = None, exc
 
 
-def _called(store: Backend, step: Step) -> Any:
-    what, args, kwargs = step
-    if type(what) is str:
-        return getattr(store, what)(*args, **kwargs)
+def _called(what: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A step that is not a store primitive, called: a wait, or a function (refused if it is async)."""
     if what is SLEEP:
         return args[1](args[0])
     reply = what(*args, **kwargs)
-    return _refuse(what, reply) if inspect.isawaitable(reply) else reply
+    return _refuse(what, reply) if _awaitable(reply) else reply
 
 
 async def _awaited(astore: AsyncBackend, step: Step) -> Any:
@@ -110,7 +113,12 @@ async def _awaited(astore: AsyncBackend, step: Step) -> Any:
     if what is SLEEP:
         return await asyncio.sleep(args[0])
     reply = what(*args, **kwargs)
-    return (await reply) if inspect.isawaitable(reply) else reply
+    return (await reply) if _awaitable(reply) else reply
+
+
+def _awaitable(reply: Any) -> bool:
+    """``inspect.isawaitable(reply)``, None (a dropped duplicate's, most functions') answered at once."""
+    return reply is not None and inspect.isawaitable(reply)
 
 
 def _refuse(what: Any, awaitable: Any) -> Any:

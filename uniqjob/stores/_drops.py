@@ -48,25 +48,36 @@ def first_minute(now: float, window: float) -> int:
 
 
 def add(counts: Counts, cls: str, now: float, n: int = 1) -> None:
-    """Add ``n`` (-1: take one back, never below 0) to ``cls``'s bucket of ``now``; drop buckets past KEEP."""
+    """Add ``n`` (-1: take one back, never below 0) to ``cls``'s bucket of ``now``.
+
+    The first count of a bucket also drops every class's buckets past KEEP:
+    until the minute turns, nothing more can have aged out.
+    """
     if not cls:
         return  # a call whose class the store was not told: nothing to attribute it to
     m = minute(now)
-    oldest = m - KEEP // BUCKET
+    bucket = str(m)
+    buckets = counts.get(cls)
+    if buckets is None or bucket not in buckets:
+        _sweep(counts, m - KEEP // BUCKET)
+        buckets = counts.setdefault(cls, {})
+    value = buckets.get(bucket, 0) + n
+    if value > 0:
+        buckets[bucket] = value
+    else:
+        buckets.pop(bucket, None)
+        if not buckets:
+            del counts[cls]
+
+
+def _sweep(counts: Counts, oldest: int) -> None:
+    """Drop the buckets before minute ``oldest``, and the classes left with none."""
     for name in list(counts):
         buckets = counts[name]
         for b in [b for b in buckets if int(b) < oldest]:
             del buckets[b]
         if not buckets:
             del counts[name]
-    buckets = counts.setdefault(cls, {})
-    value = max(buckets.get(str(m), 0) + n, 0)
-    if value:
-        buckets[str(m)] = value
-    else:
-        buckets.pop(str(m), None)
-        if not buckets:
-            del counts[cls]
 
 
 def totals(counts: Any, now: float, window: float) -> dict[str, int]:

@@ -408,9 +408,9 @@ class RedisBackend(Backend):
     ) -> Call:
         flag = ("q" if run is None else "r") + _drop(count, counted)
         items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
-        what = f"the {'queue lock' if run is None else 'queue and run locks'} of {key!r}, granted"
         undo = partial(self.reclaim, key, token, token if run is not None else None)
-        return Call(self._claim, 4, items, partial(self._granted, key, run), partial(_if_int, what), undo)
+        what = partial(_claimed, key, run is not None)  # its text made only for a grant to acknowledge
+        return Call(self._claim, 4, items, partial(self._granted, key, run), what, undo)
 
     def _start_call(
         self,
@@ -430,7 +430,7 @@ class RedisBackend(Backend):
         # Undone: the run lock of this token and attempt; the queue lock is left as a failed
         # start leaves it (an orphan once the run lock is gone, reclaimed by the next claim).
         undo = partial(self.finish, key, token, keep_queue=True, attempt=run.attempt)
-        what = partial(_if_int, f"the run lock of {key!r}, granted")
+        what = partial(_started, key)
         return Call(self._start, 4, items, partial(self._granted, key, run), what, undo)
 
     def _attach_call(self, key: str, token: str, job_id: str) -> Call:
@@ -661,9 +661,16 @@ def _check_wait(client: Any, replica_timeout: float) -> None:
         )
 
 
-def _if_int(what: str, reply: Any) -> str:
-    """``what`` if a claim or start ``reply`` granted (an integer), else "" (a conflict's snapshot)."""
-    return what if type(reply) is int else ""
+def _claimed(key: str, run: bool, reply: Any) -> str:
+    """What a CLAIM ``reply`` granted of ``key`` (an integer: granted), else "" (a conflict's snapshot)."""
+    if type(reply) is not int:
+        return ""
+    return f"the {'queue and run locks' if run else 'queue lock'} of {key!r}, granted"
+
+
+def _started(key: str, reply: Any) -> str:
+    """What a START ``reply`` granted of ``key`` (an integer: granted), else "" (a conflict's snapshot)."""
+    return f"the run lock of {key!r}, granted" if type(reply) is int else ""
 
 
 def _if_one(what: str, reply: Any) -> str:
