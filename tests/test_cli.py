@@ -109,7 +109,7 @@ def process_gone(pid: int) -> bool:
     """True once ``pid`` has exited (a zombie counts: it only waits to be reaped)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between open and read
         return True
     return stat[stat.rindex(b")") + 2 :].split()[0] in (b"Z", b"X")
 
