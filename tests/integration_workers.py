@@ -146,7 +146,7 @@ class Workers:
         proc.wait(10)
         # SIGKILL is delivered asynchronously: wait until each process is dead (gone, or a zombie
         # its new parent has yet to reap), as it would be after a machine died.
-        wait_until(lambda: not any(_alive(pid) for pid in frozen), f"worker {name} to die", timeout=10)
+        wait_until(lambda: not any(alive(pid) for pid in frozen), f"worker {name} to die", timeout=10)
 
     def log(self, name: str) -> str:
         return (self.directory / f"{name}.log").read_text(errors="replace")
@@ -168,7 +168,8 @@ def _stat(pid: int | str) -> list[bytes] | None:
     return stat[stat.rindex(b")") + 2 :].split()
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs or is stopped (gone, a zombie or dead: False); reads /proc (Linux)."""
     fields = _stat(pid)
     return fields is not None and fields[0] not in (b"Z", b"X")
 

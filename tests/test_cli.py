@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SHARED_STORES, store_url
+from tests.integration_workers import alive
 from uniqjob.cli import main
 from uniqjob.cli._run import command_key
 from uniqjob.config import backend_from_url
@@ -107,11 +108,7 @@ def finish(proc: subprocess.Popen[str], timeout: float = 15.0) -> tuple[int, str
 
 def process_gone(pid: int) -> bool:
     """True once ``pid`` has exited (a zombie counts: it only waits to be reaped)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between open and read
-        return True
-    return stat[stat.rindex(b")") + 2 :].split()[0] in (b"Z", b"X")
+    return not alive(pid)
 
 
 _markers = itertools.count()

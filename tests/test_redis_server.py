@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.integration_workers import alive
 from tests.redis_server import RedisServer
 
 
@@ -25,14 +26,6 @@ def server() -> Iterator[RedisServer]:
 
 def _client(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def test_answers_ping_over_tcp_and_unix_socket(server: RedisServer) -> None:
@@ -59,7 +52,7 @@ def test_stop_makes_connections_fail_and_start_recovers(server: RedisServer) -> 
     assert pid is not None
     server.stop()
     assert server.pid is None
-    assert not _alive(pid)
+    assert not alive(pid)
     for url in (server.url, server.unix_url):
         with pytest.raises(redis.ConnectionError):
             _client(url).ping()
@@ -87,14 +80,14 @@ def test_server_dies_with_its_parent() -> None:
         assert child.stdout is not None
         pid_text, socket_path = child.stdout.readline().split()
         redis_pid = int(pid_text)
-        assert _alive(redis_pid)
+        assert alive(redis_pid)
         child.kill()
     try:
         deadline = time.monotonic() + 5
-        while _alive(redis_pid) and time.monotonic() < deadline:
+        while alive(redis_pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(redis_pid)
+        assert not alive(redis_pid)
     finally:
-        if _alive(redis_pid):
+        if alive(redis_pid):
             os.kill(redis_pid, signal.SIGKILL)
         shutil.rmtree(Path(socket_path).parent, ignore_errors=True)
