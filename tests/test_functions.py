@@ -21,7 +21,7 @@ from rq.job import Job, JobStatus
 import uniqjob
 from tests.conftest import FakeClock
 from tests.functions_jobs import Reports, gated, queued, send_report, ticked
-from tests.integration_workers import REPO, URL_VAR, Workers, count, open_gate, wait_until
+from tests.integration_workers import URL_VAR, Workers, count, open_gate, wait_until, worker_pool
 from tests.redis_server import RedisServer
 from tests.rq_jobs import QUEUE, rq_queue
 from uniqjob import ConfigurationError, JobNotUnique, MemoryBackend, UniqueJob, UniqueKeyError, unique
@@ -224,13 +224,10 @@ def test_an_async_perform_is_refused_by_the_sync_api_and_awaited_by_the_async_on
 def workers(
     redis_server: RedisServer, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> Iterator[Workers]:
-    url = redis_server.url
-    monkeypatch.setenv(URL_VAR, url)
-    uniqjob.configure(url)
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    pool = Workers(tmp_path, {URL_VAR: url, "UNIQJOB_URL": url, "PYTHONPATH": path})
-    yield pool
-    pool.close()
+    monkeypatch.setenv(URL_VAR, redis_server.url)
+    uniqjob.configure(redis_server.url)
+    with worker_pool(redis_server.url, tmp_path) as pool:
+        yield pool
 
 
 def start_worker(workers: Workers, name: str) -> None:

@@ -17,12 +17,12 @@ from rq.job import Job, JobStatus
 import uniqjob
 from tests.integration_workers import (
     NODE_VAR,
-    REPO,
     URL_VAR,
     Workers,
     count,
     open_gate,
     wait_until,
+    worker_pool,
 )
 from tests.redis_server import RedisServer
 from tests.rq_jobs import QUEUE, Flaky, Gate, Inline, OneAtATime, Rescheduled, queue
@@ -35,13 +35,10 @@ from uniqjob.locks import LockState
 def workers(
     redis_server: RedisServer, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> Iterator[Workers]:
-    url = redis_server.url
-    monkeypatch.setenv(URL_VAR, url)
-    uniqjob.configure(url)
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    pool = Workers(tmp_path, {URL_VAR: url, "UNIQJOB_URL": url, "PYTHONPATH": path})
-    yield pool
-    pool.close()
+    monkeypatch.setenv(URL_VAR, redis_server.url)
+    uniqjob.configure(redis_server.url)
+    with worker_pool(redis_server.url, tmp_path) as pool:
+        yield pool
 
 
 def start_worker(workers: Workers, name: str = "rq", **env: str) -> None:
