@@ -12,10 +12,9 @@ import itertools
 from dataclasses import dataclass, field
 
 from ..errors import CorruptRecordError
-from ..locks import QUEUED, holder_is_dead
+from ..locks import holder_is_dead
 from ..ops import (
     CORRUPT,
-    PARKED,
     ConcurrencyReport,
     KeyReport,
     LockRow,
@@ -82,7 +81,7 @@ def uniqueness(backend: Backend, *, job_class: str | None = None, limit: int = R
         found.held += 1
         if row.state == CORRUPT:
             found.corrupt += 1
-        elif row.state in (QUEUED, PARKED):  # a parked call's lock waits too (for a slot, not a worker)
+        elif row.waiting:
             found.queued += 1
         else:
             found.running += 1

@@ -10,7 +10,7 @@ from ..locks import QUEUED, RUNNING
 from ..stores._drops import WINDOW
 from ..stores.base import Backend
 from ._figures import Totals, concurrency
-from ._locks import CORRUPT, PARKED, class_matches, iter_rows
+from ._locks import CORRUPT, class_matches, iter_rows
 
 __all__ = ["Stats", "duplicates", "stats"]
 
@@ -65,9 +65,7 @@ def stats(store: Backend | None = None, *, window: float = WINDOW) -> Stats:
     states: Counter[str] = Counter()
     orphans = 0
     for row in iter_rows(backend):
-        states[row.state] += 1
+        states[QUEUED if row.waiting else row.state] += 1
         orphans += row.orphaned
     totals = concurrency(backend, top=0).totals
-    # A parked call's queue lock is held and waiting too (for a slot, not a worker): queued.
-    queued = states[QUEUED] + states[PARKED]
-    return Stats(queued, states[RUNNING], orphans, states[CORRUPT], totals, drops, float(window))
+    return Stats(states[QUEUED], states[RUNNING], orphans, states[CORRUPT], totals, drops, float(window))

@@ -77,6 +77,11 @@ class LockRow:
             orphaned=orphaned(state),  # the library's one orphan rule
         )
 
+    @property
+    def waiting(self) -> bool:
+        """Whether the lock is queued: in its queue, or parked for a concurrency slot (counted as queued)."""
+        return self.state in (QUEUED, PARKED)
+
     def to_json(self) -> dict[str, object]:
         """Return the record as the JSON object ``locks --json`` prints."""
         return {f.metadata.get("json", f.name): getattr(self, f.name) for f in fields(self)}
