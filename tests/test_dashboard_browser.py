@@ -2,8 +2,10 @@
 
 The store holds real parked jobs, a stale slot and an orphaned lock (a worker
 that died mid-job), made with the library's own API (tests/dashboard_jobs.py).
-The run saves screenshots of the home and Locks pages as docs/dashboard-home.png
-and docs/dashboard-locks.png.
+The run takes screenshots of the home and Locks pages; with
+``UNIQJOB_SCREENSHOTS=docs`` it writes them over docs/dashboard-home.png and
+docs/dashboard-locks.png (the README's pictures), else into the test's own
+directory, so an ordinary run leaves the checkout as it found it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,16 @@ pytestmark = pytest.mark.skipif(
 )
 expect = sync_api.expect
 DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where screenshots go: docs/ if asked (``UNIQJOB_SCREENSHOTS=docs``), else the test's directory."""
+    return DOCS if os.environ.get("UNIQJOB_SCREENSHOTS") == "docs" else tmp_path
+
+
+def is_png(path: Path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +125,9 @@ def figure(page: sync_api.Page, selector: str) -> str:
     return page.locator(selector).inner_text().strip()
 
 
-def test_cards_and_rows_show_the_stores_figures(page: sync_api.Page, served: Served, scene: Scene) -> None:
+def test_cards_and_rows_show_the_stores_figures(
+    page: sync_api.Page, served: Served, scene: Scene, shots: Path
+) -> None:
     page.goto(served.url)
     assert figure(page, '#card-parked [data-figure="parked"]') == "3"
     assert re.fullmatch(r"[\d.]+ s", figure(page, '#card-parked [data-figure="oldest-wait"]'))
@@ -126,8 +140,9 @@ def test_cards_and_rows_show_the_stores_figures(page: sync_api.Page, served: Ser
         "1",
     ]
     page.screenshot(
-        path=str(DOCS / "dashboard-home.png"), clip={"x": 0, "y": 0, "width": 1000, "height": 280}
+        path=str(shots / "dashboard-home.png"), clip={"x": 0, "y": 0, "width": 1000, "height": 280}
     )
+    assert is_png(shots / "dashboard-home.png")
     page.click("#card-parked")
     page.wait_for_url(re.compile(r"/locks#concurrency$"))
 
@@ -156,7 +171,8 @@ def test_cards_and_rows_show_the_stores_figures(page: sync_api.Page, served: Ser
     assert orphan.locator(".job-id").inner_text() == "job-2"
     assert orphan.locator(".args").inner_text() == "2, 'crashed'"
     assert re.fullmatch(r".+:\d+", orphan.locator(".holder").inner_text())
-    page.screenshot(path=str(DOCS / "dashboard-locks.png"), full_page=True)
+    page.screenshot(path=str(shots / "dashboard-locks.png"), full_page=True)
+    assert is_png(shots / "dashboard-locks.png")
 
 
 def test_a_script_in_an_argument_is_shown_as_text(page: sync_api.Page, served: Served, scene: Scene) -> None:
