@@ -264,15 +264,16 @@ def test_requeue_keeps_a_running_slot_reserved_for_the_retry(s: Store) -> None:
 
 def test_inline_waiters_keep_their_place_by_polling_and_lose_it_when_they_stop(s: Store) -> None:
     take(s, "a", limit=1)
-    waiting = Park("inline", holder=WAITER, lease=SHORT * 2)
+    # Leases with room for a call on a loaded machine beside each age (Redis: the server's clock).
+    waiting = Park("inline", holder=WAITER, lease=SHORT * 4)
     assert take(s, "w", limit=1, park=waiting) == "parked"
     for _ in range(3):
         s.age(SHORT)
-        out = s.store.start(K, "w", holder=WAITER, lease=SHORT * 2, takeover=None, caller=WAITER)
+        out = s.store.start(K, "w", holder=WAITER, lease=SHORT * 4, takeover=None, caller=WAITER)
         assert out.status == "parked"  # each poll by the waiter renews its place
     # a poll by anyone else does not
     s.store.start(K, "w", holder=ME, lease=LONG, takeover=None, caller=ME)
-    s.age(SHORT * 2)
+    s.age(SHORT * 4)
     assert s.store.start(K, "w", holder=WAITER, lease=SHORT, takeover=None, caller=WAITER).status == "missing"
     assert s.store.read(K).parked == 0
 
@@ -288,14 +289,16 @@ def test_an_inline_promotion_is_held_by_its_waiter_who_starts_it(s: Store) -> No
 
 
 def test_renew_extends_slots_and_inline_places_only(s: Store) -> None:
-    take(s, "a", limit=1, lease=SHORT * 2)
+    # The leases leave room for the calls between taking and renewing on a loaded
+    # machine (on Redis they run on the server's clock); the last age outlasts them.
+    take(s, "a", limit=1, lease=SHORT * 6)
     take(s, "q", limit=1, park=queued())
-    take(s, "w", limit=1, park=Park("inline", holder=WAITER, lease=SHORT * 2))
+    take(s, "w", limit=1, park=Park("inline", holder=WAITER, lease=SHORT * 6))
     s.age(SHORT)
     assert s.store.renew(K, "a", LONG, caller=ME).status == "ok"
     assert s.store.renew(K, "w", LONG, caller=ME).status == "ok"
     assert s.store.renew(K, "q", LONG, caller=ME).status == "ok"  # parked for a queue: nothing to renew
-    s.age(SHORT * 2)
+    s.age(SHORT * 6)
     state = s.store.read(K)
     assert [slot.token for slot in state.slots] == ["a"]
     assert [p.token for p in state.head] == ["q", "w"]
