@@ -366,6 +366,11 @@ def test_the_non_root_venv_gets_what_its_interpreters_markers_ask_for() -> None:
     assert nonroot.unmet(installed, {"redis", "arq"}) == ["async-timeout>=4.0.3", "click>=8.0"]
 
 
+def test_a_backport_pip_cannot_install_is_named(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"needs not a requirement!! .*pip could not install them"):
+        nonroot.install_backports(Path(sys.executable), ["not a requirement!!"], tmp_path / "backports")
+
+
 @pytest.mark.parametrize(
     "wrong",
     [

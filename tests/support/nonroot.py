@@ -177,6 +177,22 @@ def _unmet_for(python: Path, tree: Path) -> list[str]:
     return done.stdout.split()
 
 
+def install_backports(base: Path, needed: list[str], target: Path) -> None:
+    """Install ``needed`` into ``target`` for ``base``; a RuntimeError naming them if pip cannot."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), *needed],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{base} needs {', '.join(needed)} (its patch level's markers ask for them, this"
+            f" interpreter's did not) and pip could not install them: {done.stderr.strip()[-500:]}"
+        )
+
+
 def build(drop: Drop, base: Path, source: Path) -> Environment:
     """Make the venv and the copy of ``source`` (the repository); the caller closes it."""
     root = _reachable_dir(drop)
@@ -206,14 +222,8 @@ def build(drop: Drop, base: Path, source: Path) -> Environment:
         (site / "uniqjob-tree.pth").write_text(f"{tree}\n")
         needed = sorted(set(_unmet_for(python, tree)) - set(_unmet_for(Path(sys.executable), source)))
         if needed:
-            extra = root / "backports"
-            subprocess.run(
-                [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(extra), *needed],
-                check=True,
-                capture_output=True,
-                timeout=300,
-            )
-            (site / "uniqjob-backports.pth").write_text(f"{extra}\n")
+            install_backports(base, needed, root / "backports")
+            (site / "uniqjob-backports.pth").write_text(f"{root / 'backports'}\n")
         home = root / "home"
         home.mkdir(mode=0o700)
         os.chown(home, drop.uid, drop.gid)
