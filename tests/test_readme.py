@@ -21,6 +21,7 @@ any user and leave nothing behind).
 
 from __future__ import annotations
 
+import contextlib
 import doctest
 import json
 import os
@@ -29,6 +30,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -308,6 +310,7 @@ def test_the_examples_run_as_a_user_who_is_not_root(
     unprivileged: tuple[nonroot.Drop, nonroot.Environment],
 ) -> None:
     drop, environment = unprivileged
+    before = _owned_by(drop.uid)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(environment.home),
@@ -353,6 +356,20 @@ def test_the_examples_run_as_a_user_who_is_not_root(
         check=True,
     )
     assert probe.stdout.split() == [str(drop.uid), str(environment.tree / "uniqjob" / "__init__.py")]
+    # and wrote nothing of theirs in the shared temporary directories: only in their own
+    assert _owned_by(drop.uid) <= before, sorted(_owned_by(drop.uid) - before)
+
+
+def _owned_by(uid: int) -> set[Path]:
+    """What ``uid`` owns at the top of the shared temporary directories."""
+    owned = set()
+    for shared in map(Path, dict.fromkeys([tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm"])):
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(shared):
+                with contextlib.suppress(OSError):  # gone since the listing
+                    if entry.stat(follow_symlinks=False).st_uid == uid:
+                        owned.add(Path(entry.path))
+    return owned
 
 
 def test_the_non_root_venv_gets_what_its_interpreters_markers_ask_for() -> None:
