@@ -58,6 +58,8 @@ def stalled(server: RedisServer) -> Iterator[Callable[[], None]]:
 def _client(server: RedisServer, kind: str, retry: Retry) -> redis.Redis:
     """A client of ``kind``: "lane" (a plain pool: the backend keeps a connection per thread) or "pool"."""
     options: dict[str, Any] = {"socket_timeout": TIMEOUT, "socket_connect_timeout": TIMEOUT, "retry": retry}
+    # redis-py 5 retries only the errors named here; from 6 on, the Retry's own (these same two)
+    options["retry_on_error"] = [redis.ConnectionError, redis.TimeoutError]
     if kind == "lane":
         return redis.Redis.from_url(server.url, **options)
     return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(server.url, **options))

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import configparser
 import os
+import re
+import shlex
 import subprocess
 import sys
+from importlib.metadata import requires, version
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 import uniqjob
 
@@ -51,3 +58,50 @@ def test_python_runs_the_package_directory_as_the_command(tmp_path: Path) -> Non
         check=False,
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "no locks held\n")
+
+
+def _requirements(dist: str) -> dict[str, Requirement]:
+    """The requirements of the installed ``dist`` this interpreter selects, extras left out, by name."""
+    selected: dict[str, Requirement] = {}
+    for text in requires(dist) or []:
+        requirement = Requirement(text)
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            selected[canonicalize_name(requirement.name)] = requirement
+    return selected
+
+
+def _extra(name: str) -> list[str]:
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    return [line for line in config["options.extras_require"][name].splitlines() if line.strip()]
+
+
+def test_arq_beside_celery_is_installed_as_the_docs_say() -> None:
+    # The docs' two lines, and .ci/run installing arq exactly so.
+    (block,) = re.findall(
+        r"```sh\n(pip install 'uniqjob\[celery\]'\n.*?)```", (REPO / "docs/arq.md").read_text(), re.S
+    )
+    first, second = block.splitlines()
+    assert first == "pip install 'uniqjob[celery]'" and second.startswith("pip install --no-deps ")
+    assert set(_extra("celery")) <= set(_extra("test"))  # .ci/run's first line, '.[test]', has Celery
+    ci = re.search(r'^ARQ_BESIDE_CELERY="(.*)"$', (REPO / ".ci/run").read_text(), re.M)
+    assert ci is not None and f"pip install {ci.group(1)}" == second
+    assert _extra("arq") == ["arq>=0.28"] and _extra("celery") == ["celery[redis]>=5.3"]
+
+    # Why --no-deps: arq's redis pin and Celery's (kombu's) exclude each other here.
+    arq = _requirements("arq")
+    kombu = Requirement(
+        next(r for r in requires("kombu") or [] if r.startswith("redis") and "redis" in r.split(";")[1])
+    )
+    redis_py = Version(version("redis"))
+    assert redis_py in kombu.specifier and redis_py not in arq["redis"].specifier, (
+        f"arq now accepts redis-py {redis_py} ({arq['redis']}): docs/arq.md and .ci/run can drop --no-deps"
+    )
+    # What the second line names is all of arq's own requirements but redis-py, and each is met.
+    named = {canonicalize_name(Requirement(word.strip("'")).name) for word in shlex.split(second)[3:]}
+    assert named == {"arq", *(set(arq) - {"redis"})}
+    for name, requirement in arq.items():
+        if name != "redis":
+            assert Version(version(name)) in requirement.specifier, f"{requirement}: {version(name)}"
+    # redis-py itself: the one uniqjob asks for (install_requires: redis>=5.0)
+    assert redis_py in _requirements("uniqjob")["redis"].specifier

@@ -21,10 +21,10 @@ any user and leave nothing behind).
 
 from __future__ import annotations
 
+import contextlib
 import doctest
 import json
 import os
-import pwd
 import re
 import shlex
 import shutil
@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ import pytest
 
 import uniqjob
 from tests.redis_server import RedisServer
+from tests.support import nonroot
 from uniqjob.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -289,82 +291,101 @@ def test_the_readme_test_command_is_the_ci_one() -> None:
     assert f"&& {ci.group(1)}\n" in README.read_text()
 
 
-def _as_nobody(env: dict[str, str]) -> list[str] | None:
-    """A command that runs a Python with this test's packages as user ``nobody``, or None."""
-    if os.geteuid() != 0:
-        return None
+@pytest.fixture(scope="session")
+def unprivileged() -> Iterator[tuple[nonroot.Drop, nonroot.Environment]]:
+    """A venv ``nobody`` may run, with this session's packages, and a copy of the repository."""
     try:
-        pwd.getpwnam("nobody")
-    except KeyError:
-        return None
-    if shutil.which("runuser"):
-        prefix = ["runuser", "-u", "nobody", "--"]
-    elif shutil.which("setpriv"):
-        prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
-    else:
-        return None
-    # This interpreter may live where nobody cannot reach it (say, under /root): then one
-    # of the same version elsewhere, given this venv's packages, stands in for it.
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    for python in dict.fromkeys([sys.executable, f"/usr/bin/{version}", f"/usr/local/bin/{version}"]):
-        probe = subprocess.run(
-            [*prefix, python, "-c", "import pytest, redis, uniqjob"],
-            env=env,
-            capture_output=True,
-            check=False,
-        )
-        if probe.returncode == 0:
-            return [*prefix, python]
-    return None
-
-
-def test_the_examples_run_as_a_user_who_is_not_root() -> None:
-    home = Path(tempfile.mkdtemp(prefix="uniqjob-docs-"))
+        drop = nonroot.find_drop("nobody")
+        base = nonroot.system_python(drop)
+    except nonroot.Unavailable as why:
+        pytest.skip(f"cannot run the examples as a user who is not root: {why}")
+    environment = nonroot.build(drop, base, ROOT)
     try:
-        home.chmod(0o777)
-        site = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(home),
-            "TMPDIR": str(home),
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONPATH": os.pathsep.join([str(ROOT), *site]),
-            **{k: v for k, v in os.environ.items() if k.startswith("UNIQJOB_REDIS")},
-        }
-        command = _as_nobody(env)
-        if command is None:
-            pytest.skip(
-                "needs root (to become nobody), runuser or setpriv,"
-                " and a Python that nobody may run with these packages"
-            )
-        done = subprocess.run(
-            [
-                *command,
-                "-m",
-                "pytest",
-                "-q",
-                "-x",
-                "-p",
-                "no:cacheprovider",
-                "-p",
-                "no:randomly",
-                f"--rootdir={ROOT}",
-                "-k",
-                "test_the_examples_of_each_file_run",
-                str(Path(__file__)),
-            ],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-        summary = done.stdout.strip().splitlines()[-1]
-        assert f"{len(DOC_FILES)} passed" in summary and "skipped" not in summary, done.stdout[-2000:]
+        yield drop, environment
     finally:
-        shutil.rmtree(home, ignore_errors=True)
+        environment.close()
+
+
+def test_the_examples_run_as_a_user_who_is_not_root(
+    unprivileged: tuple[nonroot.Drop, nonroot.Environment],
+) -> None:
+    drop, environment = unprivileged
+    before = _owned_by(drop.uid)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(environment.home),
+        "TMPDIR": str(environment.home),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        **{k: v for k, v in os.environ.items() if k.startswith("UNIQJOB_REDIS")},
+    }
+    done = subprocess.run(
+        [
+            *drop.prefix,
+            str(environment.python),
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            f"--rootdir={environment.tree}",
+            "-k",
+            "test_the_examples_of_each_file_run",
+            "tests/test_readme.py",
+        ],
+        cwd=environment.tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    summary = done.stdout.strip().splitlines()[-1]
+    assert f"{len(DOC_FILES)} passed" in summary and "skipped" not in summary, done.stdout[-2000:]
+    # they ran as that user, from the copy, on the copy's uniqjob
+    who = "import os, uniqjob; print(os.geteuid(), uniqjob.__file__)"
+    probe = subprocess.run(
+        [*drop.prefix, str(environment.python), "-c", who],
+        cwd=environment.home,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert probe.stdout.split() == [str(drop.uid), str(environment.tree / "uniqjob" / "__init__.py")]
+    # and wrote nothing of theirs in the shared temporary directories: only in their own
+    assert _owned_by(drop.uid) <= before, sorted(_owned_by(drop.uid) - before)
+
+
+def _owned_by(uid: int) -> set[Path]:
+    """What ``uid`` owns at the top of the shared temporary directories."""
+    owned = set()
+    for shared in map(Path, dict.fromkeys([tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm"])):
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(shared):
+                with contextlib.suppress(OSError):  # gone since the listing
+                    if entry.stat(follow_symlinks=False).st_uid == uid:
+                        owned.add(Path(entry.path))
+    return owned
+
+
+def test_the_non_root_venv_gets_what_its_interpreters_markers_ask_for() -> None:
+    # redis-py asks for async-timeout below Python 3.11.3: a system 3.11.2 needs it, 3.11.7 not
+    installed = [
+        ("redis", ['async-timeout>=4.0.3; python_full_version < "99"', 'hiredis>=3; extra == "hiredis"']),
+        ("arq", ["redis[hiredis]<6,>=4.2.0", "click>=8.0"]),
+        ("old", ['backport>=1; python_version < "3.0"']),
+    ]
+    assert nonroot.unmet(installed, {"redis", "arq", "click"}) == ["async-timeout>=4.0.3"]
+    assert nonroot.unmet(installed, {"redis", "arq"}) == ["async-timeout>=4.0.3", "click>=8.0"]
+
+
+def test_a_backport_pip_cannot_install_is_named(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"needs not a requirement!! .*pip could not install them"):
+        nonroot.install_backports(Path(sys.executable), ["not a requirement!!"], tmp_path / "backports")
 
 
 @pytest.mark.parametrize(

@@ -61,7 +61,11 @@ def where(client: Any) -> str:
             return f"{spot!r}, db={db}"
         get_nodes = getattr(client, "get_nodes", None)  # a cluster client: no one pool
         if callable(get_nodes):
-            return f"cluster [{_shown(str(getattr(node, 'name', node)) for node in get_nodes())}]"
+            # redis-py 5 forgets its nodes and seeds when the cluster cannot be reached: the
+            # node it last used (its default node) is what it still knows
+            manager = client.nodes_manager
+            nodes = list(get_nodes()) or list(manager.startup_nodes.values()) or [manager.default_node]
+            return f"cluster [{_shown(str(getattr(node, 'name', node)) for node in nodes)}]"
         # a client of another kind that says what it is
         if type(client).__repr__ is not object.__repr__:  # type: ignore[comparison-overlap]
             return repr(client)[:120]
@@ -126,7 +130,11 @@ def scan_pages(client: Any, pattern: str, count: int) -> Iterator[list[str]]:
     if not callable(get_primaries):
         yield from _node_pages(client, pattern, count, {})
         return
-    for node in get_primaries():
+    primaries = get_primaries()
+    if not primaries:  # redis-py 5 forgets every node when the cluster cannot be reached
+        client.nodes_manager.initialize()  # finds them again, or raises what it cannot reach
+        primaries = get_primaries()
+    for node in primaries:
         yield from _node_pages(client, pattern, count, {"target_nodes": node})
 
 

@@ -49,6 +49,10 @@ from redis.exceptions import NoScriptError
 
 from ._client import _classes
 
+#: redis-py 5 retries a call only on the errors of the connection's ``retry_on_error``
+#: (its ``Redis._disconnect_raise``), whatever its Retry supports; from 6 on, the Retry decides.
+_RETRY_ON_ERROR_ONLY = int(redis.__version__.split(".")[0]) < 6
+
 __all__ = ["Lanes", "Scripts", "evalsha_head", "is_noscript", "pack", "pack_after"]
 
 Arg = str | int | bytes
@@ -266,7 +270,12 @@ class Lanes:
                 conn.connect()
             return exchange(conn._sock, command)
 
-        return conn.retry.call_with_retry(attempt, lambda _error: conn.disconnect())
+        def failed(error: Exception) -> None:
+            conn.disconnect()
+            if _RETRY_ON_ERROR_ONLY and not isinstance(error, tuple(conn.retry_on_error or ())):
+                raise error
+
+        return conn.retry.call_with_retry(attempt, failed)
 
     def close(self) -> None:
         """Close every kept connection (a later call opens a new one)."""
