@@ -20,13 +20,14 @@ from typing import Any, ClassVar
 
 import pytest
 import redis
+from redis.sentinel import Sentinel
 
 from tests.conftest import cluster_client, sentinel_client
 from tests.integration_workers import wait_until
-from tests.redis_server import RedisServer
 from tests.support import sigstop
-from tests.support.topologies import Cluster, SentinelGroup, valkey_binary
-from uniqjob import BackendError, JobLock, UniqueJob, current_lock, stores
+from tests.support.topologies import SERVICE, Cluster, SentinelGroup, valkey_binary
+from tests.test_replica_ack import _node_id, _replica_of, _setslot  # the sync suite's own helpers
+from uniqjob import BackendError, ConfigurationError, JobLock, UniqueJob, current_lock, stores
 from uniqjob.locks import QueueMeta, RunClaim, local_holder
 from uniqjob.stores.aio import async_backend
 from uniqjob.stores.redis import RedisBackend
@@ -247,15 +248,6 @@ async def _stopped(pid: int | None) -> AsyncIterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
-def _replica_of(servers: list[RedisServer], master: RedisServer) -> RedisServer:
-    for server in servers:
-        with redis.Redis(port=server.port) as client:
-            role = client.role()
-            if role[0] == b"slave" and int(role[2]) == master.port:
-                return server
-    raise AssertionError(f"no replica of {master.port}")
-
-
 @pytest.mark.parametrize("kind", ["RedisCluster", "Sentinel", "Redis"])
 def test_replicas_1_grants_acknowledged_and_undoes_those_that_are_not(
     kind: str, cluster: Cluster, sentinel_group: SentinelGroup
@@ -266,7 +258,7 @@ def test_replicas_1_grants_acknowledged_and_undoes_those_that_are_not(
     key = job.lock_key(1)
     if kind == "RedisCluster":
         master = cluster.master_of(store._keys(key)[0])
-        replica = _replica_of(cluster.servers, master)
+        replica = _replica_of(cluster, master)
     else:
         master, replica = sentinel_group.current_master(), sentinel_group.replicas[0]
     with redis.Redis(port=master.port) as admin:
@@ -335,3 +327,139 @@ def test_an_unacknowledged_start_drops_only_its_run_lock(
 
     asyncio.run(main())
     store.close()
+
+
+# -- redirects and lost scripts -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("replicas", [0, 1])
+def test_moved_and_ask_are_followed_and_lost_scripts_loaded_on_each_node(
+    cluster: Cluster, replicas: int
+) -> None:
+    """A slot that moved since the client read its map (MOVED), one that is moving (ASK), flushed scripts."""
+    store = RedisBackend(cluster_client(cluster), namespace=f"moves{replicas}", replicas=replicas)
+    face = async_backend(store)
+    moving, moved = f"moving-key-{replicas}", f"moved-key-{replicas}"
+
+    async def main() -> None:
+        for key in (moving, moved):
+            # the async client's slot map is read now; then the key's empty slot goes to another master
+            assert await face.call("renew", (key, "nobody", 30.0), {}) is False
+            name = store._keys(key)[1]
+            source = cluster.master_of(name)
+            target = next(m for m in cluster.primaries() if m.port != source.port)
+            with redis.Redis(port=source.port) as admin:
+                slot = admin.cluster("KEYSLOT", name)
+            _setslot(target, slot, "IMPORTING", _node_id(source))
+            _setslot(source, slot, "MIGRATING", _node_id(target))
+            if key == moved:
+                for master in cluster.primaries():
+                    _setslot(master, slot, "NODE", _node_id(target))
+                # MOVED: the map is read again, the claim sent to the new owner (its replica waited for)
+                run = RunClaim(local_holder(), 30.0, "attempt-1")
+                assert await face.call("claim", (key, "t"), {"meta": META, "run": run}) is None
+                assert cluster.master_of(name).port == target.port
+                assert store.read(key).run is not None  # the sync store finds it there too
+            else:
+                # ASK (the key is not on the source): the one-key renewal is sent to the target after ASKING
+                assert await face.call("renew", (key, "nobody", 30.0), {}) is False
+                for master in cluster.primaries():
+                    _setslot(master, slot, "NODE", _node_id(source))  # back where it was
+        keys = [f"flushed-{n}" for n in range(12)]
+        assert len({cluster.master_of(store._keys(key)[0]).port for key in keys}) == 3
+        for server in cluster.primaries():
+            with redis.Redis(port=server.port) as admin:
+                admin.script_flush()
+        for key in keys:  # NOSCRIPT on each master in turn: loaded on it, the call sent again
+            assert await face.call("claim", (key, "t"), {"meta": META}) is None
+        await face.aclose()
+
+    asyncio.run(main())
+    store.close()
+
+
+def test_a_client_of_no_asyncio_kind_is_refused_by_name(sentinel_group: SentinelGroup) -> None:
+    sentinels = Sentinel([("127.0.0.1", s.port) for s in sentinel_group.sentinels])  # type: ignore[no-untyped-call]
+    replica = sentinels.slave_for(SERVICE, socket_timeout=5)  # type: ignore[no-untyped-call]
+    store = RedisBackend(replica, namespace="ro")
+    with pytest.raises(
+        ConfigurationError, match=r"Sentinel service 'mymaster'.* is not a Sentinel master client"
+    ):
+        asyncio.run(job_on(store).arun(1))
+
+
+# -- a master killed: an error, then the new master -----------------------------------------
+
+
+async def _until_served(call: Callable[[], Any], seconds: float) -> tuple[list[BackendError], float]:
+    """Call ``call`` until it answers; the BackendErrors met on the way, and how long it took."""
+    errors: list[BackendError] = []
+    began = time.monotonic()
+    while time.monotonic() - began < seconds:
+        started = time.monotonic()
+        try:
+            await call()
+        except BackendError as failed:
+            errors.append(failed)
+            await asyncio.sleep(0.1)
+        else:
+            return errors, time.monotonic() - began
+        finally:
+            assert time.monotonic() - started < 10, "a call hung past its timeouts"
+    raise AssertionError(f"not served in {seconds}s: {errors[-1:]}")
+
+
+def test_a_killed_cluster_primary_fails_the_async_call_then_its_replica_serves() -> None:
+    with Cluster() as own:
+        store = RedisBackend(
+            cluster_client(own, socket_timeout=1, socket_connect_timeout=1), namespace="kill"
+        )
+        job = job_on(store)
+        key = job.lock_key(1)
+
+        async def main() -> None:
+            assert await job.arun(1) == "fetched 1"
+            victim = own.master_of(store._keys(key)[0])
+            own.kill(victim)
+            with pytest.raises(BackendError) as caught:
+                await job.arun(1)
+            assert isinstance(caught.value.__cause__, redis.RedisError), repr(caught.value.__cause__)
+            assert "cluster [" in str(caught.value)
+            errors, _took = await _until_served(partial(job.arun, 1), 30)
+            assert own.master_of(store._keys(key)[0]).port != victim.port  # the replica took over
+            for error in errors:
+                assert isinstance(error.__cause__, redis.RedisError | redis.exceptions.RedisClusterException)
+            assert await job.arun(2) == "fetched 2" and job.fences[-1] is not None
+            await async_backend(store).aclose()
+
+        asyncio.run(main())
+        store.close()
+
+
+def test_a_sentinel_failover_fails_the_async_call_then_reaches_the_new_master() -> None:
+    with SentinelGroup() as own:
+        client = sentinel_client(own, socket_timeout=1, socket_connect_timeout=1)
+        store = RedisBackend(client, namespace="fo")
+        face = async_backend(store)
+        job = job_on(store)
+
+        async def main() -> None:
+            run = RunClaim(local_holder(), 60.0, "attempt-1")
+            assert await face.call("claim", ("held", "t"), {"meta": META, "run": run}) is None
+            assert client.wait(1, 900) == 1  # on the replica before the kill (no replicas= here)
+            old = own.current_master()
+            own.kill(old)
+            with pytest.raises(BackendError, match="Sentinel service 'mymaster'") as caught:
+                await job.arun(1)
+            assert isinstance(caught.value.__cause__, redis.RedisError), repr(caught.value.__cause__)
+            await _until_served(partial(face.call, "read", ("held",), {}), 40)
+            new = own.wait_master(not_port=old.port)
+            state = await face.call("read", ("held",), {})
+            assert state.run is not None and state.run.token == "t"  # the lock moved with the data
+            assert await job.arun(1) == "fetched 1"
+            with redis.Redis(port=new.port) as admin:  # served by the new master
+                assert admin.exists(store._keys(job.lock_key(1))[2])  # its fence
+            await face.aclose()
+
+        asyncio.run(main())
+        store.close()

@@ -20,7 +20,7 @@ asyncio connection belongs to the loop that opened it). Where a call goes:
 - a cluster (:class:`_Cluster`): a connection to the primary that owns the
   call's slot (every key of one call shares it), a ``MOVED`` followed once
   after reading the slot map again, an ``ASK`` once (``ASKING`` first, in the
-  same write), the script loaded on that node if it lacks it, and the slot map
+  same write), the script loaded on the primaries if a node lacks it, and the slot map
   read again when a node cannot be reached, so the next call finds the new
   owner. As the sync store does (``_transport.Scripts._on_owner``).
 """
@@ -306,10 +306,10 @@ class _Cluster:
                     raise
 
     async def load(self, key: Any, source: Any) -> None:
-        """Load ``source`` on the primary that owns ``key``'s slot (the node that lacked it)."""
-        (reply,) = await self._on(await self._owner(key), pack(["SCRIPT", "LOAD", source]), 1)
-        if isinstance(reply, Exception):
-            raise reply
+        """Load ``source`` on every primary (the client's ``SCRIPT LOAD``): the node that lacked it
+        may be the owner of ``key``'s slot or the one an ``ASK`` named."""
+        await self._owner(key)
+        await self.client.script_load(source)
 
     async def aclose(self) -> None:
         await self.client.aclose()
