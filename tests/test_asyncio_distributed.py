@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -24,6 +25,7 @@ from redis.sentinel import Sentinel
 
 from tests.conftest import cluster_client, sentinel_client
 from tests.integration_workers import wait_until
+from tests.redis_server import RedisServer
 from tests.support import sigstop
 from tests.support.topologies import SERVICE, Cluster, SentinelGroup, valkey_binary
 from tests.test_replica_ack import _node_id, _replica_of, _setslot  # the sync suite's own helpers
@@ -31,6 +33,7 @@ from uniqjob import BackendError, ConfigurationError, JobLock, UniqueJob, curren
 from uniqjob.locks import QueueMeta, RunClaim, local_holder
 from uniqjob.stores.aio import async_backend
 from uniqjob.stores.redis import RedisBackend
+from uniqjob.stores.redis._async import POOL_SIZE
 
 TIMEOUT = 0.5  # replica_timeout of these tests, in seconds
 META = QueueMeta("tests.Job", "[]")
@@ -160,6 +163,36 @@ def test_the_full_async_cycle_on_a_valkey_cluster(
         assert isinstance(made, RedisBackend)
         store = made
     _cycles(store)
+    store.close()
+
+
+@pytest.mark.parametrize("through", ["valkey.Valkey", "valkey://"])
+def test_the_full_async_cycle_on_a_valkey_server(valkey_server: RedisServer, through: str) -> None:
+    """valkey-py's own client (awaited through valkey.asyncio), and redis-py's from a valkey:// URL."""
+    if through == "valkey.Valkey":
+        valkey = pytest.importorskip("valkey")
+        store = RedisBackend(valkey.Valkey(port=valkey_server.port, socket_timeout=5), namespace="vks")
+    else:
+        made = stores.from_url(f"valkey://127.0.0.1:{valkey_server.port}/0?namespace=vkr")
+        assert isinstance(made, RedisBackend)
+        store = made
+    _cycles(store, range(3))
+    store.close()
+
+
+@pytest.mark.parametrize("kind", ["RedisCluster", "Sentinel"])
+def test_more_calls_at_once_than_connections_wait_their_turn(
+    kind: str, cluster: Cluster, sentinel_group: SentinelGroup
+) -> None:
+    store = _store(kind, cluster, sentinel_group)
+    job = job_on(store)
+
+    async def main() -> list[Any]:
+        results = await asyncio.gather(*(job.arun(n) for n in range(3 * POOL_SIZE)))
+        await async_backend(store).aclose()
+        return list(results)
+
+    assert asyncio.run(main()) == [f"fetched {n}" for n in range(3 * POOL_SIZE)]
     store.close()
 
 
@@ -462,4 +495,47 @@ def test_a_sentinel_failover_fails_the_async_call_then_reaches_the_new_master() 
             await face.aclose()
 
         asyncio.run(main())
+        store.close()
+
+
+def test_an_undo_that_fails_too_says_so_and_the_job_does_not_run(
+    cluster: Cluster, sentinel_group: SentinelGroup
+) -> None:
+    """The undo's call is refused (the master stops taking scripts once the grant's WAIT blocks)."""
+    store = _store("Redis", cluster, sentinel_group, replicas=1, replica_timeout=TIMEOUT)
+    job = job_on(store)
+    key = job.lock_key(5)
+    master, replica = sentinel_group.current_master(), sentinel_group.replicas[0]
+    admin = redis.Redis(port=master.port, socket_timeout=10)
+    admin.delete(*store._keys(key))
+
+    def refuse_scripts_once_waiting() -> None:
+        wait_until(
+            lambda: any(c["cmd"] == "wait" and "b" in c["flags"] for c in admin.client_list()),
+            "the WAIT to block",
+        )
+        admin.execute_command("ACL", "SETUSER", "default", "-evalsha")  # type: ignore[no-untyped-call]
+
+    async def main() -> None:
+        assert await job.arun(6) == "fetched 6"  # the scripts loaded (a NOSCRIPT reply would come first)
+        job.fences.clear()
+        async with _stopped(replica.pid):
+            refusing = threading.Thread(target=refuse_scripts_once_waiting)
+            refusing.start()
+            try:
+                failed_too = r"undoing it failed too \(.*permissions.*\): it stays on the master"
+                with pytest.raises(BackendError, match=failed_too):
+                    await job.arun(5)
+            finally:
+                refusing.join()
+                admin.execute_command("ACL", "SETUSER", "default", "+evalsha")  # type: ignore[no-untyped-call]
+        assert job.fences == []  # perform never ran
+        await async_backend(store).aclose()
+
+    try:
+        asyncio.run(main())
+        # left on the master, as the error says, until the background undo (an ambiguous claim's) takes it
+        wait_until(lambda: store.read(key).free, "the background undo of the claim")
+    finally:
+        admin.close()
         store.close()

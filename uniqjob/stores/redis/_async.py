@@ -162,7 +162,8 @@ def _sentinel_twin(pool: Any, twin: type[Any], lib: _Library) -> Any:
     )
     return sentinels.master_for(
         pool.service_name, redis_class=lib.client, connection_class=twin,
-        check_connection=pool.check_connection, **_settings(pool.connection_kwargs, twin, lib),
+        check_connection=pool.check_connection, max_connections=POOL_SIZE,
+        **_settings(pool.connection_kwargs, twin, lib),
     )  # fmt: skip
 
 
@@ -196,14 +197,19 @@ class _Server:
     """One event loop's async client of one server (or a Sentinel master), and its kept idle connections.
 
     A call takes an idle kept connection (a list pop) rather than going through the
-    pool's lock and condition each time; the pool still bounds how many there are.
+    pool's lock and condition each time; the pool still bounds how many there are. A
+    pool that refuses a connection past its limit rather than waiting for one (a
+    Sentinel pool) is gated here instead: as many calls at once as it has connections.
     """
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.idle: list[Any] = []
         self.waiting = 0  # calls waiting for the pool to give them a connection
-        self._named = _named(client.connection_pool)
+        pool = client.connection_pool
+        self._named = _named(pool)
+        waits = type(pool).__name__ == "BlockingConnectionPool"
+        self._gate = None if waits else asyncio.Semaphore(min(POOL_SIZE, pool.max_connections))
 
     async def send(self, key: Any, command: bytes, count: int = 1) -> list[Any]:
         """Send ``command`` (``count`` commands) on a kept connection; their replies, errors in place.
@@ -211,6 +217,12 @@ class _Server:
         A connection whose exchange did not end (an error on the wire, a cancelled
         task) goes back to the pool closed, never to the next caller mid-reply.
         """
+        if self._gate is None:
+            return await self._send(command, count)
+        async with self._gate:  # (each call that holds it has a connection, kept or new)
+            return await self._send(command, count)
+
+    async def _send(self, command: bytes, count: int) -> list[Any]:
         pool = self.client.connection_pool
         if self.idle:
             conn = self.idle.pop()
