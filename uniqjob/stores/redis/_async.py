@@ -359,8 +359,8 @@ class RedisAsync(AsyncBackend):
         )
         self._make = _maker(sync.client)  # a client with no async twin fails here, at first use
         client: Any = sync.client
-        kwargs = getattr(client, "connection_pool", None) or client.nodes_manager
-        settings = kwargs.connection_kwargs
+        pool = getattr(client, "connection_pool", None) or client.nodes_manager  # a cluster: its nodes'
+        settings = pool.connection_kwargs
         self._encoding = (settings.get("encoding", "utf-8"), settings.get("encoding_errors", "strict"))
         self._heads: dict[tuple[str, int, int], bytes] = {}
 
