@@ -152,7 +152,8 @@ class Call(NamedTuple):
     """One primitive's script call: the script, how many of ``items`` are keys, and its reply's reader.
 
     ``grant`` names what a reply granted ("": nothing), for a primitive whose grant replicas must
-    acknowledge (``replicas``; see _acks), and ``undo`` takes that grant back, token-checked.
+    acknowledge (``replicas``; see _acks), and ``undo`` makes the call that takes that grant back,
+    token-checked (a call, not sent: the sync store and the asyncio face each send it their way).
     """
 
     script: Script
@@ -160,7 +161,7 @@ class Call(NamedTuple):
     items: list[Any]
     decode: Callable[[Any], Any]
     grant: Callable[[Any], str] | None = None
-    undo: Callable[[], object] | None = None
+    undo: Callable[[], Call] | None = None
 
 
 class RedisBackend(Backend):
@@ -282,16 +283,14 @@ class RedisBackend(Backend):
 
         A grant too few replicas acknowledged is undone by ``call.undo`` and fails closed.
         """
-        acks, grant = self._acks, call.grant
-        assert acks is not None and grant is not None
-        try:
-            reply, acked = acks.run(call.script, call.numkeys, call.items)
-        except Exception as exc:
-            raise self._failure(exc, call.items[: call.numkeys]) from exc
-        what = grant(reply)
-        if what:
-            acks.check(acked, what, call.undo, self, self.name, name=call.items[0])
-        return reply
+        acks = self._acks
+        assert acks is not None and call.grant is not None
+        # the rules are _acks' (shared with the asyncio face): here each step is called
+        return acks.drive(acks.granting(call, self, self.name, self._failure), self._undo)
+
+    def _undo(self, undo: Callable[[], Call]) -> Any:
+        """Send the undo's call (``Call.undo``) of a grant too few replicas acknowledged."""
+        return self._done(undo())
 
     def _corrupt(self, exc: Exception, names: list[Any]) -> None:
         """Raise the CorruptRecordError a script's ``UNIQJOB_CORRUPT <i> <reason>`` reply stands for."""
@@ -408,7 +407,7 @@ class RedisBackend(Backend):
     ) -> Call:
         flag = ("q" if run is None else "r") + _drop(count, counted)
         items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
-        undo = partial(self.reclaim, key, token, token if run is not None else None)
+        undo = partial(self._reclaim_call, key, token, token if run is not None else None)
         what = partial(_claimed, key, run is not None)  # its text made only for a grant to acknowledge
         return Call(self._claim, 4, items, partial(self._granted, key, run), what, undo)
 
@@ -429,7 +428,7 @@ class RedisBackend(Backend):
         items = self._items(key, token, meta, ttl, flag=flags, run=run, keys=self._tallied(key))
         # Undone: the run lock of this token and attempt; the queue lock is left as a failed
         # start leaves it (an orphan once the run lock is gone, reclaimed by the next claim).
-        undo = partial(self.finish, key, token, keep_queue=True, attempt=run.attempt)
+        undo = partial(self._finish_call, key, token, keep_queue=True, attempt=run.attempt)
         what = partial(_started, key)
         return Call(self._start, 4, items, partial(self._granted, key, run), what, undo)
 
