@@ -156,18 +156,24 @@ class RedisAsync(AsyncBackend):
 
     async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call = self.sync.call(name, *args, **kwargs)
-        script, numkeys, items = call.script, call.numkeys, call.items
-        loop = self._loop()
         try:
-            command = pack_after(self._head(script.sha, numkeys, len(items)), items, *self._encoding)
-            try:
-                reply = await loop.exchange(command)
-            except NoScriptError:  # a restarted or flushed server: load it, once, and send again
-                await loop.client.script_load(script.script)
-                reply = await loop.exchange(command)
+            reply = await self.evalsha(call.script, call.numkeys, call.items)
         except Exception as exc:
-            raise self.sync._failure(exc, items[:numkeys]) from exc
+            raise self.sync._failure(exc, call.items[: call.numkeys]) from exc
         return call.decode(reply)
+
+    async def evalsha(self, script: Any, numkeys: int, items: list[Any]) -> Any:
+        """Send ``script`` (a registered redis-py Script) with ``items`` on a kept connection; its raw reply.
+
+        The concurrency slots' async store (``_async_semaphores``) sends its scripts through this too.
+        """
+        loop = self._loop()
+        command = pack_after(self._head(script.sha, numkeys, len(items)), items, *self._encoding)
+        try:
+            return await loop.exchange(command)
+        except NoScriptError:  # a restarted or flushed server: load it, once, and send again
+            await loop.client.script_load(script.script)
+            return await loop.exchange(command)
 
     def _head(self, sha: str, numkeys: int, count: int) -> bytes:
         head = self._heads.get((sha, numkeys, count))
