@@ -398,6 +398,18 @@ def test_aenqueue_over_the_limit_parks_and_the_release_pushes_it_awaited() -> No
     assert not any(Queued.is_locked(i) for i in (1, 2, 3))
 
 
+def test_a_promotion_made_on_the_sync_path_is_pushed_to_an_async_queue_on_the_background_loop() -> None:
+    """A sync release (a sweep, an operator, the heartbeat's courier) promoting a call of an async queue."""
+    assert run(Queued.aenqueue(1)) == "job-1"
+    parked_call = run(Queued.aenqueue(2))
+    assert isinstance(parked_call, Parked)
+    _, _, token, _, _ = ASYNC_QUEUE.pushed.pop()
+    assert Queued.semaphore(1).release(token)  # no event loop here: the push is awaited on uniqjob's own
+    assert [(t, args) for _, _, t, args, _ in ASYNC_QUEUE.pushed] == [(parked_call.token, (2,))]
+    assert run(ASYNC_QUEUE.work()) == [2]
+    assert Queued.semaphore().read().empty
+
+
 def test_a_second_delivery_of_a_running_job_is_skipped_awaited() -> None:
     async def main() -> None:
         assert await Queued.aenqueue(1) == "job-1"
