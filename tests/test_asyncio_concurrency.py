@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import threading
 import time
 from collections.abc import Awaitable, Iterator
@@ -20,6 +19,7 @@ from typing import Any, ClassVar, TypeVar
 
 import pytest
 import redis
+from redis.commands.core import Script
 
 import uniqjob
 from tests.redis_server import RedisServer
@@ -478,42 +478,78 @@ def test_a_waiter_whose_store_fails_mid_wait_raises_and_leaves_nothing_behind(
     assert Short.semaphore().read().empty
 
 
-@pytest.mark.parametrize("backend", ["redis"], indirect=True)
-def test_a_slot_reply_lost_on_the_way_is_undone_and_the_error_reaches_the_caller(
-    backend: Backend, proxy: FaultProxy, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The slot step is applied on the server, its reply never arrives: the call fails, nothing stays."""
+@pytest.fixture
+def lossy(backend: Backend, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Make the store go through ``proxy``; ``lossy(name)`` withholds the reply of the next ``name`` step.
+
+    The step runs on the server (a slot granted, say); its reply never reaches the caller, who
+    gives up after the socket timeout: the fault a step's undo exists for.
+    """
     direct = backend
     assert isinstance(direct, RedisBackend)
     client = redis.Redis.from_url(proxy.url, socket_timeout=0.5, socket_connect_timeout=0.5)
-    faulty = RedisBackend(client, namespace=direct.namespace)
-    uniqjob.configure(faulty)
+    uniqjob.configure(RedisBackend(client, namespace=direct.namespace))
+    for script in vars(direct.semaphores()).values():  # loaded: a withheld step runs, never a NOSCRIPT
+        if isinstance(script, Script):
+            client.script_load(script.script)
     from uniqjob.concurrency import _stores
-
-    acall = _stores.acall
-
-    async def lossy(store: Any, name: str, *args: Any, **kwargs: Any) -> Any:
-        if name == "acquire":
-            proxy.hold_replies()  # the script runs on the server; its reply is withheld
-            try:
-                return await acall(store, name, *args, **kwargs)
-            finally:
-                proxy.resume()
-        return await acall(store, name, *args, **kwargs)
-
     from uniqjob.concurrency import semaphore as semaphore_module
 
-    async def main() -> None:
-        with pytest.raises(BackendError):
-            await OneAtATime.arun(1)
+    acall = _stores.acall
+    losing: set[str] = set()
 
-    monkeypatch.setattr(semaphore_module, "acall", lossy)
-    try:
-        with caplog.at_level(logging.WARNING, logger="uniqjob"):
-            run(main())
-    finally:
-        client.close()
+    async def withheld(store: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        if name not in losing:
+            return await acall(store, name, *args, **kwargs)
+        losing.discard(name)
+        proxy.hold_replies()
+        try:
+            return await acall(store, name, *args, **kwargs)
+        finally:
+            proxy.resume()
+
+    monkeypatch.setattr(semaphore_module, "acall", withheld)
+    yield losing.add
+    client.close()
     uniqjob.configure(direct)
+
+
+@pytest.mark.parametrize("backend", ["redis"], indirect=True)
+def test_a_slot_reply_lost_on_the_way_is_undone_and_the_error_reaches_the_caller(lossy: Any) -> None:
+    """Inline: the slot step runs on the server, its reply never arrives: the call fails, nothing stays."""
+    lossy("acquire")
+    with pytest.raises(BackendError):
+        run(OneAtATime.arun(1))
     assert OneAtATime.tally.ran == []
     assert not OneAtATime.is_locked(1)
     assert OneAtATime.semaphore().read().empty  # the slot the lost reply granted was given back
+
+
+@pytest.mark.parametrize("backend", ["redis"], indirect=True)
+def test_a_delivery_whose_start_reply_is_lost_is_settled_as_a_failed_one(lossy: Any) -> None:
+    """On a worker: released for good (no settle), or kept, lock and slot, for the queue's retry."""
+    from uniqjob.integrations import aperform
+
+    async def main() -> None:
+        assert await Queued.aenqueue(1) == "job-1"
+        _, key, token, args, kwargs = ASYNC_QUEUE.pushed.pop()
+        lossy("start")
+        with pytest.raises(BackendError):
+            await Queued.aexecute(Queued.lock_from(key, token), args, kwargs)
+        assert not await Queued.ais_locked(1)  # released: no queue will run it again
+        assert Queued.semaphore(1).read().empty
+
+        assert await Queued.aenqueue(2) == "job-2"
+        _, key, token, args, kwargs = ASYNC_QUEUE.pushed.pop()
+        lossy("start")
+        with pytest.raises(BackendError):
+            await aperform(Queued, Queued.lock_from(key, token), args, kwargs, lambda exc, result: 5.0)
+        held = uniqjob.default_backend().read(key).queue
+        assert held is not None and held.token == token and held.state == "queued"  # kept for the retry
+        (slot,) = Queued.semaphore(2).read().slots
+        assert slot.token == token and slot.status == "reserved"  # and its slot with it
+        assert await Queued.aexecute(Queued.lock_from(key, token), args, kwargs) == 2  # the retry runs
+
+    run(main())
+    assert Queued.tally.ran == [2]
+    assert Queued.semaphore().read().empty
