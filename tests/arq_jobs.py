@@ -100,6 +100,60 @@ class Rescheduled(UniqueJob):
         return name
 
 
+async def running(r: redis.Redis, name: str, key: str, gate: str) -> None:
+    """Count job ``name`` running under ``key`` while it waits at ``gate``; counts go to ``peaks:key``."""
+    now = r.incr(f"running:{key}")
+    r.rpush(f"peaks:{key}", now)
+    try:
+        job_started(r, name)
+        await wait_for_gate(r, gate)
+        job_done(r, name)
+    finally:
+        r.decr(f"running:{key}")
+
+
+class Limited(UniqueJob):
+    """One at a time per group (``concurrency_limit``, "block"): a call over it parks until a slot frees."""
+
+    unique_queue = queue
+    unique_run_lease = 1.0
+    concurrency_limit = 1
+    concurrency_duration = 2.0
+
+    @classmethod
+    def concurrency_key(cls, group: str, name: str) -> str:
+        return group
+
+    async def perform(self, group: str, name: str) -> str:
+        await running(client(), name, group, name)
+        return name
+
+
+class LimitedFlaky(Limited):
+    """Limited, and asks arq for a retry on its first attempt: the retry keeps the slot."""
+
+    async def perform(self, group: str, name: str) -> str:
+        r = client()
+        attempt = job_started(r, name)
+        await wait_for_gate(r, f"{name}:{attempt}")
+        if attempt == 1:
+            raise Retry(defer=0.2)
+        job_done(r, name)
+        return name
+
+
+class LimitedRaise(Limited):
+    """At the limit, ``aenqueue`` raises ConcurrencyLimitExceeded (its slot is taken at enqueue)."""
+
+    concurrency_on_conflict = "raise"
+
+
+class LimitedDiscard(Limited):
+    """At the limit, ``aenqueue`` drops the call: None, logged."""
+
+    concurrency_on_conflict = "discard"
+
+
 class WorkerSettings:
     """``arq tests.arq_jobs.WorkerSettings``: a plain arq worker on the test queue."""
 

@@ -18,10 +18,22 @@ pytest.importorskip("arq", reason="arq is not installed: pip install --no-deps '
 from arq.jobs import Job, JobStatus
 
 import uniqjob
-from tests.arq_jobs import Expiring, Failing, Flaky, Gate, Rescheduled, queue
+from tests.arq_jobs import (
+    Expiring,
+    Failing,
+    Flaky,
+    Gate,
+    Limited,
+    LimitedDiscard,
+    LimitedFlaky,
+    LimitedRaise,
+    Rescheduled,
+    queue,
+)
 from tests.integration_workers import NODE_VAR, URL_VAR, Workers, count, open_gate, wait_until, worker_pool
 from tests.redis_server import RedisServer
-from uniqjob import ConfigurationError, UniqueJob
+from uniqjob import ConcurrencyLimitExceeded, ConfigurationError, UniqueJob
+from uniqjob.concurrency import Parked
 from uniqjob.integrations import Ticket
 from uniqjob.integrations.arq import ArqQueue, decide, run_job
 from uniqjob.locks import LockState
@@ -191,6 +203,96 @@ def test_reschedule_goes_through_arq(workers: Workers, redis_client: redis.Redis
     wait_until(lambda: count(redis_client, "started", "s") == 2, "the rescheduled run")  # ...and runs
     open_gate(redis_client, "s:2")
     wait_until(lambda: not Rescheduled.is_locked("s"), "its lock to go")
+
+
+# -- concurrency limits through arq's queue ---------------------------------------------------
+
+
+def peaks(r: redis.Redis, group: str) -> list[int]:
+    """How many jobs of ``group`` ran at once, as each of them started."""
+    return [int(n) for n in r.lrange(f"peaks:{group}", 0, -1)]
+
+
+def test_block_parks_over_the_limit_and_a_worker_runs_it_when_a_slot_frees(
+    workers: Workers, redis_client: redis.Redis
+) -> None:
+    first = enqueue(Limited, "g", "a")
+    assert isinstance(first, Job)
+    parked = [enqueue(Limited, "g", name) for name in ("b", "c")]
+    assert all(isinstance(p, Parked) for p in parked)  # in no arq queue yet: parked in the store
+    assert [p.position for p in parked] == [1, 2]
+    assert enqueue(Limited, "g", "b") is None  # a duplicate of a parked call is dropped too
+    assert isinstance(enqueue(Limited, "other", "x"), Job)  # another concurrency key is free
+    start_worker(workers, "one")
+    start_worker(workers, "two")  # two workers: only the limit keeps them to one job of "g" at a time
+    for name, after in (("a", "b"), ("b", "c")):
+        wait_until(lambda: count(redis_client, "started", name) == 1, f"{name} to start")  # noqa: B023
+        assert count(redis_client, "started", after) == 0  # parked: never beside the limit
+        open_gate(redis_client, name)  # its end promotes the next, pushed to arq by the worker
+    wait_until(lambda: count(redis_client, "started", "c") == 1, "c to start")
+    open_gate(redis_client, "c")
+    open_gate(redis_client, "x")
+    wait_until(lambda: count(redis_client, "done", "c") == 1, "c to finish")
+    assert peaks(redis_client, "g") == [1, 1, 1]
+    assert [count(redis_client, "started", name) for name in "abc"] == [1, 1, 1]  # none lost, none twice
+    wait_until(lambda: Limited.semaphore("g", "").read().empty, "the slots to go")
+    wait_until(lambda: not any(Limited.is_locked("g", n) for n in "abc"), "the locks to go")
+
+
+def test_a_retry_keeps_its_slot_and_the_parked_call_waits_for_its_end(
+    workers: Workers, redis_client: redis.Redis
+) -> None:
+    start_worker(workers)
+    assert isinstance(enqueue(LimitedFlaky, "t", "f"), Job)
+    wait_until(lambda: count(redis_client, "started", "f") == 1, "attempt 1")
+    assert isinstance(enqueue(LimitedFlaky, "t", "n"), Parked)
+    open_gate(redis_client, "f:1")  # attempt 1 raises Retry: the slot is kept, reserved, for attempt 2
+    wait_until(lambda: count(redis_client, "started", "f") == 2, "attempt 2")
+    assert count(redis_client, "started", "n") == 0  # the key's one slot is still the retry's
+    open_gate(redis_client, "f:2")
+    wait_until(lambda: count(redis_client, "started", "n") == 1, "the parked call to run")
+    open_gate(redis_client, "n:1")  # its own first attempt asks for a retry too
+    open_gate(redis_client, "n:2")
+    wait_until(lambda: count(redis_client, "done", "n") == 1, "it to finish")
+    wait_until(lambda: LimitedFlaky.semaphore("t", "").read().empty, "the slots to go")
+
+
+def test_raise_and_discard_refuse_a_call_over_the_limit_at_enqueue(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(URL_VAR, redis_server.url)
+    uniqjob.configure(redis_server.url)
+    assert isinstance(enqueue(LimitedRaise, "r", "a"), Job)  # its slot is taken at enqueue
+    with pytest.raises(ConcurrencyLimitExceeded):
+        enqueue(LimitedRaise, "r", "b")
+    assert not LimitedRaise.is_locked("r", "b")
+    assert isinstance(enqueue(LimitedDiscard, "d", "a"), Job)
+    assert enqueue(LimitedDiscard, "d", "b") is None
+    assert not LimitedDiscard.is_locked("d", "b")
+
+
+def test_a_killed_workers_slot_is_reclaimed_and_the_parked_call_runs(
+    workers: Workers, redis_client: redis.Redis
+) -> None:
+    start_worker(workers, "first")
+    enqueue(Limited, "k", "a")
+    wait_until(lambda: count(redis_client, "started", "a") == 1, "a to start")
+    assert isinstance(enqueue(Limited, "k", "b"), Parked)
+    workers.kill("first")  # SIGKILL: its slot stays running, held by a pid that is gone
+    redis_client.delete("running:k")  # a's count of running jobs, which its end never took back
+    # c parks behind b, finds the holder provably dead, and its slot goes to b (pushed to arq)
+    assert isinstance(enqueue(Limited, "k", "c"), Parked)
+    (slot,) = Limited.semaphore("k", "").read().slots
+    assert slot.status == "reserved" and Limited.semaphore("k", "").read().parked == 1  # b's; c waits
+    start_worker(workers, "second")
+    wait_until(lambda: count(redis_client, "started", "b") == 1, "b, promoted, to start")
+    assert count(redis_client, "started", "c") == 0
+    open_gate(redis_client, "b")
+    wait_until(lambda: count(redis_client, "started", "c") == 1, "c to start")
+    open_gate(redis_client, "c")
+    open_gate(redis_client, "a")  # arq may run a again (its worker died mid-job): let it end
+    wait_until(lambda: count(redis_client, "done", "c") == 1, "c to finish")
+    assert peaks(redis_client, "k") == [1, 1, 1]  # a, then b and c: one at a time
 
 
 # -- without a worker -------------------------------------------------------------------------

@@ -371,12 +371,6 @@ def test_a_client_without_an_asyncio_twin_is_a_configuration_error(redis_server:
         run(job.arun(1))
 
 
-def test_a_concurrency_limit_is_refused_by_the_asyncio_api_for_now() -> None:
-    job = job_on(MemoryBackend(), concurrency_limit=2)
-    with pytest.raises(ConfigurationError, match="concurrency limits are not available through the asyncio"):
-        run(job.arun(1))
-
-
 def test_an_async_queue_is_refused_by_the_sync_enqueue() -> None:
     from uniqjob.queue import Queue
 

@@ -13,7 +13,10 @@ code on both paths; only the I/O differs. A step is a tuple:
   ``push`` or ``job_gone``); the async driver awaits what it returns if that
   is awaitable, the sync one refuses it (an async function reached through the
   sync API would otherwise run unawaited, unlocked);
-- ``(SLEEP, (seconds, sleep), {})``: a wait (``sleep(seconds)``, or ``asyncio.sleep``).
+- ``(SLEEP, (seconds, sleep), {})``: a wait (``sleep(seconds)``, or ``asyncio.sleep``);
+- ``(TWIN, (call, acall, args), kwargs)``: an operation with a face of each kind (a
+  concurrency semaphore store's primitive, a wait for a wake-up): the sync
+  driver calls ``call(*args, **kwargs)``, the async one awaits ``acall(*args, **kwargs)``.
 
 An exception a step raises is thrown into the generator at its ``yield``, so
 it is handled (or not) exactly where the sync code would have seen it.
@@ -31,7 +34,7 @@ from .errors import ConfigurationError
 from .stores.aio import AsyncBackend, async_backend
 from .stores.base import Backend
 
-__all__ = ["SLEEP", "Step", "Steps", "adrive", "drive", "sleep_of"]
+__all__ = ["SLEEP", "TWIN", "Step", "Steps", "adrive", "drive", "sleep_of", "twin_of"]
 
 T = TypeVar("T")
 
@@ -42,6 +45,8 @@ Steps = Generator[Step, Any, T]
 
 #: The first item of a wait step.
 SLEEP = object()
+#: The first item of a step with a sync and an async face (see :func:`twin_of`).
+TWIN = object()
 
 _NO_KWARGS: dict[str, Any] = {}
 
@@ -49,6 +54,11 @@ _NO_KWARGS: dict[str, Any] = {}
 def sleep_of(seconds: float, sleep: Callable[[float], None] = time.sleep) -> Step:
     """The step that waits ``seconds``: ``sleep`` on the sync path, ``asyncio.sleep`` on the async one."""
     return (SLEEP, (seconds, sleep), _NO_KWARGS)
+
+
+def twin_of(call: Callable[..., Any], acall: Callable[..., Any], *args: Any, **kwargs: Any) -> Step:
+    """The step that calls ``call(*args, **kwargs)`` (sync path) or awaits ``acall(*args, **kwargs)``."""
+    return (TWIN, (call, acall, args), kwargs)
 
 
 def drive(store: Backend, steps: Steps[T]) -> T:
@@ -102,6 +112,8 @@ def _called(what: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A step that is not a store primitive, called: a wait, or a function (refused if it is async)."""
     if what is SLEEP:
         return args[1](args[0])
+    if what is TWIN:
+        return args[0](*args[2], **kwargs)
     reply = what(*args, **kwargs)
     return _refuse(what, reply) if _awaitable(reply) else reply
 
@@ -112,6 +124,8 @@ async def _awaited(astore: AsyncBackend, step: Step) -> Any:
         return await astore.call(what, args, kwargs)
     if what is SLEEP:
         return await asyncio.sleep(args[0])
+    if what is TWIN:
+        return await args[1](*args[2], **kwargs)
     reply = what(*args, **kwargs)
     return (await reply) if _awaitable(reply) else reply
 

@@ -177,7 +177,6 @@ class UniqueJob:
     @classmethod
     async def aenqueue(cls, *args: Any, **kwargs: Any) -> Any:
         """:meth:`enqueue`, awaited: inline, ``perform`` (async or not) runs in this event loop."""
-        _check_async(cls)
         lock = build_lock(cls, args, kwargs) if cls._plan.plain else cls.lock(*args, **kwargs)
         return await adrive(lock.backend, cls._enqueue_steps(lock, args, kwargs))
 
@@ -200,7 +199,7 @@ class UniqueJob:
             if cls.concurrency_limit is None:  # no slot to take: straight to the queue
                 handle = yield (queue.push, (cls, lock, tuple(args), dict(kwargs)), _NONE)
             else:
-                handle = yield (_concurrency.push, (cls, queue, lock, args, kwargs), _NONE)
+                handle = yield from _concurrency.push_steps(cls, queue, lock, args, kwargs)
         except BaseException:
             yield from lock.dequeue_steps()
             raise
@@ -226,7 +225,6 @@ class UniqueJob:
         The store is awaited (Redis through ``redis.asyncio``, files in a thread); the
         run lock's heartbeat renews on its own thread, whatever else the loop is doing.
         """
-        _check_async(cls)
         lock = build_lock(cls, args, kwargs) if cls._plan.plain else cls.lock(*args, **kwargs)
         return await adrive(lock.backend, cls._run_steps(lock, args, kwargs))
 
@@ -263,7 +261,6 @@ class UniqueJob:
         settle: Callable[[BaseException | None, Any], Any] | None = None,
     ) -> Any:
         """:meth:`execute`, awaited (an async worker's side); ``settle`` may be async."""
-        _check_async(cls)
         return await adrive(lock.backend, cls._execute_steps(lock, args, kwargs, settle))
 
     @classmethod
@@ -276,8 +273,8 @@ class UniqueJob:
     ) -> Steps[Any]:
         if cls.concurrency_limit is not None and not _concurrency.holding(lock):
             # a concurrency slot first; it wraps this very call (the slot is always released after)
-            body = lambda: cls.execute(lock, args, kwargs, settle=settle)  # noqa: E731
-            return (yield (_concurrency.execute, (cls, lock, args, kwargs, body), {"settle": settle}))
+            body = cls._execute_steps(lock, args, kwargs, settle)
+            return (yield from _concurrency.execute_steps(cls, lock, args, kwargs, body, settle=settle))
         try:
             yield from lock.start_steps()
         except JobNotUnique:
@@ -421,15 +418,6 @@ def _refuse_sync(cls: type[UniqueJob], entry: str) -> None:
         f"{cls.__qualname__}.perform is an async function: call it through the asyncio API "
         f"(await {cls.__qualname__}.a{entry}(...)); {entry}() would not await it"
     )
-
-
-def _check_async(cls: type[UniqueJob]) -> None:
-    """The asyncio API does not take concurrency limits yet: say so rather than block the loop."""
-    if cls.concurrency_limit is not None:
-        raise ConfigurationError(
-            f"{cls.__qualname__} has a concurrency_limit: concurrency limits are not available through "
-            "the asyncio API yet (use run()/enqueue(), e.g. in asyncio.to_thread)"
-        )
 
 
 def _settle_failed_start(

@@ -11,26 +11,35 @@ with their verdict on a delivery: a job the queue retries keeps its slot.
 A step that fails undoes, token-checked, what the call took before it (a
 failed slot step never strands the call's uniqueness lock; a failed
 uniqueness step frees the slot), and its error reaches the caller.
+
+Each hook is written once, as steps (:mod:`uniqjob._steps`), and yielded
+from the job layer's own: the sync API drives them by calling the stores, the
+asyncio API awaits them (a "block" is an awaited wait in the event loop, a
+promoted call pushed to an async queue such as arq's is awaited).
 """
 
 from __future__ import annotations
 
+import contextvars
+import inspect
 import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
+from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from .._steps import Step, Steps, adrive, drive, twin_of
 from .._undo import undos
 from ..errors import BackendError, ConcurrencyLimitExceeded
 from ..locks import local_holder, new_token
 from ..stores.semaphores import Park, Promotion, SemaphoreStore
+from ._background import background
 from ._settings import check, semaphore_of
 from .codec import decode_call, encode_call
-from .semaphore import Hold, Semaphore, on_promotion
+from .semaphore import Hold, Semaphore, on_promotion, run_steps
 
 if TYPE_CHECKING:
     from ..job import Queue, UniqueJob
@@ -40,11 +49,16 @@ __all__ = [
     "Parked",
     "check",
     "execute",
+    "execute_steps",
     "free",
     "push",
+    "push_steps",
     "semaphore_of",
     "settle_slot",
+    "settle_slot_steps",
 ]
+
+_NONE: dict[str, Any] = {}  # a step's keyword arguments: none
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +76,9 @@ class Parked:
     position: int
 
 
-def _refuse(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> None:
+def _refuse(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> Steps[None]:
     """The key is full and the call is not parked: drop its uniqueness lock, then raise or discard."""
-    lock.dequeue()
+    yield from lock.dequeue_steps()
     if cls.concurrency_on_conflict == "raise":
         raise ConcurrencyLimitExceeded(semaphore.key, semaphore.limit)
     log.info(
@@ -102,35 +116,44 @@ def push(
     Runs with the uniqueness lock already held. Returns the queue's handle, a
     :class:`Parked` or None (discarded).
     """
+    return drive(lock.backend, push_steps(cls, queue, lock, args, kwargs))
+
+
+def push_steps(
+    cls: type[UniqueJob], queue: Queue, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Steps[Any]:
+    """The steps of :func:`push` (the queue's ``push`` awaited on the async path, as arq's is)."""
     if cls.concurrency_limit is None:
-        return queue.push(cls, lock, tuple(args), dict(kwargs))
+        return (yield (queue.push, (cls, lock, tuple(args), dict(kwargs)), _NONE))
     semaphore = semaphore_of(cls, args, kwargs)
     park = _queue_park(cls, lock, args, kwargs)  # unstorable arguments fail here, at every enqueue
     for gone in lock.gone_tokens:
         # the queue proved that job gone for good (the lock was reclaimed from it): so is
         # its slot, if it held one on this key. Freed first, so its place is promoted in order.
-        semaphore.release(gone)
+        yield from semaphore.release_steps(gone)
     delay = queue.pending_delay()
     try:
-        outcome = semaphore.acquire(lock.token, running=False, park=park, args=lock.meta.args, delay=delay)
+        outcome = yield from semaphore.acquire_steps(
+            lock.token, running=False, park=park, args=lock.meta.args, delay=delay
+        )
     except BaseException:
         # Its reply may be what was lost: a slot or a place taken for a job never pushed goes
         # now (token-checked), not a lease later. The caller drops the uniqueness lock.
-        semaphore.abandon(lock.token)
+        yield from semaphore.abandon_steps(lock.token)
         raise
     if outcome.status == "taken":
         if not lock.meta.job_id:
             lock.meta = replace(lock.meta, job_id=queue.new_job_id())
         try:
-            return queue.push(cls, lock, tuple(args), dict(kwargs))
+            return (yield (queue.push, (cls, lock, tuple(args), dict(kwargs)), _NONE))
         except BaseException:
-            semaphore.release(lock.token)
+            yield from semaphore.release_steps(lock.token)
             raise
     if outcome.status == "parked":
         where = (cls.job_name(), semaphore.key, outcome.position)
         log.info("%s parked: concurrency key %s is at its limit (place %d)", *where)
         return Parked(semaphore.key, lock.token, outcome.position)
-    return _refuse(cls, semaphore, lock)
+    return (yield from _refuse(cls, semaphore, lock))
 
 
 # Calls performed by this process in place of a queue: their "block" waits here.
@@ -175,13 +198,18 @@ def settle_slot(lock: JobLock, retry_in: float | None) -> None:
     delivery ends (as it is by default; this undoes an earlier keep whose
     retry was never sent). Nothing happens outside a delivery holding a slot.
     """
+    run_steps(settle_slot_steps(lock, retry_in))
+
+
+def settle_slot_steps(lock: JobLock, retry_in: float | None) -> Steps[None]:
+    """The steps of :func:`settle_slot`."""
     hold = _holding.get().get(id(lock))
     if hold is None:
         return
     if retry_in is None:
         hold.unkeep()
     elif not hold.kept:
-        hold.keep(retry_in)
+        yield from hold.keep_steps(retry_in)
 
 
 def free(cls: type[UniqueJob], token: str, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
@@ -197,7 +225,8 @@ def free(cls: type[UniqueJob], token: str, args: Sequence[Any], kwargs: dict[str
 
 
 #: A queue's settling of a delivery (see ``UniqueJob.execute``): given how it ended, release or keep.
-Settle = Callable[[BaseException | None, Any], None]
+#: An async queue's (arq's) returns an awaitable, awaited on the asyncio path.
+Settle = Callable[[BaseException | None, Any], Any]
 
 
 def execute(
@@ -211,68 +240,95 @@ def execute(
 ) -> Any:
     """Perform side: run ``body`` (the uniqueness locks and perform) holding a slot; release it after.
 
+    The steps of :func:`execute_steps`, driven synchronously, with ``body`` called as their body.
+    """
+    return drive(lock.backend, execute_steps(cls, lock, args, kwargs, _called(body), settle=settle))
+
+
+def _called(body: Callable[[], Any]) -> Steps[Any]:
+    return (yield (body, (), _NONE))
+
+
+def execute_steps(
+    cls: type[UniqueJob],
+    lock: JobLock,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    body: Steps[Any],
+    *,
+    settle: Settle | None = None,
+) -> Steps[Any]:
+    """Perform side: run ``body`` (the locks and perform, as steps) holding a slot; release it after.
+
     On a worker the slot was taken at enqueue: the job runs in it, unless a
     copy of it runs or ran already (a duplicate delivery: skipped). If its
     lease lapsed before it started, it takes a slot again like a new call.
-    Inline, the call takes a slot now; under "block" it parks and waits here.
+    Inline, the call takes a slot now; under "block" it parks and waits here
+    (on the asyncio path an awaited wait: the event loop runs on).
 
     A slot step that fails (the store is away, denies the keys, or holds a
     corrupt record) undoes what the call took before it, and its error
     reaches the caller: inline, the call's queued uniqueness lock is dropped
     and any slot or place the step may have taken is given up; on a worker,
     the delivery is settled as a failed one (``settle``, given by a queue
-    that may retry it; else the lock is released).
+    that may retry it; else the lock is released). A task cancelled while it
+    waits for its turn is undone the same way.
     """
     inline = lock in _inline
     semaphore: Semaphore | None = None
-    with ExitStack() as stack:
-        try:
-            semaphore = semaphore_of(cls, args, kwargs)
-            if inline:
-                go = _take_inline(cls, semaphore, lock)
-            else:
-                go = _take_delivered(cls, semaphore, lock, args, kwargs)
-            if not go:
-                return None
-            hold = stack.enter_context(semaphore.running(lock.token))
-        except ConcurrencyLimitExceeded:
-            raise  # a refusal, not a failure: the call's lock was dropped on the way
-        except BaseException as exc:
-            if inline:
-                undo_inline(semaphore, lock)
-            else:
-                _undo_delivery(semaphore, lock, settle, exc)
-            raise
+    try:
+        semaphore = semaphore_of(cls, args, kwargs)
+        if inline:
+            go = yield from _take_inline(cls, semaphore, lock)
+        else:
+            go = yield from _take_delivered(cls, semaphore, lock, args, kwargs)
+        if not go:
+            body.close()
+            return None
+        hold = semaphore.hold(lock.token)  # a heartbeat that cannot start must not keep the slot
+    except ConcurrencyLimitExceeded:
+        body.close()
+        raise  # a refusal, not a failure: the call's lock was dropped on the way
+    except BaseException as exc:
+        body.close()
+        if inline:
+            yield from undo_inline_steps(semaphore, lock)
+        else:
+            yield from _undo_delivery(semaphore, lock, settle, exc)
+        raise
+    try:
         entered = _holding.set({**_holding.get(), id(lock): hold})
         try:
-            return body()
+            return (yield from body)
         finally:
             _holding.reset(entered)
+    finally:
+        yield from semaphore.unhold_steps(lock.token, hold)
 
 
-def _take_inline(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> bool:
+def _take_inline(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> Steps[bool]:
     """Take a running slot for an inline call, waiting in line under "block"; False: do not run it."""
     park = (
         Park("inline", holder=local_holder(), lease=semaphore.lease)
         if cls.concurrency_on_conflict == "block"
         else None
     )
-    outcome = semaphore.acquire(lock.token, running=True, park=park, args=lock.meta.args)
+    outcome = yield from semaphore.acquire_steps(lock.token, running=True, park=park, args=lock.meta.args)
     if outcome.status == "parked":
-        return _wait_turn(cls, semaphore, lock)
+        return (yield from _wait_turn(cls, semaphore, lock))
     if outcome.status == "full":
-        _refuse(cls, semaphore, lock)
+        yield from _refuse(cls, semaphore, lock)
         return False
     return True
 
 
-def _wait_turn(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> bool:
+def _wait_turn(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> Steps[bool]:
     """Wait in line for the parked inline call; True once it holds a running slot."""
     timeout = cls.concurrency_wait_timeout
-    waited = semaphore.wait(lock.token, None if timeout is None else float(timeout))
+    waited = yield from semaphore.wait_steps(lock.token, None if timeout is None else float(timeout))
     if waited == "run":
         return True
-    lock.dequeue()
+    yield from lock.dequeue_steps()
     if waited == "timeout":
         raise ConcurrencyLimitExceeded(semaphore.key, semaphore.limit, float(timeout or 0))
     why = (
@@ -287,10 +343,10 @@ def _wait_turn(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> boo
 
 def _take_delivered(
     cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]
-) -> bool:
+) -> Steps[bool]:
     """Start a delivered job's slot (taking one again if it lapsed); False: skip this delivery."""
     token = lock.token
-    outcome = semaphore.start(token)
+    outcome = yield from semaphore.start_steps(token)
     if outcome.status in ("busy", "done", "parked"):
         state = {"busy": "running", "done": "done", "parked": "parked"}[outcome.status]
         log.info("%s skipped: a copy of job %s on %s is %s", cls.job_name(), token, semaphore.key, state)
@@ -300,12 +356,12 @@ def _take_delivered(
         where = (cls.job_name(), token, semaphore.key)
         log.info("%s: slot of job %s on %s lapsed before it started; taking one again", *where)
         park = _queue_park(cls, lock, args, kwargs)
-        outcome = semaphore.acquire(token, running=True, park=park, args=lock.meta.args)
+        outcome = yield from semaphore.acquire_steps(token, running=True, park=park, args=lock.meta.args)
         if outcome.status == "parked":
             _detach(lock)  # pushed again when its turn comes
             return False
         if outcome.status == "full":
-            _refuse(cls, semaphore, lock)
+            yield from _refuse(cls, semaphore, lock)
             return False
     return True
 
@@ -317,18 +373,23 @@ def undo_inline(semaphore: Semaphore | None, lock: JobLock) -> None:
     queue that could ever prove it gone, and no expiry unless autoexpire is
     set: left behind, it would refuse the key for good.
     """
+    drive(lock.backend, undo_inline_steps(semaphore, lock))
+
+
+def undo_inline_steps(semaphore: Semaphore | None, lock: JobLock) -> Steps[None]:
+    """The steps of :func:`undo_inline`."""
     try:
-        lock.dequeue()  # token-checked: only this call's lock, and only while it is queued
+        yield from lock.dequeue_steps()  # token-checked: only this call's lock, and only while it is queued
     except Exception as exc:
         log.warning("could not drop the lock of %s yet (%s); retrying until the store answers", lock.key, exc)
         undos.add(lock.dequeue, f"queue lock of {lock.key}", (lock.token,))
     if semaphore is not None:
-        semaphore.abandon(lock.token)
+        yield from semaphore.abandon_steps(lock.token)
 
 
 def _undo_delivery(
     semaphore: Semaphore | None, lock: JobLock, settle: Settle | None, exc: BaseException
-) -> None:
+) -> Steps[None]:
     """A delivery's slot step failed: settle it as a failed delivery, the slot following the lock.
 
     With ``settle`` the queue decides, as for a failed perform: released for
@@ -336,27 +397,29 @@ def _undo_delivery(
     lock is released, as a worker's ``execute`` does after any failed perform.
     """
     if settle is None:
-        lock.release()
+        yield from lock.release_steps()
         if semaphore is not None:
-            semaphore.release(lock.token)
+            yield from semaphore.release_steps(lock.token)
         return
     hold = Hold(semaphore, lock.token, None) if semaphore is not None else None
     entered = _holding.set({**_holding.get(), id(lock): hold}) if hold is not None else None
     try:
-        settle(exc, None)
+        yield (settle, (exc, None), _NONE)
     except Exception:
         log.error("could not settle the failed delivery of %s", lock.key, exc_info=True)
     finally:
         if entered is not None:
             _holding.reset(entered)
     if semaphore is not None and hold is not None and not hold.kept:
-        semaphore.release(lock.token)
+        yield from semaphore.release_steps(lock.token)
 
 
-def push_promoted(store: SemaphoreStore, key: str, promotion: Promotion) -> Callable[[], None]:
+def push_promoted(store: SemaphoreStore, key: str, promotion: Promotion) -> Steps[Step]:
     """Push a parked call whose turn came to its class's queue; return the step after the handoff.
 
-    That step records the queue's job id in the call's uniqueness lock: from
+    The push is awaited on the asyncio path (arq's); on the sync path an async
+    queue's push runs on this process's background event loop. The step after
+    the handoff records the queue's job id in the call's uniqueness lock: from
     then on the queue may prove the job gone. Its failure is logged: the job is
     pushed and handed, only the id is missing from its lock.
     """
@@ -366,18 +429,45 @@ def push_promoted(store: SemaphoreStore, key: str, promotion: Promotion) -> Call
     if queue is None:
         raise BackendError(f"{cls.job_name()} has no unique_queue to push its parked job to", store.name)
     lock = cls.lock_from(call.lock_key, promotion.token)
-    lock.meta = replace(lock.meta, job_id=queue.new_job_id())
-    queue.push(cls, lock, call.args, call.kwargs)
+    # In a context of its own: the promoted call is not the caller's call, and must not see
+    # its context (Celery reads the task id and options of an apply_async from it).
+    context = contextvars.Context()
+    lock.meta = replace(lock.meta, job_id=context.run(queue.new_job_id))
+    yield twin_of(_push_now, _apush, partial(context.run, queue.push, cls, lock, call.args, call.kwargs))
 
     def attach() -> None:
         try:
-            lock.attach()
+            drive(lock.backend, lock.attach_steps())
         except Exception:
-            log.warning(
-                "could not record job id %s in the lock of %s", lock.meta.job_id, lock.key, exc_info=True
-            )
+            _unattached(lock)
 
-    return attach
+    async def aattach() -> None:
+        try:
+            await adrive(lock.backend, lock.attach_steps())
+        except Exception:
+            _unattached(lock)
+
+    return twin_of(attach, aattach)
+
+
+def _unattached(lock: JobLock) -> None:
+    log.warning("could not record job id %s in the lock of %s", lock.meta.job_id, lock.key, exc_info=True)
+
+
+def _push_now(push: Callable[[], Any]) -> Any:
+    """Call ``push``; an async queue's push (arq's) awaited on the background loop."""
+    handle = push()
+    if inspect.isawaitable(handle):
+        return background.run(handle)
+    return handle
+
+
+async def _apush(push: Callable[[], Any]) -> Any:
+    """:func:`_push_now` on the asyncio path: an async queue's push awaited here."""
+    handle = push()
+    if inspect.isawaitable(handle):
+        return await handle
+    return handle
 
 
 on_promotion(push_promoted)

@@ -19,25 +19,51 @@ just given a slot; the caller delivers each through the same hook:
   (``_courier.py``), never by the heartbeat itself.
 - a call parked inline is run by the process waiting for it, which polls its
   place; a promotion in this process wakes it at once.
+
+Each operation is written once, as steps (:mod:`uniqjob._steps`): a store
+primitive is a step with two faces (called on the sync path, awaited through
+the store's async face on the asyncio one, :func:`._stores.acall`), a wait
+for a turn a step too. ``acquire()``, ``release()``, ``wait()`` and the rest
+drive them synchronously; the job layer's asyncio API yields from the same
+``*_steps`` generators and awaits them.
 """
 
 from __future__ import annotations
 
-import contextvars
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Literal
+from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from functools import partial
+from typing import Any, Literal, TypeVar, cast
 
+from .._steps import Step, Steps, drive, twin_of
 from ..errors import BackendError, CorruptRecordError
 from ..heartbeat import Beat, heartbeat
 from ..locks import Holder, holder_is_dead, local_holder
+from ..stores.base import Backend
 from ..stores.semaphores import HANDOFF, Outcome, Park, Promotion, SemaphoreState, SemaphoreStore, SlotInfo
 from ._courier import Courier
+from ._stores import acall
 
-__all__ = ["Hold", "Pusher", "Semaphore", "courier", "deliver", "deliver_later", "on_promotion", "sweep_key"]
+__all__ = [
+    "Hold",
+    "Pusher",
+    "Semaphore",
+    "courier",
+    "deliver",
+    "deliver_later",
+    "deliver_steps",
+    "on_promotion",
+    "run_steps",
+    "store_step",
+    "sweep_key",
+    "sweep_key_steps",
+]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +71,64 @@ _ATTEMPTS = 3  # reaping dead holders and trying again; a key that keeps changin
 _POLL_MIN, _POLL_MAX = 0.01, 0.2  # seconds between an inline waiter's polls (backing off)
 _SWEEP_EVERY = 1.0  # seconds between an inline waiter's checks of the holders' liveness
 
+# Semaphore steps never touch a lock store: driven with none.
+_NO_LOCKS = cast(Backend, None)
+
+
+def run_steps(steps: Steps[T]) -> T:
+    """Drive semaphore ``steps`` synchronously (they yield no lock-store primitive)."""
+    return drive(_NO_LOCKS, steps)
+
+
+def store_step(store: SemaphoreStore, name: str, *args: Any, **kwargs: Any) -> Step:
+    """The step of primitive ``name`` of ``store``: called on the sync path, awaited on the async one."""
+    return twin_of(getattr(store, name), partial(acall, store, name), *args, **kwargs)
+
+
+class _Waker:
+    """What an inline waiter of this process waits on: set by a promotion, from any thread.
+
+    A sync waiter waits on its event; an async one on an :class:`asyncio.Event` of
+    its loop, set through the loop (``call_soon_threadsafe``) by a promotion made anywhere.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._aevent: asyncio.Event | None = None
+
+    def set(self) -> None:
+        self._event.set()  # first: an async waiter checks it after making its event
+        loop, aevent = self._loop, self._aevent
+        if loop is not None and aevent is not None:
+            with suppress(RuntimeError):  # its loop is closed: no one is waiting there any more
+                loop.call_soon_threadsafe(aevent.set)
+
+    def clear(self) -> None:
+        self._event.clear()
+        if self._aevent is not None:
+            self._aevent.clear()
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` (blocking); True if woken."""
+        return self._event.wait(seconds)
+
+    async def await_(self, seconds: float) -> bool:
+        """Await up to ``seconds`` (the event loop runs on); True if woken."""
+        if self._aevent is None:
+            self._aevent = asyncio.Event()
+            self._loop = asyncio.get_running_loop()
+        if self._event.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self._aevent.wait(), seconds)
+        except TimeoutError:
+            return self._event.is_set()
+        return True
+
+
 # Inline waiters of this process, woken when this process promotes them.
-_waiters: dict[tuple[int, str, str], threading.Event] = {}
+_waiters: dict[tuple[int, str, str], _Waker] = {}
 _waiters_mutex = threading.Lock()
 
 
@@ -65,15 +147,20 @@ def deliver(
     A failure is logged, never raised: the caller's own job is done, and the
     promotion is pushed again by whoever settles the key after the handoff time.
     """
+    return run_steps(deliver_steps(store, key, promotions, caller))
+
+
+def deliver_steps(
+    store: SemaphoreStore, key: str, promotions: Sequence[Promotion], caller: Holder | None = None
+) -> Steps[int]:
+    """The steps of :func:`deliver`."""
     pushed = 0
     for promotion in promotions:
         if promotion.via == "inline":
             _wake(store, key, promotion.token)
             continue
         try:
-            # In a context of its own: the promoted call is not the caller's call, and must
-            # not see its context (Celery reads the task id and options of an apply_async from it).
-            contextvars.Context().run(_push, store, key, promotion, caller or local_holder())
+            yield from _push(store, key, promotion, caller or local_holder())
         except Exception:
             log.error(
                 "could not hand parked job %s of %s to its queue; it is pushed again after %.0fs",
@@ -89,9 +176,11 @@ def deliver(
 
 #: Hands a call parked for a queue, whose turn came, to that queue: ``push(store, key,
 #: promotion)`` pushes it and returns what to do once the store knows it was handed (record
-#: the queue's job id in its lock). The job layer registers it (:func:`on_promotion`): this
-#: module never imports a job class.
-Pusher = Callable[[SemaphoreStore, str, Promotion], Callable[[], None]]
+#: the queue's job id in its lock): a function, or steps that push (in a context of their
+#: own: the promoted call is not the caller's) and return the step to take after the
+#: handoff. The job layer registers it (:func:`on_promotion`): this module never imports a
+#: job class.
+Pusher = Callable[[SemaphoreStore, str, Promotion], "Callable[[], None] | Steps[Step]"]
 _pushers: list[Pusher] = []
 
 
@@ -100,14 +189,15 @@ def on_promotion(push: Pusher) -> None:
     _pushers[:] = [push]
 
 
-def _push(store: SemaphoreStore, key: str, promotion: Promotion, caller: Holder) -> None:
+def _push(store: SemaphoreStore, key: str, promotion: Promotion, caller: Holder) -> Steps[None]:
     if not _pushers:
         raise BackendError(f"nothing registered to push parked job {promotion.token} of {key}", store.name)
     if promotion.redo:
         log.warning("pushing parked job %s of %s again (its promoter stopped)", promotion.token, key)
-    handed = _pushers[0](store, key, promotion)
-    store.handed(key, promotion.token, caller)
-    handed()
+    made = _pushers[0](store, key, promotion)
+    after: Step = (yield from made) if isinstance(made, Generator) else (made, (), {})
+    yield store_step(store, "handed", key, promotion.token, caller)
+    yield after
 
 
 #: Pushes the promotions that the heartbeat's renewals find (see ``_courier.py``).
@@ -137,9 +227,14 @@ def sweep_key(store: SemaphoreStore, key: str, *, handoff: float = HANDOFF) -> i
     the liveness check that needs no wait. Returns how many slots and places went.
     A key whose records are corrupt is logged (with how to clear it) and skipped.
     """
+    return run_steps(sweep_key_steps(store, key, handoff=handoff))
+
+
+def sweep_key_steps(store: SemaphoreStore, key: str, *, handoff: float = HANDOFF) -> Steps[int]:
+    """The steps of :func:`sweep_key`."""
     me = local_holder()
     try:
-        state = store.read(key, head=_SWEEP_HEAD)
+        state: SemaphoreState = yield store_step(store, "read", key, head=_SWEEP_HEAD)
     except CorruptRecordError as exc:
         # One damaged key must not stop the upkeep of every other: it stays blocked, and says so.
         log.error("%s", exc)
@@ -147,8 +242,8 @@ def sweep_key(store: SemaphoreStore, key: str, *, handoff: float = HANDOFF) -> i
     held = [(s.token, s.holder) for s in state.slots if s.holder is not None]
     waiting = [(p.token, p.holder) for p in state.head if p.holder is not None]
     dead = [(token, holder) for token, holder in held + waiting if holder_is_dead(holder)]
-    outcome = store.reap(key, dead, caller=me, handoff=handoff)
-    deliver(store, key, outcome.promotions, me)
+    outcome: Outcome = yield store_step(store, "reap", key, dead, caller=me, handoff=handoff)
+    yield from deliver_steps(store, key, outcome.promotions, me)
     return outcome.count
 
 
@@ -172,9 +267,13 @@ class Hold:
         Called before the retry is sent, so the retry can never find the slot
         still running here. False (and released as usual) if it is not ours.
         """
+        return run_steps(self.keep_steps(delay))
+
+    def keep_steps(self, delay: float) -> Steps[bool]:
+        """The steps of :meth:`keep`."""
         if self.beat is not None:
             self.beat.cancel()
-        self.kept = self.semaphore.requeue(self.token, delay)
+        self.kept = yield from self.semaphore.requeue_steps(self.token, delay)
         return self.kept
 
     def unkeep(self) -> None:
@@ -212,9 +311,12 @@ class Semaphore:
     def __repr__(self) -> str:
         return f"Semaphore({self.key!r}, limit={self.limit}, store={self.store!r})"
 
-    def _deliver(self, promotions: Sequence[Promotion]) -> None:
+    def _op(self, name: str, *args: Any, **kwargs: Any) -> Step:
+        return store_step(self.store, name, self.key, *args, **kwargs)
+
+    def _deliver(self, promotions: Sequence[Promotion]) -> Steps[None]:
         if promotions:
-            deliver(self.store, self.key, promotions)
+            yield from deliver_steps(self.store, self.key, promotions)
 
     def _dead(self, slots: Sequence[SlotInfo]) -> list[tuple[str, Holder]]:
         """The slots whose holder is provably dead (this host only; elsewhere the lease decides)."""
@@ -237,11 +339,23 @@ class Semaphore:
         waits in a queue, and the slot's lease covers ``delay`` too. Slots of
         holders proved dead are reclaimed first.
         """
+        return run_steps(self.acquire_steps(token, running=running, park=park, args=args, delay=delay))
+
+    def acquire_steps(
+        self,
+        token: str,
+        *,
+        running: bool,
+        park: Park | None = None,
+        args: str = "",
+        delay: float = 0.0,
+    ) -> Steps[Outcome]:
+        """The steps of :meth:`acquire`."""
         me = local_holder()
-        outcome = Outcome("full")
+        outcome: Outcome = Outcome("full")
         for _ in range(_ATTEMPTS):
-            outcome = self.store.acquire(
-                self.key,
+            outcome = yield self._op(
+                "acquire",
                 token,
                 limit=self.limit,
                 lease=self.lease + max(delay, 0.0),
@@ -253,14 +367,15 @@ class Semaphore:
                 caller=me,
                 handoff=self.handoff,
             )
-            self._deliver(outcome.promotions)
+            yield from self._deliver(outcome.promotions)
             if outcome.status == "taken":
                 return outcome
             dead = self._dead(outcome.slots)
             if not dead:
                 return outcome
             log.warning("reclaiming %d concurrency slot(s) of %s from dead holders", len(dead), self.key)
-            self._deliver(self.store.reap(self.key, dead, caller=me, handoff=self.handoff).promotions)
+            reaped: Outcome = yield self._op("reap", dead, caller=me, handoff=self.handoff)
+            yield from self._deliver(reaped.promotions)
             if outcome.status == "parked":
                 return outcome  # the reap promoted the oldest calls, ours among them if its turn came
         return outcome
@@ -271,11 +386,16 @@ class Semaphore:
         A slot running for a holder proved dead (a crashed worker whose job was
         delivered again) is taken over.
         """
+        return run_steps(self.start_steps(token))
+
+    def start_steps(self, token: str) -> Steps[Outcome]:
+        """The steps of :meth:`start`."""
         me = local_holder()
         takeover: Holder | None = None
+        outcome: Outcome = Outcome("missing")
         for _ in range(_ATTEMPTS):
-            outcome = self.store.start(
-                self.key,
+            outcome = yield self._op(
+                "start",
                 token,
                 holder=me,
                 lease=self.lease,
@@ -283,7 +403,7 @@ class Semaphore:
                 caller=me,
                 handoff=self.handoff,
             )
-            self._deliver(outcome.promotions)
+            yield from self._deliver(outcome.promotions)
             if outcome.status != "busy" or outcome.holder is None or not holder_is_dead(outcome.holder):
                 return outcome
             log.warning("taking over concurrency slot %s of %s from a dead holder", token, self.key)
@@ -310,14 +430,20 @@ class Semaphore:
         Its lease covers the delay. A store failure is logged and False
         returned: the caller then releases the slot as usual.
         """
+        return run_steps(self.requeue_steps(token, delay))
+
+    def requeue_steps(self, token: str, delay: float = 0.0) -> Steps[bool]:
+        """The steps of :meth:`requeue`."""
         me = local_holder()
         lease = self.lease + max(delay, 0.0)
         try:
-            outcome = self.store.requeue(self.key, token, lease, holder=me, caller=me, handoff=self.handoff)
+            outcome: Outcome = yield self._op(
+                "requeue", token, lease, holder=me, caller=me, handoff=self.handoff
+            )
         except Exception:  # whatever the client throws: the job's own outcome must reach its queue
             log.error("could not keep concurrency slot of %s for a retry", self.key, exc_info=True)
             return False
-        self._deliver(outcome.promotions)
+        yield from self._deliver(outcome.promotions)
         return outcome.status == "ok"
 
     def release(self, token: str) -> bool:
@@ -327,14 +453,18 @@ class Semaphore:
         ran, and raising would invite a retry, a duplicate): the slot then
         lapses with its lease and the next settle promotes behind it.
         """
+        return run_steps(self.release_steps(token))
+
+    def release_steps(self, token: str) -> Steps[bool]:
+        """The steps of :meth:`release`."""
         try:
-            outcome = self.store.release(self.key, token, caller=local_holder(), handoff=self.handoff)
+            outcome: Outcome = yield self._op("release", token, caller=local_holder(), handoff=self.handoff)
         except Exception:
             log.error(
                 "could not release concurrency slot of %s; it lapses with its lease", self.key, exc_info=True
             )
             return False
-        self._deliver(outcome.promotions)
+        yield from self._deliver(outcome.promotions)
         return outcome.status == "released"
 
     def abandon(self, token: str) -> None:
@@ -344,11 +474,15 @@ class Semaphore:
         taken either on the store. What cannot be undone now (the store is
         away) lapses with its lease, as every concurrency record does.
         """
+        run_steps(self.abandon_steps(token))
+
+    def abandon_steps(self, token: str) -> Steps[None]:
+        """The steps of :meth:`abandon`."""
         try:
-            self.store.withdraw(self.key, token)
+            yield self._op("withdraw", token)
         except Exception:
             log.warning("could not withdraw call %s from the line of %s", token, self.key, exc_info=True)
-        self.release(token)
+        yield from self.release_steps(token)
 
     @contextmanager
     def running(self, token: str) -> Iterator[Hold]:
@@ -358,15 +492,25 @@ class Semaphore:
         """
         hold: Hold | None = None
         try:
-            # inside the try: a heartbeat that cannot start must not keep the slot for a lease
-            beat = heartbeat.start(lambda: self.renew(token), self.interval, f"concurrency {self.key}")
-            hold = Hold(self, token, beat)
+            hold = self.hold(token)
             yield hold
         finally:
-            if hold is not None and hold.beat is not None:
-                hold.beat.cancel()
-            if hold is None or not hold.kept:
-                self.release(token)
+            run_steps(self.unhold_steps(token, hold))
+
+    def hold(self, token: str) -> Hold:
+        """Start keeping ``token``'s running slot alive with the heartbeat (the start of :meth:`running`)."""
+        beat = heartbeat.start(lambda: self.renew(token), self.interval, f"concurrency {self.key}")
+        return Hold(self, token, beat)
+
+    def unhold_steps(self, token: str, hold: Hold | None) -> Steps[None]:
+        """The end of :meth:`running`: stop the heartbeat; release the slot unless it was kept.
+
+        ``hold`` None: the heartbeat never started (the slot is released: it must not stay a lease).
+        """
+        if hold is not None and hold.beat is not None:
+            hold.beat.cancel()
+        if hold is None or not hold.kept:
+            yield from self.release_steps(token)
 
     # -- waiting inline ----------------------------------------------------------------
 
@@ -381,7 +525,13 @@ class Semaphore:
         dropped as a dead waiter's) or ``timeout`` (it was withdrawn from the
         list after ``timeout`` seconds).
         """
-        event = threading.Event()
+        return run_steps(self.wait_steps(token, timeout, clock))
+
+    def wait_steps(
+        self, token: str, timeout: float | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> Steps[Literal["run", "discarded", "lapsed", "timeout"]]:
+        """The steps of :meth:`wait`: on the async path, an awaited wait (the event loop runs on)."""
+        event = _Waker()
         slot = (id(self.store), self.key, token)
         with _waiters_mutex:
             _waiters[slot] = event
@@ -392,7 +542,7 @@ class Semaphore:
             while True:
                 event.clear()
                 now = clock()
-                outcome = self.start(token)
+                outcome = yield from self.start_steps(token)
                 if outcome.status == "run":
                     return "run"
                 if outcome.status != "parked":
@@ -401,14 +551,16 @@ class Semaphore:
                     return "lapsed" if now - polled >= self.lease else "discarded"
                 polled = now
                 if deadline is not None and now >= deadline:
-                    if self.store.withdraw(self.key, token).status == "withdrawn":
+                    withdrawn: Outcome = yield self._op("withdraw", token)
+                    if withdrawn.status == "withdrawn":
                         return "timeout"
                     continue  # promoted at the last moment: run it
                 if now - swept >= _SWEEP_EVERY:
-                    self.sweep()
+                    yield from self.sweep_steps()
                     swept = now
                 wait = pause if deadline is None else min(pause, max(deadline - now, 0.0))
-                pause = _POLL_MIN if event.wait(wait) else min(pause * 2, _POLL_MAX)
+                woken = yield twin_of(event.wait, event.await_, wait)
+                pause = _POLL_MIN if woken else min(pause * 2, _POLL_MAX)
         finally:
             with _waiters_mutex:
                 _waiters.pop(slot, None)
@@ -422,6 +574,10 @@ class Semaphore:
         store call; this adds the same-host liveness check, which needs no wait.
         """
         return sweep_key(self.store, self.key, handoff=self.handoff)
+
+    def sweep_steps(self) -> Steps[int]:
+        """The steps of :meth:`sweep`."""
+        return (yield from sweep_key_steps(self.store, self.key, handoff=self.handoff))
 
     def read(self, head: int = 5) -> SemaphoreState:
         """Return a snapshot of the key."""

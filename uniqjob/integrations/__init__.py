@@ -166,7 +166,7 @@ def settle_steps(lock: JobLock, decision: Decision) -> Steps[None]:
         return
     if decision is None:
         yield from lock.release_steps()  # logs its own store failures
-        _concurrency.settle_slot(lock, None)
+        yield from _concurrency.settle_slot_steps(lock, None)
         return
     delay = float(decision)
     try:
@@ -175,4 +175,4 @@ def settle_steps(lock: JobLock, decision: Decision) -> Steps[None]:
         # Raising here would hide the job's own outcome; the lock lapses as an orphan instead.
         log.error("could not keep %s for its retry", lock.key, exc_info=True)
     # The retry comes whatever became of the lock: it runs in this slot.
-    _concurrency.settle_slot(lock, delay)
+    yield from _concurrency.settle_slot_steps(lock, delay)

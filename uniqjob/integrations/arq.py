@@ -23,6 +23,13 @@ held, ``queued``, so duplicates are still dropped. The queue lock records the
 arq job id, and :meth:`ArqQueue.job_gone` lets the next enqueue reclaim a lock
 whose job arq no longer has or has finished: expired before it started, out of
 tries, aborted, timed out, or with its result kept and done.
+
+Concurrency limits go through arq's queue: ``aenqueue`` over the limit parks
+the call (a :class:`~uniqjob.concurrency.Parked`, no arq job yet); the worker
+whose job ends promotes the oldest parked call and enqueues it into arq,
+awaited in its own loop (a promotion found on a sync path, by the heartbeat's
+courier thread, is enqueued on uniqjob's background loop). A retry keeps the
+job's slot as it keeps its lock.
 """
 
 from __future__ import annotations

@@ -443,6 +443,14 @@ class RedisAsync(AsyncBackend):
             return None
         return connected_in(info)
 
+    async def evalsha(self, script: Script, numkeys: int, items: Sequence[Any]) -> Any:
+        """Send ``script`` with ``items`` on this loop's connections; its raw reply (no replica wait).
+
+        The concurrency slots' async store (``_async_semaphores``) sends its scripts through this.
+        """
+        (reply,) = await self._run(script, numkeys, items)
+        return reply
+
     def _head(self, sha: str, numkeys: int, count: int) -> bytes:
         head = self._heads.get((sha, numkeys, count))
         if head is None:

@@ -29,7 +29,7 @@ from collections import namedtuple
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import redis
 from redis.commands.core import Script
@@ -60,7 +60,7 @@ from ._url import check_store_options
 if TYPE_CHECKING:
     from ._client import Client
 
-__all__ = ["RedisSemaphores"]
+__all__ = ["RedisSemaphores", "SemCall"]
 
 T = TypeVar("T")
 
@@ -116,12 +116,60 @@ def _promotions(flat: Sequence[Any]) -> tuple[Promotion, ...]:
     return tuple(out)
 
 
-def _settled(reply: _Settled) -> Outcome:
+def _settled(raw: Any) -> Outcome:
+    reply = _Settled._make(raw)
     return Outcome(_text(reply.status), _promotions(reply.promotions))  # type: ignore[arg-type]
 
 
-def _counted(reply: _Counted) -> Outcome:
+def _counted(raw: Any) -> Outcome:
+    reply = _Counted._make(raw)
     return Outcome("ok", _promotions(reply.promotions), count=int(reply.count))
+
+
+def _acquired(raw: Any) -> Outcome:
+    reply = _Acquired._make(raw)
+    return Outcome(
+        _text(reply.status),  # type: ignore[arg-type]
+        _promotions(reply.promotions),
+        position=int(reply.position),
+        slots=_slots(reply.slots, int(reply.now_ms)),
+    )
+
+
+def _started(token: str, raw: Any) -> Outcome:
+    reply = _Started._make(raw)
+    return Outcome(
+        _text(reply.status),  # type: ignore[arg-type]
+        _promotions(reply.promotions),
+        position=int(reply.position),
+        holder=_holder(0, f"slot {token}", _text(reply.busy)),
+    )
+
+
+def _withdrawn(raw: Any) -> Outcome:
+    return Outcome(_text(raw))  # type: ignore[arg-type]
+
+
+def _pairs(flat: Sequence[Any]) -> list[tuple[str, str]]:
+    return [(_text(flat[i]), _text(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+
+class SemCall(NamedTuple):
+    """One semaphore primitive's script call on ``key``: its arguments after the keys, and its reply's reader.
+
+    ``shape`` names the fields of an array reply; ``own`` (with ``caller``, for a
+    primitive whose grants replicas must acknowledge) the statuses by which it
+    granted its token a slot (see ``RedisSemaphores._granting``).
+    """
+
+    script: Script
+    key: str
+    argv: list[Any]
+    decode: Callable[[Any], Any]
+    shape: type[tuple[Any, ...]] = tuple
+    own: frozenset[str] | None = None
+    caller: Holder | None = None
+    renew: bool = False
 
 
 def _record(part: int, what: str, raw: Any, texts: Sequence[str], numbers: Sequence[str]) -> dict[str, Any]:
@@ -289,37 +337,29 @@ class RedisSemaphores(SemaphoreStore):
         valkey-py's may name a record (:meth:`_explain`); anything else is a BackendError."""
         return self._explain(key, exc) if is_response_error(exc) else self._failed(exc)
 
-    def _granting(
-        self,
-        script: Script,
-        key: str,
-        args: Sequence[Any],
-        own: frozenset[str],
-        caller: Holder,
-        *,
-        renew: bool = False,
-    ) -> Any:
-        """Run a script whose reply is ``[status, promotions, ...]``; with ``replicas``, acknowledged.
+    def _granting(self, call: SemCall) -> Any:
+        """Run ``call`` (its reply ``[status, promotions, ...]``); with ``replicas``, acknowledged.
 
-        What it granted: the slot of its token (``args[0]``) if the status is in
-        ``own`` (with ``renew``: the slot's longer lease), and a slot to each
+        What it granted: the slot of its token (``call.argv[0]``) if the status is in
+        ``call.own`` (with ``call.renew``: the slot's longer lease), and a slot to each
         call it promoted. Too few replicas acknowledged: the call fails closed,
         after the token's granted slot is released (token-checked; what that
         release promotes, like the promotions of this reply, is not handed out:
         each is pushed again once its handoff lapses). A lease extended is not
         undone, only not confirmed.
         """
-        acks = self._acks
-        if acks is None:
-            return self._eval(script, key, args)
+        acks, key, caller = self._acks, call.key, call.caller
+        if acks is None or call.own is None or caller is None:
+            return self._eval(call.script, key, call.argv)
         try:
-            reply, acked = acks.run(script, len(_PARTS), [*self._keys(key), *args])
+            reply, acked = acks.run(call.script, len(_PARTS), [*self._keys(key), *call.argv])
         except Exception as exc:
             raise self._script_error(key, exc) from exc
-        mine = _text(reply[0]) in own
-        promoted = len(reply[1])
+        named: Any = call.shape._make(reply)  # type: ignore[attr-defined]
+        mine = _text(named.status) in call.own
+        promoted = len(named.promotions)
         if mine or promoted:
-            token = args[0]
+            token, renew = call.argv[0], call.renew
             granted = [f"the {'lease of the ' if renew else ''}slot of {token}"] if mine else []
             granted += [f"{promoted} promoted call{'s' if promoted > 1 else ''}"] if promoted else []
             undo = partial(self._release_token, key, token, caller) if mine and not renew else None
@@ -330,6 +370,115 @@ class RedisSemaphores(SemaphoreStore):
     def _release_token(self, key: str, token: str, caller: Holder) -> None:
         """Free ``token``'s slot: the undo of a grant too few replicas acknowledged."""
         self._eval(self._release, key, [token, encode_holder(caller), _ms(HANDOFF), _ms(TOMBSTONE)])
+
+    # Each primitive is a script call (:class:`SemCall`: what to send, and how to read the reply)
+    # and its sending; the calls are the async face's too (_async_semaphores), only the sending differs.
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> SemCall:
+        """The script call that primitive ``name`` makes with these arguments (not sent)."""
+        make: Callable[..., SemCall] = getattr(self, f"_{name}_call")
+        return make(*args, **kwargs)
+
+    def decoded(self, call: SemCall, reply: Any) -> Any:
+        """``call``'s reply read, a malformed record in it a CorruptRecordError naming it."""
+        with self._reading(call.key):
+            return call.decode(reply)
+
+    def _done(self, call: SemCall) -> Any:
+        return self.decoded(call, self._granting(call))
+
+    def _acquire_call(
+        self,
+        key: str,
+        token: str,
+        *,
+        limit: int,
+        lease: float,
+        running: bool,
+        holder: Holder | None,
+        park: Park | None,
+        job_class: str,
+        args: str,
+        caller: Holder,
+        handoff: float = HANDOFF,
+    ) -> SemCall:
+        argv = [
+            token, limit, _ms(lease), "1" if running else "0", encode_holder(holder),
+            park.via if park else "", park.payload if park else "",
+            encode_holder(park.holder if park else None), _ms(park.lease) if park and park.lease else 0,
+            job_class, args, encode_holder(caller), _ms(handoff),
+        ]  # fmt: skip
+        return SemCall(self._acquire, key, argv, _acquired, _Acquired, _TAKEN, caller)
+
+    def _start_call(
+        self,
+        key: str,
+        token: str,
+        *,
+        holder: Holder,
+        lease: float,
+        takeover: Holder | None,
+        caller: Holder,
+        handoff: float = HANDOFF,
+    ) -> SemCall:
+        argv = [
+            token,
+            encode_holder(holder),
+            _ms(lease),
+            encode_holder(takeover),
+            encode_holder(caller),
+            _ms(handoff),
+        ]
+        return SemCall(self._start, key, argv, partial(_started, token), _Started, _RUN, caller)
+
+    def _renew_call(
+        self, key: str, token: str, lease: float, *, caller: Holder, handoff: float = HANDOFF
+    ) -> SemCall:
+        argv = [token, _ms(lease), encode_holder(caller), _ms(handoff)]
+        return SemCall(self._renew, key, argv, _settled, _Settled, _OK, caller, renew=True)
+
+    def _release_call(self, key: str, token: str, *, caller: Holder, handoff: float = HANDOFF) -> SemCall:
+        argv = [token, encode_holder(caller), _ms(handoff), _ms(TOMBSTONE)]
+        return SemCall(self._release, key, argv, _settled, _Settled, _NONE, caller)
+
+    def _requeue_call(
+        self,
+        key: str,
+        token: str,
+        lease: float,
+        *,
+        holder: Holder,
+        caller: Holder,
+        handoff: float = HANDOFF,
+    ) -> SemCall:
+        argv = [token, _ms(lease), encode_holder(holder), encode_holder(caller), _ms(handoff)]
+        return SemCall(self._requeue, key, argv, _settled, _Settled)
+
+    def _handed_call(self, key: str, token: str, promoter: Holder) -> SemCall:
+        return SemCall(self._handed, key, [token, encode_holder(promoter)], bool)
+
+    def _withdraw_call(self, key: str, token: str) -> SemCall:
+        return SemCall(self._withdraw, key, [token], _withdrawn)
+
+    def _reap_call(
+        self, key: str, dead: Sequence[tuple[str, Holder]], *, caller: Holder, handoff: float = HANDOFF
+    ) -> SemCall:
+        argv: list[Any] = [encode_holder(caller), _ms(handoff)]
+        for token, holder in dead:
+            argv += [token, encode_holder(holder)]
+        return SemCall(self._reap, key, argv, _counted, _Counted)
+
+    def _discard_parked_call(self, key: str) -> SemCall:
+        return SemCall(self._discard, key, [], _pairs)
+
+    def _drop_call(
+        self, key: str, tokens: Sequence[str], *, caller: Holder, handoff: float = HANDOFF
+    ) -> SemCall:
+        argv = [encode_holder(caller), _ms(handoff), *tokens]
+        return SemCall(self._drop, key, argv, _counted, _Counted)
+
+    def _read_call(self, key: str, *, head: int = 5) -> SemCall:
+        return SemCall(self._read, key, [head], partial(self._snapshot, key))
 
     def acquire(
         self,
@@ -346,21 +495,12 @@ class RedisSemaphores(SemaphoreStore):
         caller: Holder,
         handoff: float = HANDOFF,
     ) -> Outcome:
-        argv = [
-            token, limit, _ms(lease), "1" if running else "0", encode_holder(holder),
-            park.via if park else "", park.payload if park else "",
-            encode_holder(park.holder if park else None), _ms(park.lease) if park and park.lease else 0,
-            job_class, args, encode_holder(caller), _ms(handoff),
-        ]  # fmt: skip
-        reply = _Acquired._make(self._granting(self._acquire, key, argv, _TAKEN, caller))
-        with self._reading(key):
-            slots = _slots(reply.slots, int(reply.now_ms))
-        return Outcome(
-            _text(reply.status),  # type: ignore[arg-type]
-            _promotions(reply.promotions),
-            position=int(reply.position),
-            slots=slots,
-        )
+        call = self._acquire_call(
+            key, token, limit=limit, lease=lease, running=running, holder=holder, park=park,
+            job_class=job_class, args=args, caller=caller, handoff=handoff,
+        )  # fmt: skip
+        outcome: Outcome = self._done(call)
+        return outcome
 
     def start(
         self,
@@ -373,33 +513,21 @@ class RedisSemaphores(SemaphoreStore):
         caller: Holder,
         handoff: float = HANDOFF,
     ) -> Outcome:
-        argv = [
-            token,
-            encode_holder(holder),
-            _ms(lease),
-            encode_holder(takeover),
-            encode_holder(caller),
-            _ms(handoff),
-        ]
-        reply = _Started._make(self._granting(self._start, key, argv, _RUN, caller))
-        with self._reading(key):
-            runner = _holder(0, f"slot {token}", _text(reply.busy))
-        return Outcome(
-            _text(reply.status),  # type: ignore[arg-type]
-            _promotions(reply.promotions),
-            position=int(reply.position),
-            holder=runner,
+        call = self._start_call(
+            key, token, holder=holder, lease=lease, takeover=takeover, caller=caller, handoff=handoff
         )
+        outcome: Outcome = self._done(call)
+        return outcome
 
     def renew(
         self, key: str, token: str, lease: float, *, caller: Holder, handoff: float = HANDOFF
     ) -> Outcome:
-        argv = [token, _ms(lease), encode_holder(caller), _ms(handoff)]
-        return _settled(_Settled._make(self._granting(self._renew, key, argv, _OK, caller, renew=True)))
+        outcome: Outcome = self._done(self._renew_call(key, token, lease, caller=caller, handoff=handoff))
+        return outcome
 
     def release(self, key: str, token: str, *, caller: Holder, handoff: float = HANDOFF) -> Outcome:
-        argv = [token, encode_holder(caller), _ms(handoff), _ms(TOMBSTONE)]
-        return _settled(_Settled._make(self._granting(self._release, key, argv, _NONE, caller)))
+        outcome: Outcome = self._done(self._release_call(key, token, caller=caller, handoff=handoff))
+        return outcome
 
     def requeue(
         self,
@@ -411,33 +539,34 @@ class RedisSemaphores(SemaphoreStore):
         caller: Holder,
         handoff: float = HANDOFF,
     ) -> Outcome:
-        argv = [token, _ms(lease), encode_holder(holder), encode_holder(caller), _ms(handoff)]
-        return _settled(_Settled._make(self._eval(self._requeue, key, argv)))
+        call = self._requeue_call(key, token, lease, holder=holder, caller=caller, handoff=handoff)
+        outcome: Outcome = self._done(call)
+        return outcome
 
     def handed(self, key: str, token: str, promoter: Holder) -> bool:
-        return bool(self._eval(self._handed, key, [token, encode_holder(promoter)]))
+        return bool(self._done(self._handed_call(key, token, promoter)))
 
     def withdraw(self, key: str, token: str) -> Outcome:
-        return Outcome(_text(self._eval(self._withdraw, key, [token])))  # type: ignore[arg-type]
+        outcome: Outcome = self._done(self._withdraw_call(key, token))
+        return outcome
 
     def reap(
         self, key: str, dead: Sequence[tuple[str, Holder]], *, caller: Holder, handoff: float = HANDOFF
     ) -> Outcome:
-        argv: list[Any] = [encode_holder(caller), _ms(handoff)]
-        for token, holder in dead:
-            argv += [token, encode_holder(holder)]
-        return _counted(_Counted._make(self._eval(self._reap, key, argv)))
+        outcome: Outcome = self._done(self._reap_call(key, dead, caller=caller, handoff=handoff))
+        return outcome
 
     def discard_parked(self, key: str) -> list[tuple[str, str]]:
-        flat = self._eval(self._discard, key, [])
-        return [(_text(flat[i]), _text(flat[i + 1])) for i in range(0, len(flat), 2)]
+        pairs: list[tuple[str, str]] = self._done(self._discard_parked_call(key))
+        return pairs
 
     def drop(self, key: str, tokens: Sequence[str], *, caller: Holder, handoff: float = HANDOFF) -> Outcome:
-        argv = [encode_holder(caller), _ms(handoff), *tokens]
-        return _counted(_Counted._make(self._eval(self._drop, key, argv)))
+        outcome: Outcome = self._done(self._drop_call(key, tokens, caller=caller, handoff=handoff))
+        return outcome
 
     def read(self, key: str, *, head: int = 5) -> SemaphoreState:
-        return self._snapshot(key, self._eval(self._read, key, [head]))
+        state: SemaphoreState = self._done(self._read_call(key, head=head))
+        return state
 
     def read_many(self, keys: Sequence[str], *, head: int = 5) -> list[SemaphoreState | CorruptRecordError]:
         """Read ``keys`` as :meth:`read` does, their READ scripts sent together (``_transport.Scripts.many``).
