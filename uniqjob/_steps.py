@@ -24,7 +24,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+from abc import get_cache_token
 from collections.abc import Callable, Generator
+from types import GeneratorType
 from typing import Any, TypeVar
 
 from .errors import ConfigurationError
@@ -69,8 +71,12 @@ def drive(store: Backend, steps: Steps[T]) -> T:
         try:
             if type(what) is str:
                 reply, error = getattr(store, what)(*args, **kwargs), None
+            elif what is SLEEP:
+                reply, error = args[1](args[0]), None
             else:
-                reply, error = _called(what, args, kwargs), None
+                reply, error = what(*args, **kwargs), None
+                if _awaitable(reply):
+                    _refuse(what, reply)
         except BaseException as exc:  # thrown into the steps, as adrive() does
             reply, error = None, exc
 
@@ -98,14 +104,6 @@ async def _run(steps: Steps[T], astore: AsyncBackend) -> T:
             reply, error = None, exc
 
 
-def _called(what: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A step that is not a store primitive, called: a wait, or a function (refused if it is async)."""
-    if what is SLEEP:
-        return args[1](args[0])
-    reply = what(*args, **kwargs)
-    return _refuse(what, reply) if _awaitable(reply) else reply
-
-
 async def _awaited(astore: AsyncBackend, step: Step) -> Any:
     what, args, kwargs = step
     if type(what) is str:
@@ -116,9 +114,31 @@ async def _awaited(astore: AsyncBackend, step: Step) -> Any:
     return (await reply) if _awaitable(reply) else reply
 
 
+#: Types none of whose instances is awaitable, each with the ABC cache token it was found at (the
+#: token changes whenever any ABC gains a registered subclass, which might make one awaitable).
+_PLAIN: dict[type, object] = {}
+_PLAIN_MAX = 256  # kinds of reply kept (then it starts afresh): a bound for classes made at run time
+
+
 def _awaitable(reply: Any) -> bool:
-    """``inspect.isawaitable(reply)``, None (a dropped duplicate's, most functions') answered at once."""
-    return reply is not None and inspect.isawaitable(reply)
+    """``inspect.isawaitable(reply)``, sooner: None (a dropped duplicate's, most functions') and the
+    instances of a type seen before to be plain (a queue's job handle) are answered at once."""
+    if reply is None:
+        return False
+    kind = type(reply)
+    token = get_cache_token()
+    # An object whose __class__ is not its type (a proxy) is tested by that class too, and a
+    # generator's answer is its own (its code's flags): neither is answered by its type alone.
+    own = reply.__class__ is kind
+    if own and _PLAIN.get(kind) == token:
+        return False
+    if inspect.isawaitable(reply):
+        return True
+    if own and kind is not GeneratorType:
+        if len(_PLAIN) >= _PLAIN_MAX:
+            _PLAIN.clear()
+        _PLAIN[kind] = token
+    return False
 
 
 def _refuse(what: Any, awaitable: Any) -> Any:
