@@ -30,7 +30,7 @@ from types import GeneratorType
 from typing import Any, TypeVar
 
 from .errors import ConfigurationError
-from .stores.aio import AsyncBackend, async_backend
+from .stores.aio import async_backend
 from .stores.base import Backend
 
 __all__ = ["SLEEP", "Step", "Steps", "adrive", "drive", "sleep_of"]
@@ -82,36 +82,33 @@ def drive(store: Backend, steps: Steps[T]) -> T:
 
 
 async def adrive(store: Backend, steps: Steps[T]) -> T:
-    """Run ``steps`` to the end, awaiting each step (the asyncio API); return its result."""
-    return await _run(steps, async_backend(store))
+    """Run ``steps`` to the end, awaiting each step (the asyncio API); return its result.
 
-
-async def _run(steps: Steps[T], astore: AsyncBackend) -> T:
-    """Send each step's awaited answer into ``steps``, or throw what it raised, until they return."""
+    A store primitive is awaited on the store's async face; a function step's
+    reply is awaited if it is awaitable; a wait is ``asyncio.sleep``.
+    """
+    astore = async_backend(store)
+    send, throw = steps.send, steps.throw
     reply: Any = None
     error: BaseException | None = None
     while True:
         try:
-            step = steps.send(reply) if error is None else steps.throw(error)
+            what, args, kwargs = send(reply) if error is None else throw(error)
         except StopIteration as done:
             result: T = done.value
             return result
         try:
-            reply, error = await _awaited(astore, step), None
-        except (
-            BaseException
-        ) as exc:  # thrown into the steps (a cancellation too: they release what they hold)
+            if type(what) is str:
+                reply, error = await astore.call(what, args, kwargs), None
+            elif what is SLEEP:
+                await asyncio.sleep(args[0])
+                reply, error = None, None
+            else:
+                reply, error = what(*args, **kwargs), None
+                if _awaitable(reply):
+                    reply = await reply
+        except BaseException as exc:  # thrown into the steps (a cancellation too: they release theirs)
             reply, error = None, exc
-
-
-async def _awaited(astore: AsyncBackend, step: Step) -> Any:
-    what, args, kwargs = step
-    if type(what) is str:
-        return await astore.call(what, args, kwargs)
-    if what is SLEEP:
-        return await asyncio.sleep(args[0])
-    reply = what(*args, **kwargs)
-    return (await reply) if _awaitable(reply) else reply
 
 
 #: Types none of whose instances is awaitable, each with the ABC cache token it was found at (the
