@@ -27,11 +27,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+from abc import get_cache_token
 from collections.abc import Callable, Generator
+from types import GeneratorType
 from typing import Any, TypeVar
 
 from .errors import ConfigurationError
-from .stores.aio import AsyncBackend, async_backend
+from .stores.aio import async_backend
 from .stores.base import Backend
 
 __all__ = ["SLEEP", "TWIN", "Step", "Steps", "adrive", "drive", "sleep_of", "twin_of"]
@@ -79,60 +81,75 @@ def drive(store: Backend, steps: Steps[T]) -> T:
         try:
             if type(what) is str:
                 reply, error = getattr(store, what)(*args, **kwargs), None
+            elif what is SLEEP:
+                reply, error = args[1](args[0]), None
+            elif what is TWIN:
+                reply, error = args[0](*args[2], **kwargs), None
             else:
-                reply, error = _called(what, args, kwargs), None
+                reply, error = what(*args, **kwargs), None
+                if _awaitable(reply):
+                    _refuse(what, reply)
         except BaseException as exc:  # thrown into the steps, as adrive() does
             reply, error = None, exc
 
 
 async def adrive(store: Backend, steps: Steps[T]) -> T:
-    """Run ``steps`` to the end, awaiting each step (the asyncio API); return its result."""
-    return await _run(steps, async_backend(store))
+    """Run ``steps`` to the end, awaiting each step (the asyncio API); return its result.
 
-
-async def _run(steps: Steps[T], astore: AsyncBackend) -> T:
-    """Send each step's awaited answer into ``steps``, or throw what it raised, until they return."""
+    A store primitive is awaited on the store's async face; a function step's
+    reply is awaited if it is awaitable; a wait is ``asyncio.sleep``.
+    """
+    astore = async_backend(store)
+    send, throw = steps.send, steps.throw
     reply: Any = None
     error: BaseException | None = None
     while True:
         try:
-            step = steps.send(reply) if error is None else steps.throw(error)
+            what, args, kwargs = send(reply) if error is None else throw(error)
         except StopIteration as done:
             result: T = done.value
             return result
         try:
-            reply, error = await _awaited(astore, step), None
-        except (
-            BaseException
-        ) as exc:  # thrown into the steps (a cancellation too: they release what they hold)
+            if type(what) is str:
+                reply, error = await astore.call(what, args, kwargs), None
+            elif what is SLEEP:
+                await asyncio.sleep(args[0])
+                reply, error = None, None
+            elif what is TWIN:
+                reply, error = await args[1](*args[2], **kwargs), None
+            else:
+                reply, error = what(*args, **kwargs), None
+                if _awaitable(reply):
+                    reply = await reply
+        except BaseException as exc:  # thrown into the steps (a cancellation too: they release theirs)
             reply, error = None, exc
 
 
-def _called(what: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A step that is not a store primitive, called: a wait, or a function (refused if it is async)."""
-    if what is SLEEP:
-        return args[1](args[0])
-    if what is TWIN:
-        return args[0](*args[2], **kwargs)
-    reply = what(*args, **kwargs)
-    return _refuse(what, reply) if _awaitable(reply) else reply
-
-
-async def _awaited(astore: AsyncBackend, step: Step) -> Any:
-    what, args, kwargs = step
-    if type(what) is str:
-        return await astore.call(what, args, kwargs)
-    if what is SLEEP:
-        return await asyncio.sleep(args[0])
-    if what is TWIN:
-        return await args[1](*args[2], **kwargs)
-    reply = what(*args, **kwargs)
-    return (await reply) if _awaitable(reply) else reply
+#: Types none of whose instances is awaitable, each with the ABC cache token it was found at (the
+#: token changes whenever any ABC gains a registered subclass, which might make one awaitable).
+_PLAIN: dict[type, object] = {}
+_PLAIN_MAX = 256  # kinds of reply kept (then it starts afresh): a bound for classes made at run time
 
 
 def _awaitable(reply: Any) -> bool:
-    """``inspect.isawaitable(reply)``, None (a dropped duplicate's, most functions') answered at once."""
-    return reply is not None and inspect.isawaitable(reply)
+    """``inspect.isawaitable(reply)``, sooner: None (a dropped duplicate's, most functions') and the
+    instances of a type seen before to be plain (a queue's job handle) are answered at once."""
+    if reply is None:
+        return False
+    kind = type(reply)
+    token = get_cache_token()
+    # An object whose __class__ is not its type (a proxy) is tested by that class too, and a
+    # generator's answer is its own (its code's flags): neither is answered by its type alone.
+    own = reply.__class__ is kind
+    if own and _PLAIN.get(kind) == token:
+        return False
+    if inspect.isawaitable(reply):
+        return True
+    if own and kind is not GeneratorType:
+        if len(_PLAIN) >= _PLAIN_MAX:
+            _PLAIN.clear()
+        _PLAIN[kind] = token
+    return False
 
 
 def _refuse(what: Any, awaitable: Any) -> Any:

@@ -12,8 +12,8 @@ them (``job_cls.lock_from(key, token)``) and runs the job with
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import ContextDecorator
 from contextvars import ContextVar, Token
 from typing import Any, Literal
 
@@ -365,8 +365,7 @@ class JobLock:
         assert self.conflict is not None
         raise JobNotUnique(self.key, self.conflict.describe())
 
-    @contextmanager
-    def running(self, *, started: bool = False, release: bool = True) -> Iterator[JobLock]:
+    def running(self, *, started: bool = False, release: bool = True) -> _Running:
         """Hold the strategy's locks for the body, the run lock renewed by the heartbeat; release after.
 
         Raises :class:`JobNotUnique` if another live job holds the run lock.
@@ -375,11 +374,7 @@ class JobLock:
         stay: the caller settles them with :meth:`release` or :meth:`requeue`
         once its queue has said whether the job runs again (a retry).
         """
-        drive(self.backend, self.hold_steps(started=started, release=release))
-        try:
-            yield self
-        finally:
-            drive(self.backend, self.unhold_steps(release=release))
+        return _Running(self, started, release)
 
     def hold_steps(self, *, started: bool = False, release: bool = True) -> Steps[None]:
         """The steps that begin :meth:`running`: start, and the heartbeat; ``unhold_steps`` end it."""
@@ -575,6 +570,28 @@ class JobLock:
             if not _held((yield ("read", (candidate,), _NONE)), run_conflicts):
                 return False
         return True
+
+
+class _Running(ContextDecorator):
+    """What :meth:`JobLock.running` returns: ``hold_steps`` driven on entry, ``unhold_steps`` on exit.
+
+    (A class rather than ``@contextmanager``: a full cycle enters one, and a
+    generator's context manager costs three more calls and a generator.)
+    """
+
+    __slots__ = ("lock", "release", "started")
+
+    def __init__(self, lock: JobLock, started: bool, release: bool) -> None:
+        self.lock, self.started, self.release = lock, started, release
+
+    def __enter__(self) -> JobLock:
+        lock = self.lock
+        drive(lock.backend, lock.hold_steps(started=self.started, release=self.release))
+        return lock
+
+    def __exit__(self, *exc_info: object) -> None:
+        lock = self.lock
+        drive(lock.backend, lock.unhold_steps(release=self.release))
 
 
 def _held(state: LockState, run_conflicts: bool) -> bool:

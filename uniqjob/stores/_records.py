@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from functools import partial
 from typing import Any
 
 from .._moved import renamed
@@ -19,6 +20,7 @@ from ..locks import (
     RUNNING,
     Holder,
     LockState,
+    Parts,
     QueueMeta,
     QueueRecord,
     RunClaim,
@@ -32,6 +34,30 @@ Record = dict[str, Any]
 Fences = Callable[[int], int]
 #: Counts ``n`` dropped duplicates (-1: takes one back) of a job class at a store time (Backend.duplicates).
 Drops = Callable[[str, float, int], None]
+
+
+def _parts(q: Record | None, r: Record | None, now: float) -> Parts:
+    """The queue lock, run lock and clock of a key whose records are ``q`` and ``r`` at ``now``."""
+    queue = run = None
+    if q is not None:
+        expires = q.get("expires")
+        queue = QueueRecord(
+            token=q["token"],
+            state=q["state"],
+            since=q["since"],
+            meta=QueueMeta(q.get("cls", ""), q.get("args", ""), q.get("job_id", "")),
+            ttl=None if expires is None else expires - now,
+        )
+    if r is not None:
+        run = RunRecord(
+            token=r["token"],
+            holder=Holder(r["host"], r["node"], r["pid"], r["pstart"]),
+            started=r["started"],
+            lease=r["lease"],
+            lease_left=r["until"] - now,
+            fence=r.get("f", 0),
+        )
+    return queue, run, now
 
 
 class LockMachine:
@@ -68,28 +94,19 @@ class LockMachine:
     # -- reading -------------------------------------------------------------------
 
     def state(self) -> LockState:
-        queue = run = None
-        if self.q is not None:
-            q = self.q
-            expires = q.get("expires")
-            queue = QueueRecord(
-                token=q["token"],
-                state=q["state"],
-                since=q["since"],
-                meta=QueueMeta(q.get("cls", ""), q.get("args", ""), q.get("job_id", "")),
-                ttl=None if expires is None else expires - self.now,
-            )
-        if self.r is not None:
-            r = self.r
-            run = RunRecord(
-                token=r["token"],
-                holder=Holder(r["host"], r["node"], r["pid"], r["pstart"]),
-                started=r["started"],
-                lease=r["lease"],
-                lease_left=r["until"] - self.now,
-                fence=r.get("f", 0),
-            )
-        return LockState(self.key, queue, run, self.now)
+        return LockState(self.key, *_parts(self.q, self.r, self.now))
+
+    def _refused(self) -> LockState:
+        """The state that refuses a claim; the usual duplicate's (queued, no job id, no run lock) unread.
+
+        As the Redis store leaves it (docs/performance.md): nothing can be reclaimed, so
+        the caller reads its parts only to report them. The records are never changed in
+        place (a transition replaces them), so they are read later as they are now.
+        """
+        q = self.q
+        if self.r is None and q is not None and q["state"] == QUEUED and not q.get("job_id"):
+            return LockState.unread(self.key, partial(_parts, q, None, self.now), nothing_to_reclaim=True)
+        return self.state()
 
     def record(self) -> Record | None:
         """Return the record to store, or None when the key holds no lock."""
@@ -171,7 +188,7 @@ class LockMachine:
             if self.q["state"] == RUNNING and self.r is None:
                 self.q, self.changed = None, True  # orphan: its holder stopped beating
             elif self.q["token"] != token:
-                return self.state()
+                return self._refused()
             elif run is None:
                 return None  # our own claim, retried after a lost reply: it holds already
             elif self._retakes(token, run):

@@ -8,7 +8,6 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import cast
 
 from . import _drops
@@ -57,17 +56,8 @@ class _MemoryRecords(RecordStore):
         fence = self._last_fence = max(now_us, self._last_fence + 1)  # the mutex is held
         return fence
 
-    @contextmanager
-    def _held(self, key: str) -> Iterator[Held]:
-        with self._mutex:
-            stored = self._records.get(key)
-            yield Held(
-                None if stored is None else self._fresh(stored),
-                self.clock(),
-                functools.partial(self._put, key),
-                self._fence,
-                self._count,
-            )
+    def _held(self, key: str) -> _Holding:
+        return _Holding(self, key)
 
     def _count(self, cls: str, now: float, n: int) -> None:
         _drops.add(self._drops, cls, now, n)  # the mutex is held
@@ -82,6 +72,37 @@ class _MemoryRecords(RecordStore):
         """Remove ``key``'s record whatever it holds; return ``[key]`` if there was one, else ``[]``."""
         with self._mutex:
             return [key] if self._records.pop(key, None) is not None else []
+
+
+class _Holding:
+    """``_MemoryRecords._held(key)``: the store's mutex held, ``key``'s record read, for the ``with`` body.
+
+    (A class rather than ``@contextmanager``: every transition enters one.)
+    """
+
+    __slots__ = ("key", "store")
+
+    def __init__(self, store: _MemoryRecords, key: str) -> None:
+        self.store, self.key = store, key
+
+    def __enter__(self) -> Held:
+        store, key = self.store, self.key
+        store._mutex.acquire()
+        try:
+            stored = store._records.get(key)
+            return Held(
+                None if stored is None else store._fresh(stored),
+                store.clock(),
+                functools.partial(store._put, key),
+                store._fence,
+                store._count,
+            )
+        except BaseException:
+            store._mutex.release()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.store._mutex.release()
 
 
 class MemoryBackend(_MemoryRecords, LockMachineBackend):

@@ -262,11 +262,8 @@ class RedisBackend(Backend):
             raise self._fail(exc) from exc
 
     def _eval(self, script: Script, numkeys: int, items: list[Any]) -> Any:
-        """Run ``script`` with ``items``: its ``numkeys`` keys, then its arguments (_transport.Scripts)."""
-        try:
-            return self._run(script, numkeys, items)
-        except Exception as exc:
-            raise self._failure(exc, items[:numkeys]) from exc
+        """Run ``script`` with ``items``: its ``numkeys`` keys, then its arguments; its raw reply."""
+        return self._done(Call(script, numkeys, items, _raw))
 
     def _failure(self, exc: Exception, names: list[Any]) -> Exception:
         """What a script call that raised ``exc`` on keys ``names`` raises instead (``from exc``):
@@ -383,7 +380,11 @@ class RedisBackend(Backend):
 
     def _done(self, call: Call) -> Any:
         if self._acks is None or call.grant is None:
-            return call.decode(self._eval(call.script, call.numkeys, call.items))
+            try:  # the script run with its keys, then its arguments (_transport.Scripts)
+                reply = self._run(call.script, call.numkeys, call.items)
+            except Exception as exc:
+                raise self._failure(exc, call.items[: call.numkeys]) from exc
+            return call.decode(reply)
         return call.decode(self._acked(call))
 
     def _granted(self, key: str, run: RunClaim | None, reply: Any) -> LockState | None:
@@ -407,6 +408,8 @@ class RedisBackend(Backend):
     ) -> Call:
         flag = ("q" if run is None else "r") + _drop(count, counted)
         items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
+        if self._acks is None:  # no replicas to acknowledge it: no grant text, nothing to undo
+            return Call(self._claim, 4, items, partial(self._granted, key, run))
         undo = partial(self._reclaim_call, key, token, token if run is not None else None)
         what = partial(_claimed, key, run is not None)  # its text made only for a grant to acknowledge
         return Call(self._claim, 4, items, partial(self._granted, key, run), what, undo)
@@ -426,6 +429,8 @@ class RedisBackend(Backend):
     ) -> Call:
         flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock] + _drop(count, counted)
         items = self._items(key, token, meta, ttl, flag=flags, run=run, keys=self._tallied(key))
+        if self._acks is None:
+            return Call(self._start, 4, items, partial(self._granted, key, run))
         # Undone: the run lock of this token and attempt; the queue lock is left as a failed
         # start leaves it (an orphan once the run lock is gone, reclaimed by the next claim).
         undo = partial(self._finish_call, key, token, keep_queue=True, attempt=run.attempt)
@@ -678,6 +683,10 @@ def _if_one(what: str, reply: Any) -> str:
 
 def _nothing(reply: Any) -> None:
     return None
+
+
+def _raw(reply: Any) -> Any:
+    return reply
 
 
 def _drop(count: bool, counted: float | None) -> str:

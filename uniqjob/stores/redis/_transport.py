@@ -117,6 +117,19 @@ _OWN_CONNECTIONS = (redis.Connection, redis.SSLConnection, redis.UnixDomainSocke
 _ASCII_SUPERSETS = frozenset({"utf-8", "utf8", "UTF-8", "latin-1", "latin1", "ascii"})
 
 
+# This process's id, kept up to date by a fork hook: os.getpid() is a system call on every
+# call, and a lane opened before a fork must never be used in the child.
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 # What a lane's ``sock`` is until its connection is open and checked: no socket
 # (``conn._sock`` is a socket or None) is ever this, so every call goes the long way.
 _UNREADY: Any = object()
@@ -178,7 +191,7 @@ class Lanes:
     def _lane(self) -> _Lane:
         """This thread's lane, its connection open and checked as the pool checks one it hands out."""
         lane: _Lane | None = getattr(self._local, "lane", None)
-        pid = os.getpid()
+        pid = _pid
         if lane is None or lane.pid != pid:
             # A new thread, or a forked child: the parent's socket is not ours to use.
             # The same class and arguments as the pool's own connections.
@@ -237,7 +250,7 @@ class Lanes:
         """
         lane: _Lane | None = getattr(self._local, "lane", None)
         # The usual call, in line: this thread's lane, its socket unchanged and quiet (see _lane).
-        if lane is None or lane.pid != os.getpid() or lane.conn._sock is not lane.sock or lane.poller.poll(0):
+        if lane is None or lane.pid != _pid or lane.conn._sock is not lane.sock or lane.poller.poll(0):
             lane = self._lane()
         conn = lane.conn
         if exchange is None:
