@@ -363,6 +363,25 @@ def test_an_unreachable_redis_is_a_backend_error_and_perform_does_not_run(tmp_pa
     assert job.fences == []
 
 
+def test_a_failed_start_settles_through_the_async_settle_awaited(tmp_path: Path) -> None:
+    # A worker's start that the store fails is settled as a failed delivery; an async
+    # queue's settle (arq's) must be awaited, not called and dropped unawaited.
+    store = RedisBackend(f"unix://{tmp_path}/nothing.sock", timeout=0.5)
+    job = job_on(store, unique_strategy="until_executing")
+    job.gate = None
+    settled: list[BaseException | None] = []
+
+    async def settle(exc: BaseException | None, result: Any) -> None:
+        await asyncio.sleep(0)
+        settled.append(exc)
+
+    lock = job.lock_from(job.lock(1).key, "t" * 24)
+    with pytest.raises(BackendError, match=r"nothing\.sock"):
+        run(job.aexecute(lock, (1,), {}, settle=settle))
+    assert len(settled) == 1 and isinstance(settled[0], BackendError)
+    assert job.fences == []
+
+
 def test_a_client_without_an_asyncio_twin_is_a_configuration_error(redis_server: RedisServer) -> None:
     client = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(redis_server.url))
     job = job_on(RedisBackend(client))

@@ -287,7 +287,7 @@ class UniqueJob:
             yield from lock.dequeue_steps()
             return (yield (_conflicts.apply, (cls, lock, args, kwargs), _NONE))
         except Exception as exc:  # the store failed: give back what the call holds, then say so
-            yield (_settle_failed_start, (lock, settle, exc), _NONE)
+            yield from _settle_failed_start_steps(lock, settle, exc)
             raise
         if settle is None:
             return (yield from _perform_steps(cls, lock, args, kwargs, release=True))
@@ -420,17 +420,18 @@ def _refuse_sync(cls: type[UniqueJob], entry: str) -> None:
     )
 
 
-def _settle_failed_start(
-    lock: JobLock, settle: Callable[[BaseException | None, Any], None] | None, exc: Exception
-) -> None:
+def _settle_failed_start_steps(
+    lock: JobLock, settle: Callable[[BaseException | None, Any], Any] | None, exc: Exception
+) -> Steps[None]:
     """``lock.start()`` failed: drop an inline call's queued lock; settle a delivery as a failed one.
 
     Left behind, an inline call's queued lock (no queue can prove it gone, no
-    expiry unless autoexpire) would refuse its key for good.
+    expiry unless autoexpire) would refuse its key for good. As steps: on the
+    asyncio path the store is awaited and an async queue's ``settle`` too.
     """
     if _concurrency.is_inline(lock):
-        _concurrency.undo_inline(None, lock)
+        yield from _concurrency.undo_inline_steps(None, lock)
     elif settle is not None:
-        settle(exc, None)
+        yield (settle, (exc, None), _NONE)
     else:
-        lock.release()
+        yield from lock.release_steps()
