@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -380,6 +382,58 @@ def test_a_failed_start_settles_through_the_async_settle_awaited(tmp_path: Path)
         run(job.aexecute(lock, (1,), {}, settle=settle))
     assert len(settled) == 1 and isinstance(settled[0], BackendError)
     assert job.fences == []
+
+
+_HOLD_STRIPES = """
+import fcntl, os, sys
+fds = []
+for n in range(64):
+    fd = os.open(os.path.join(sys.argv[1], ".locks", f"{n:02d}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    fds.append(fd)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_an_inline_start_cancelled_in_flight_is_undone(tmp_path: Path) -> None:
+    # while_executing: the start is the call's first lock step. Another process holds every
+    # stripe of the file store, so the start waits in its thread; the task is cancelled
+    # meanwhile, and the start is applied once the stripes are free. Undone, token-checked:
+    # left, its run lock would drop the next call as a duplicate for a whole lease (30 s).
+    store = FileBackend(tmp_path / "locks")
+    job = job_on(store, unique_strategy="while_executing")
+    job.gate = None
+    (tmp_path / "locks" / ".locks").mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_STRIPES, str(tmp_path / "locks")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    def free() -> None:
+        assert holder.stdin is not None
+        if not holder.stdin.closed:
+            holder.stdin.close()
+        holder.wait(10)
+
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+
+        async def main() -> None:
+            task = asyncio.create_task(job.arun(1))
+            await asyncio.sleep(0.2)  # the start is waiting for its stripe in a worker thread
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            free()  # the start goes on in its thread, and is applied now
+
+        run(main())
+    finally:
+        free()
+    wait_for(lambda: not job.is_locked(1), "the undo of the cancelled start")
+    assert run(job.arun(1)) == "fetched 1"
 
 
 def test_a_client_without_an_asyncio_twin_is_a_configuration_error(redis_server: RedisServer) -> None:
