@@ -15,6 +15,7 @@ import itertools
 import threading
 import time
 from collections.abc import Awaitable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
 import pytest
@@ -31,6 +32,7 @@ from uniqjob.concurrency._settings import ConcurrencyPolicy
 from uniqjob.errors import BackendError, ConcurrencyLimitExceeded
 from uniqjob.joblock import JobLock
 from uniqjob.queue import Queue
+from uniqjob.stores.aio import ThreadAsync, async_backend
 from uniqjob.stores.base import Backend
 from uniqjob.stores.redis import RedisBackend
 
@@ -375,6 +377,38 @@ def test_a_cancelled_holder_frees_its_slot_and_the_next_call_runs() -> None:
     run(main())
     assert OneAtATime.tally.most == 1
     assert OneAtATime.semaphore().read().empty
+
+
+def test_a_task_cancelled_while_its_release_waits_for_a_thread_still_releases(
+    backend: Backend,
+) -> None:
+    # A store awaited in threads (files, a plugin): the release of the lock and of the slot
+    # waits for a worker thread of the loop's executor, and the task is cancelled meanwhile.
+    # The call must still be made (a thread call cannot be taken back once asked for):
+    # dropped, the lock would hold its key for a lease (30 s), the slot its key for 15 min.
+    if not isinstance(async_backend(backend), ThreadAsync):
+        pytest.skip("a store awaited in the event loop itself, or through redis.asyncio")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+        OneAtATime.gates[1] = asyncio.Event()
+        task = asyncio.create_task(OneAtATime.arun(1))
+        await until(lambda: OneAtATime.tally.now == 1)
+        free = threading.Event()
+        busy = loop.run_in_executor(None, free.wait)  # the only worker thread, taken
+        OneAtATime.gates[1].set()  # perform ends; its release waits for the worker
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.sleep(0.05)  # the cancellation is thrown in
+        free.set()
+        await busy
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        await until(lambda: OneAtATime.semaphore().read().empty and not OneAtATime.is_locked(1))
+        assert await OneAtATime.arun(1) == "done 1"
+
+    run(main())
 
 
 # -- through an async queue ----------------------------------------------------------------------

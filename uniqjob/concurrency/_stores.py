@@ -9,14 +9,13 @@ plugin) called in a thread (``asyncio.to_thread``).
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import ConfigurationError
-from ..stores.aio import async_backend
+from ..stores.aio import async_backend, in_thread
 from ..stores.base import Backend
 from ..stores.semaphores import SemaphoreStore
 
@@ -97,6 +96,6 @@ def _threaded(store: SemaphoreStore) -> Face:
     """A face that calls ``store`` in a worker thread (a store whose primitives may wait)."""
 
     async def threaded(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return await asyncio.to_thread(getattr(store, name), *args, **kwargs)
+        return await in_thread(getattr(store, name), *args, **kwargs)
 
     return threaded

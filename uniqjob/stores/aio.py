@@ -23,7 +23,7 @@ from typing import Any
 
 from .base import Backend
 
-__all__ = ["AsyncBackend", "DirectAsync", "ThreadAsync", "async_backend", "register"]
+__all__ = ["AsyncBackend", "DirectAsync", "ThreadAsync", "async_backend", "in_thread", "register"]
 
 
 class AsyncBackend:
@@ -52,7 +52,23 @@ class ThreadAsync(AsyncBackend):
     """A store whose primitives may wait (files, any other): each called in a worker thread."""
 
     async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return await asyncio.to_thread(getattr(self.sync, name), *args, **kwargs)
+        return await in_thread(getattr(self.sync, name), *args, **kwargs)
+
+
+async def in_thread(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """``await asyncio.to_thread(function, ...)``, made even if the task is cancelled meanwhile.
+
+    A cancelled ``to_thread`` drops a call still waiting for a worker thread, and one
+    already running goes on: a release dropped would leave its lock or slot for a lease,
+    an acquire going on could land after the undo that follows. So the call is always
+    made, and the cancellation is raised once it has ended (what it took is then undone).
+    """
+    call = asyncio.ensure_future(asyncio.to_thread(function, *args, **kwargs))
+    try:
+        return await asyncio.shield(call)
+    except asyncio.CancelledError:
+        await asyncio.wait([call])
+        raise
 
 
 # A store class's async face (a subclass first: the most derived registered class wins).
