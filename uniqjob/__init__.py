@@ -54,7 +54,7 @@ __all__ = [
     "unique",
 ]
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 _LAZY = {
     "FileBackend": ".stores.file",
