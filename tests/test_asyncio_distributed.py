@@ -99,14 +99,8 @@ def _cycles(store: RedisBackend, items: range = range(8)) -> None:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     with Cluster() as started:
-        for master in started.primaries():  # each replica in sync: a first grant is acknowledged
-            with redis.Redis(port=master.port) as client:
-                wait_until(partial(_acknowledged, client), "a replica to catch up")
+        started.wait_replicas_in_sync()
         yield started
-
-
-def _acknowledged(client: redis.Redis) -> bool:
-    return bool(client.wait(1, 200) >= 1)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partial
 from typing import Any
 
 import pytest
@@ -319,14 +318,8 @@ def test_a_release_whose_promotion_is_unacknowledged_fails_closed(store: RedisBa
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     with Cluster() as started:
-        for master in started.primaries():  # each replica in sync: a first grant is acknowledged
-            with redis.Redis(port=master.port) as client:
-                wait_until(partial(_acknowledged, client), "a replica to catch up")
+        started.wait_replicas_in_sync()
         yield started
-
-
-def _acknowledged(client: redis.Redis) -> bool:
-    return bool(client.wait(1, 200) >= 1)
 
 
 def _replica_of(cluster: Cluster, master: RedisServer) -> RedisServer:

@@ -81,6 +81,10 @@ def _cmd(client: redis.Redis, *args: Any) -> Any:
     return client.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
+def _one_acknowledges(client: redis.Redis) -> bool:
+    return int(client.wait(1, 200)) >= 1
+
+
 def _client(server: RedisServer) -> redis.Redis:
     return redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=2, socket_connect_timeout=2)
 
@@ -202,6 +206,12 @@ class Cluster(_Group):
             return True
 
         _wait("the cluster to be ok", ok, timeout)
+
+    def wait_replicas_in_sync(self, timeout: float = 30.0) -> None:
+        """Until each master's replica has caught up (``WAIT 1`` acknowledges): a first grant is acked."""
+        for master in self.primaries():
+            with _client(master) as client:
+                _wait(f"a replica of {master.port} to catch up", partial(_one_acknowledges, client), timeout)
 
     def primaries(self) -> list[RedisServer]:
         """The live nodes that are masters now."""
