@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import redis
@@ -28,8 +28,9 @@ from tests.integration_workers import wait_until
 from tests.redis_server import RedisServer
 from tests.support import sigstop
 from tests.support.topologies import SERVICE, Cluster, SentinelGroup, valkey_binary
+from tests.test_asyncio import job_on  # the asyncio suite's gated job, which records its fences
 from tests.test_replica_ack import _node_id, _replica_of, _setslot  # the sync suite's own helpers
-from uniqjob import BackendError, ConfigurationError, JobLock, UniqueJob, current_lock, stores
+from uniqjob import BackendError, ConfigurationError, JobLock, UniqueJob, stores
 from uniqjob.locks import QueueMeta, RunClaim, local_holder
 from uniqjob.stores.aio import async_backend
 from uniqjob.stores.redis import RedisBackend
@@ -37,25 +38,6 @@ from uniqjob.stores.redis._async import POOL_SIZE
 
 TIMEOUT = 0.5  # replica_timeout of these tests, in seconds
 META = QueueMeta("tests.Job", "[]")
-
-
-def job_on(backend: RedisBackend) -> Any:
-    """A job class on ``backend`` whose async perform waits for its gate and records its fence."""
-
-    class Fetch(UniqueJob):
-        unique_backend = backend
-        gate: ClassVar[asyncio.Event | None] = None
-        fences: ClassVar[list[int | None]] = []
-
-        @classmethod
-        async def perform(cls, item: int) -> str:
-            lock = current_lock()
-            cls.fences.append(None if lock is None else lock.fence)
-            if cls.gate is not None:
-                await cls.gate.wait()
-            return f"fetched {item}"
-
-    return Fetch
 
 
 async def _full_cycle(job: Any, item: int) -> None:
