@@ -73,8 +73,7 @@ def _face_of(store: SemaphoreStore) -> Face:
         return _threaded(store)
     ref = _backends.get(store)
     backend = ref() if ref is not None else None
-    # With replicas > 0 the sync store's acknowledged grants run in a thread (its WAIT and undo rules).
-    if isinstance(store, RedisSemaphores) and backend is not None and store._acks is None:
+    if isinstance(store, RedisSemaphores) and backend is not None:
         from ..stores.redis._async import RedisAsync
 
         face = async_backend(backend)

@@ -6,7 +6,8 @@ the same script, keys and arguments) sent on the lock store's async
 connections (:meth:`RedisAsync.evalsha <uniqjob.stores.redis._async.RedisAsync.evalsha>`),
 and its reply read by the same reader. An error reply is explained as the sync
 store explains it (a corrupt record by name), in a thread: explaining may ask
-the server which structure holds the wrong type.
+the server which structure holds the wrong type. With ``replicas`` > 0 each
+primitive is the sync store's own, in a thread (its WAIT and undo rules).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ..aio import in_thread
 from ._async import RedisAsync
 from ._semaphores import _PARTS, RedisSemaphores
 
@@ -30,6 +32,8 @@ class RedisAsyncSemaphores:
     async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Await primitive ``name`` of the semaphore contract with these arguments; its answer."""
         store = self.store
+        if store._acks is not None:  # replicas > 0: the sync store's acknowledged grants, in a thread
+            return await in_thread(getattr(store, name), *args, **kwargs)
         call = store.call(name, *args, **kwargs)
         try:
             reply = await self.face.evalsha(call.script, len(_PARTS), [*store._keys(call.key), *call.argv])
