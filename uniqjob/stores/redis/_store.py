@@ -261,10 +261,6 @@ class RedisBackend(Backend):
         except Exception as exc:
             raise self._fail(exc) from exc
 
-    def _eval(self, script: Script, numkeys: int, items: list[Any]) -> Any:
-        """Run ``script`` with ``items``: its ``numkeys`` keys, then its arguments; its raw reply."""
-        return self._done(Call(script, numkeys, items, _raw))
-
     def _failure(self, exc: Exception, names: list[Any]) -> Exception:
         """What a script call that raised ``exc`` on keys ``names`` raises instead (``from exc``):
         a CorruptRecordError, else a BackendError."""
@@ -380,12 +376,18 @@ class RedisBackend(Backend):
 
     def _done(self, call: Call) -> Any:
         if self._acks is None or call.grant is None:
-            try:  # the script run with its keys, then its arguments (_transport.Scripts)
-                reply = self._run(call.script, call.numkeys, call.items)
-            except Exception as exc:
-                raise self._failure(exc, call.items[: call.numkeys]) from exc
-            return call.decode(reply)
+            return call.decode(self._eval(call.script, call.numkeys, call.items))
         return call.decode(self._acked(call))
+
+    def _eval(self, script: Script, numkeys: int, items: list[Any]) -> Any:
+        """Run ``script`` with ``items``: its ``numkeys`` keys, then its arguments; its raw reply.
+
+        (_transport.Scripts sends it; a failure is raised as :meth:`_failure` says.)
+        """
+        try:
+            return self._run(script, numkeys, items)
+        except Exception as exc:
+            raise self._failure(exc, items[:numkeys]) from exc
 
     def _granted(self, key: str, run: RunClaim | None, reply: Any) -> LockState | None:
         """A CLAIM or START reply: None when taken (an integer: 1, or the run lock's fence), else the state"""
@@ -406,13 +408,44 @@ class RedisBackend(Backend):
         count: bool = False,
         counted: float | None = None,
     ) -> Call:
-        flag = ("q" if run is None else "r") + _drop(count, counted)
-        items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
+        items = self._claim_items(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted)
         if self._acks is None:  # no replicas to acknowledge it: no grant text, nothing to undo
             return Call(self._claim, 4, items, partial(self._granted, key, run))
         undo = partial(self._reclaim_call, key, token, token if run is not None else None)
         what = partial(_claimed, key, run is not None)  # its text made only for a grant to acknowledge
         return Call(self._claim, 4, items, partial(self._granted, key, run), what, undo)
+
+    def _claim_items(
+        self,
+        key: str,
+        token: str,
+        *,
+        meta: QueueMeta,
+        ttl: float | None,
+        run: RunClaim | None,
+        count: bool,
+        counted: float | None,
+    ) -> list[Any]:
+        """CLAIM's keys and ARGV (see _lua.CLAIM)."""
+        flag = ("q" if run is None else "r") + _drop(count, counted)
+        return self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
+
+    def _start_items(
+        self,
+        key: str,
+        token: str,
+        *,
+        run: RunClaim,
+        meta: QueueMeta,
+        ttl: float | None,
+        adopt: bool,
+        queue_lock: QueueMode,
+        count: bool,
+        counted: float | None,
+    ) -> list[Any]:
+        """START's keys and ARGV (see _lua.START)."""
+        flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock] + _drop(count, counted)
+        return self._items(key, token, meta, ttl, flag=flags, run=run, keys=self._tallied(key))
 
     def _start_call(
         self,
@@ -427,8 +460,17 @@ class RedisBackend(Backend):
         count: bool = False,
         counted: float | None = None,
     ) -> Call:
-        flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock] + _drop(count, counted)
-        items = self._items(key, token, meta, ttl, flag=flags, run=run, keys=self._tallied(key))
+        items = self._start_items(
+            key,
+            token,
+            run=run,
+            meta=meta,
+            ttl=ttl,
+            adopt=adopt,
+            queue_lock=queue_lock,
+            count=count,
+            counted=counted,
+        )
         if self._acks is None:
             return Call(self._start, 4, items, partial(self._granted, key, run))
         # Undone: the run lock of this token and attempt; the queue lock is left as a failed
@@ -451,7 +493,7 @@ class RedisBackend(Backend):
         # A renewal extends a held lease: nothing to undo, but one the replicas did not see must not
         # count as confirmed, or the holder would trust a lease a promoted replica ends sooner.
         what = partial(_if_one, f"the lease of the run lock of {key!r}, extended")
-        return Call(self._renew, 1, [self._keys(key)[1], token, _ms(lease), attempt], bool, what)
+        return Call(self._renew, 1, [self._keys(key)[1], token, str(_ms(lease)), attempt], bool, what)
 
     def _finish_call(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> Call:
         items = [*self._keys(key)[:2], token, "1" if keep_queue else "0", attempt]
@@ -481,6 +523,9 @@ class RedisBackend(Backend):
         count: bool = False,
         counted: float | None = None,
     ) -> LockState | None:
+        if self._acks is None:  # the call _claim_call makes, sent as it is made: no Call to build
+            items = self._claim_items(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted)
+            return self._granted(key, run, self._eval(self._claim, 4, items))
         result: LockState | None = self._done(
             self._claim_call(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted)
         )
@@ -499,6 +544,19 @@ class RedisBackend(Backend):
         count: bool = False,
         counted: float | None = None,
     ) -> LockState | None:
+        if self._acks is None:  # as claim(): the call _start_call makes, sent as it is made
+            items = self._start_items(
+                key,
+                token,
+                run=run,
+                meta=meta,
+                ttl=ttl,
+                adopt=adopt,
+                queue_lock=queue_lock,
+                count=count,
+                counted=counted,
+            )
+            return self._granted(key, run, self._eval(self._start, 4, items))
         result: LockState | None = self._done(
             self._start_call(
                 key,

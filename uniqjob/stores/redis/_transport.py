@@ -84,28 +84,28 @@ def evalsha_head(sha: str | bytes, numkeys: int, nargs: int) -> bytes:
     return b"*%d\r\n" % (3 + nargs) + _bulk(["EVALSHA", sha, numkeys], "ascii", "strict")
 
 
-def _refuse(arg: object) -> str:
-    raise TypeError(f"cannot send a {type(arg).__name__} to Redis: {arg!r}")
-
-
 def pack_after(
     head: bytes, args: Sequence[str | int], encoding: str = "utf-8", errors: str = "strict"
 ) -> bytes:
     """``head`` (see :func:`evalsha_head`) followed by ``args`` as bulk strings."""
-    if encoding in _ASCII_SUPERSETS:
-        # Keys and arguments are nearly always ASCII: then a character is a byte,
-        # and one format and one encode of the whole do what a loop per argument would.
-        body = "".join([f"${len(a)}\r\n{a}\r\n" if type(a) is str else _int_bulk(a) for a in args])
-        if body.isascii():
-            return head + body.encode("ascii")
+    if args and encoding in _ASCII_SUPERSETS:
+        # Keys and arguments are nearly always ASCII text of a few hundred characters at most:
+        # then a character is a byte, each length's "$<n>\r\n" is looked up, not formatted, and
+        # one join and one encode of the whole do what a format per argument would (0.6x the
+        # instructions). Anything else (an int, a longer text) takes _bulk's way.
+        try:
+            lengths = _LENGTHS
+            body = "\r\n".join([lengths[len(a)] + a for a in args])  # type: ignore[arg-type,operator]
+        except (TypeError, IndexError):
+            pass
+        else:
+            if body.isascii():
+                return head + body.encode("ascii") + b"\r\n"
     return head + _bulk(args, encoding, errors)
 
 
-def _int_bulk(arg: object) -> str:
-    if type(arg) is not int:
-        _refuse(arg)
-    text = str(arg)
-    return f"${len(text)}\r\n{text}\r\n"
+#: The start of a bulk string of each length up to 1023 (pack_after's table).
+_LENGTHS = [f"${n}\r\n" for n in range(1024)]
 
 
 # What execute_command retries (redis-py's Retry default): the call never reached a reply.
