@@ -264,7 +264,10 @@ def bytes_per_lock(backend: RedisBackend, count: int, *, first_id: int) -> float
         for key in backend._keys(job.lock(first_id + i).key):
             pipe.memory_usage(key, samples=0)
     used: list[int | None] = pipe.execute()
-    return sum(n for n in used if n is not None) / sample
+    total = sum(n for n in used if n is not None)
+    if not total:  # the keys named here are not the ones the locks wrote: no figure rather than 0
+        raise RuntimeError(f"none of the keys of the {sample} locks loaded from {first_id} exist")
+    return total / sample
 
 
 def run_scale(

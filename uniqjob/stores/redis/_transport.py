@@ -92,16 +92,30 @@ def pack_after(
         # Keys and arguments are nearly always ASCII text of a few hundred characters at most:
         # then a character is a byte, each length's "$<n>\r\n" is looked up, not formatted, and
         # one join and one encode of the whole do what a format per argument would (0.6x the
-        # instructions). Anything else (an int, a longer text) takes _bulk's way.
+        # instructions). A list with an int or a longer text is formatted argument by argument;
+        # bytes, and what Redis cannot take, go _bulk's way (it refuses what redis-py refuses).
         try:
-            lengths = _LENGTHS
-            body = "\r\n".join([lengths[len(a)] + a for a in args])  # type: ignore[arg-type,operator]
-        except (TypeError, IndexError):
+            try:
+                lengths = _LENGTHS
+                body = "\r\n".join([lengths[len(a)] + a for a in args])  # type: ignore[arg-type,operator]
+            except (TypeError, IndexError):
+                body = "\r\n".join([_text_bulk(a) for a in args])
+        except TypeError:
             pass
         else:
             if body.isascii():
                 return head + body.encode("ascii") + b"\r\n"
     return head + _bulk(args, encoding, errors)
+
+
+def _text_bulk(arg: object) -> str:
+    """``arg`` as a bulk string without its last CRLF, if it is a text or an int; else TypeError."""
+    if type(arg) is str:
+        return f"${len(arg)}\r\n{arg}"
+    if type(arg) is int:
+        text = str(arg)
+        return f"${len(text)}\r\n{text}"
+    raise TypeError(arg)
 
 
 #: The start of a bulk string of each length up to 1023 (pack_after's table).
