@@ -409,6 +409,10 @@ class RedisBackend(Backend):
         counted: float | None = None,
     ) -> Call:
         items = self._claim_items(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted)
+        return self._claim_of(key, token, run, items)
+
+    def _claim_of(self, key: str, token: str, run: RunClaim | None, items: list[Any]) -> Call:
+        """The CLAIM call that sends ``items`` (see :meth:`_claim_items`)."""
         if self._acks is None:  # no replicas to acknowledge it: no grant text, nothing to undo
             return Call(self._claim, 4, items, partial(self._granted, key, run))
         undo = partial(self._reclaim_call, key, token, token if run is not None else None)
@@ -471,6 +475,10 @@ class RedisBackend(Backend):
             count=count,
             counted=counted,
         )
+        return self._start_of(key, token, run, items)
+
+    def _start_of(self, key: str, token: str, run: RunClaim, items: list[Any]) -> Call:
+        """The START call that sends ``items`` (see :meth:`_start_items`)."""
         if self._acks is None:
             return Call(self._start, 4, items, partial(self._granted, key, run))
         # Undone: the run lock of this token and attempt; the queue lock is left as a failed
@@ -523,12 +531,10 @@ class RedisBackend(Backend):
         count: bool = False,
         counted: float | None = None,
     ) -> LockState | None:
-        if self._acks is None:  # the call _claim_call makes, sent as it is made: no Call to build
-            items = self._claim_items(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted)
+        items = self._claim_items(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted)
+        if self._acks is None:  # the call _claim_of would make, sent as it is made: no Call to build
             return self._granted(key, run, self._eval(self._claim, 4, items))
-        result: LockState | None = self._done(
-            self._claim_call(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted)
-        )
+        result: LockState | None = self._done(self._claim_of(key, token, run, items))
         return result
 
     def start(
@@ -544,32 +550,20 @@ class RedisBackend(Backend):
         count: bool = False,
         counted: float | None = None,
     ) -> LockState | None:
-        if self._acks is None:  # as claim(): the call _start_call makes, sent as it is made
-            items = self._start_items(
-                key,
-                token,
-                run=run,
-                meta=meta,
-                ttl=ttl,
-                adopt=adopt,
-                queue_lock=queue_lock,
-                count=count,
-                counted=counted,
-            )
-            return self._granted(key, run, self._eval(self._start, 4, items))
-        result: LockState | None = self._done(
-            self._start_call(
-                key,
-                token,
-                run=run,
-                meta=meta,
-                ttl=ttl,
-                adopt=adopt,
-                queue_lock=queue_lock,
-                count=count,
-                counted=counted,
-            )
+        items = self._start_items(
+            key,
+            token,
+            run=run,
+            meta=meta,
+            ttl=ttl,
+            adopt=adopt,
+            queue_lock=queue_lock,
+            count=count,
+            counted=counted,
         )
+        if self._acks is None:  # as claim(): the call _start_of would make, sent as it is made
+            return self._granted(key, run, self._eval(self._start, 4, items))
+        result: LockState | None = self._done(self._start_of(key, token, run, items))
         return result
 
     def attach(self, key: str, token: str, job_id: str) -> bool:
@@ -741,10 +735,6 @@ def _if_one(what: str, reply: Any) -> str:
 
 def _nothing(reply: Any) -> None:
     return None
-
-
-def _raw(reply: Any) -> Any:
-    return reply
 
 
 def _drop(count: bool, counted: float | None) -> str:
