@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from functools import partial
 
@@ -319,3 +321,36 @@ def test_short_jobs_with_a_lease_do_not_wake_the_thread(beats: Heartbeat) -> Non
 
 def test_a_beat_made_by_hand_is_never_presumed() -> None:
     assert not Beat(lambda: True, 1.0, "k").presumed_lost()
+
+
+def test_a_finished_job_s_lock_is_freed_at_once_not_kept_by_its_cancelled_beat() -> None:
+    # A cancelled beat stays in the heap until it would have come due (tens of seconds): it must
+    # keep nothing of its job meanwhile, or every short job's objects would outlive it (and, as a
+    # reference cycle lock -> beat -> lock, wait for the garbage collector even then).
+    from uniqjob import JobLock, MemoryBackend
+
+    gc.disable()
+    try:
+        lock = JobLock(MemoryBackend(), "k")
+        assert lock.acquire()
+        with lock.running():
+            beat = lock.beat
+            assert beat is not None
+        freed = weakref.ref(lock)
+        del lock
+        assert freed() is None
+        assert beat.cancelled and not beat.lost.is_set()
+    finally:
+        gc.enable()
+
+
+def test_a_beat_s_lost_event_is_one_whoever_asks_first(beats: Heartbeat) -> None:
+    beat = beats.start(lambda: False, 0.01, "k")  # the store says the lock is another's
+    events: list[threading.Event] = []
+    askers = [threading.Thread(target=lambda: events.append(beat.lost)) for _ in range(8)]
+    for asker in askers:
+        asker.start()
+    for asker in askers:
+        asker.join()
+    assert len({id(event) for event in events}) == 1
+    assert events[0].wait(5.0) and beat.reason == TAKEN

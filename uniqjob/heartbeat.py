@@ -9,7 +9,10 @@ The scheduler is woken only when a new beat falls due before the time it sleeps
 until. A short job's beat is cancelled long before it is due; waking the
 thread for it anyway would make it fight the job for the GIL on every perform.
 So cancelled beats stay in the heap, and the thread sleeps until they come up,
-until they are half of it: then it is rebuilt without them.
+until they are half of it: then it is rebuilt without them. A cancelled beat
+lets go of its job (its ``renew`` and ``on_lost``) at once, and a beat makes
+its ``lost`` event only when asked: a short job's objects are freed as it
+ends, not kept for a lease by the heap (nor left to the garbage collector).
 
 Renewals are made by worker threads, one per store (``group``), each started
 when its first renewal falls due (a short job never needs one). The scheduler
@@ -118,7 +121,6 @@ class Beat:
     renew: Callable[[], bool]
     interval: float
     name: str = ""
-    lost: threading.Event = field(default_factory=threading.Event)
     cancelled: bool = False
     owner: Heartbeat | None = field(default=None, repr=False)
     #: The lease, or None: no presumption, the lock is lost only when the store says so.
@@ -136,17 +138,37 @@ class Beat:
     group: int = 0  # which worker renews it: one per store
     _entry: int = field(default=-1, repr=False)  # the heap entry that stands for this beat; others are stale
     _busy: bool = field(default=False, repr=False)  # a renewal is under way in the worker
+    # ``lost``, made when first asked for: a short job's beat (nearly every one) never is.
+    _lost: threading.Event | None = field(default=None, repr=False)
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set when the lock is lost or presumed lost (see ``reason``)."""
+        event = self._lost
+        if event is None:
+            with _MAKING:  # one Event per beat, whichever threads ask first
+                event = self._lost
+                if event is None:
+                    event = self._lost = threading.Event()
+        return event
+
+    def _is_lost(self) -> bool:
+        event = self._lost
+        return event is not None and event.is_set()
 
     def cancel(self) -> None:
         """Stop renewing (the job is done); a beat cancelled is never reported lost."""
         if not self.cancelled:
             self.cancelled = True
+            # The heap keeps a cancelled beat until it comes due (see Heartbeat): it keeps
+            # nothing of its job meanwhile, so the job's objects are freed as soon as it ends.
+            self.renew, self.on_lost = _renewed, None
             if self.owner is not None:
                 self.owner._cancelled_one()
 
     def _watch(self) -> float:
         """The deadline still to keep: none once the lock is presumed (or known) lost."""
-        return math.inf if self.lost.is_set() else self.deadline
+        return math.inf if self._is_lost() else self.deadline
 
     def presumed_lost(self) -> bool:
         """True if the lock is lost or presumed lost by now, checked against the clock.
@@ -154,12 +176,12 @@ class Beat:
         The deadline is checked here too, so a caller asking gets the right
         answer even before the heartbeat's own threads have noticed.
         """
-        if self.lost.is_set():
+        if self._is_lost():
             return True
         if self.cancelled or self.owner is None or self.owner.clock() < self.deadline:
             return False
         self.owner._presume(self)
-        return self.lost.is_set()
+        return self._is_lost()
 
     def explain(self) -> str:
         """Why the lock is lost, as a phrase for a message ("" while it is not)."""
@@ -343,7 +365,7 @@ class Heartbeat:
         except Exception as exc:  # a store outage must not kill the thread that serves every job
             # One line per failure: during an outage every job's beat fails each second. Once
             # the loss has been reported, the tries that go on are no news.
-            level = logging.DEBUG if beat.lost.is_set() else logging.WARNING
+            level = logging.DEBUG if beat._is_lost() else logging.WARNING
             log.log(level, "heartbeat of %s failed (%s); retrying", beat.name, exc)
             mine, failed = True, True
         with self._cond:
@@ -379,7 +401,7 @@ class Heartbeat:
     @staticmethod
     def _mark(beat: Beat, reason: str, now: float) -> bool:
         """Set ``beat`` lost for ``reason`` unless it already is; True if this call did. Lock held."""
-        if beat.lost.is_set():
+        if beat._is_lost():
             return False
         beat.reason, beat.lost_at = reason, now
         beat.lost.set()
@@ -402,13 +424,22 @@ class Heartbeat:
             threading.Thread(target=_call_on_lost, args=(beat,), name="uniqjob-on-lost", daemon=True).start()
 
 
+def _renewed() -> bool:
+    """A cancelled beat's ``renew``: a renewal already handed to the worker finds it cancelled after."""
+    return True
+
+
 def _call_on_lost(beat: Beat) -> None:
-    assert beat.on_lost is not None
+    on_lost = beat.on_lost
+    if on_lost is None:  # cancelled meanwhile: never reported lost
+        return
     try:
-        beat.on_lost()
+        on_lost()
     except Exception:
         log.exception("the on_lost callback of %s failed", beat.name)
 
+
+_MAKING = threading.Lock()  # guards the first making of a beat's ``lost``
 
 #: The process-wide heartbeat used by jobs.
 heartbeat = Heartbeat()

@@ -181,7 +181,7 @@ class JobLock:
     def lost(self) -> bool:
         """True once the run lock is lost (taken over) or presumed lost (renewals unconfirmed too long)."""
         beat = self._beat
-        return beat is not None and (beat.lost.is_set() or beat.presumed_lost())
+        return beat is not None and beat.presumed_lost()
 
     def candidate_keys(self) -> list[str]:
         """Return the keys this lock may take: its own once taken, else one per allowed holder."""
