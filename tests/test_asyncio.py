@@ -320,12 +320,6 @@ def test_the_redis_face_loads_its_scripts_again_after_a_flush(
     asyncio.run(main())
 
 
-@pytest.mark.xfail(
-    int(redis.__version__.split(".")[0]) < 6,
-    reason="known gap on redis-py 5 (the [arq] extra's): now and then one cancelled call's locks are "
-    "left until their lease lapses (30 s) instead of undone; redis-py 6 and later undo them all",
-    strict=False,
-)
 def test_calls_cancelled_mid_exchange_leave_no_lock_and_usable_connections(
     redis_backend: RedisBackend,
 ) -> None:
@@ -350,6 +344,42 @@ def test_calls_cancelled_mid_exchange_leave_no_lock_and_usable_connections(
         return [await job.arun(n) for n in range(20)]
 
     assert asyncio.run(again()) == [f"fetched {n}" for n in range(20)]
+
+
+@pytest.mark.parametrize("strategy", ["until_executed", "while_executing"])
+def test_a_release_cancelled_before_it_was_sent_is_made_before_the_cancellation_goes_on(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    # The task is cancelled while its release waits to be sent: nothing reached the store.
+    # Left so, the locks would refuse the key for a whole lease (30 s).
+    job = job_on(backend, unique_strategy=strategy)
+    job.gate = None
+    face = async_backend(backend)
+    real = face.call
+    releasing = asyncio.Event()
+    sent: list[str] = []
+
+    async def call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if name == "finish" and not releasing.is_set():
+            releasing.set()
+            await asyncio.sleep(3600)  # cancelled here, before the release is sent
+        sent.append(name)
+        return await real(name, args, kwargs)
+
+    monkeypatch.setattr(face, "call", call)
+
+    async def main() -> None:
+        task = asyncio.create_task(job.arun(1))
+        await releasing.wait()
+        assert job.is_locked(1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert sent.count("finish") == 1
+    assert not job.is_locked(1)
+    assert job.fences and asyncio.run(job.arun(1)) == "fetched 1"
 
 
 def wait_for(condition: Any, what: str, timeout: float = 10.0) -> None:

@@ -425,7 +425,9 @@ class JobLock:
         sent = heartbeat.clock()
         try:
             mine = yield ("renew", (self.key, self.token, self.lease, self._attempt), _NONE)
-        except BackendError:
+        except GeneratorExit:
+            raise
+        except BaseException:  # the store failed, or the caller was cancelled: perform does not start
             if release:
                 yield from self.release_steps()
             raise
@@ -498,12 +500,28 @@ class JobLock:
     def release_steps(self) -> Steps[None]:
         """The steps of :meth:`release`."""
         keep = self.strategy == "until_expired"
+        finish = ("finish", (self.key, self.token), {"keep_queue": keep, "attempt": self._attempt})
         try:
-            yield ("finish", (self.key, self.token), {"keep_queue": keep, "attempt": self._attempt})
+            yield finish
         except Exception as exc:  # whatever the client raised: see release()
-            # A running lock lapses with its lease; a queued one (while_executing never
-            # has one) needs its queue or autoexpire, as any queued lock does.
-            log.error("could not release %s (%s); its run lock lapses one lease from now", self.key, exc)
+            self._unreleased(exc)
+        except GeneratorExit:
+            raise
+        except BaseException:
+            # Cancelled (asyncio) or interrupted while the release was under way: it may not
+            # have been sent, and then its locks would refuse the key for a whole lease. So it
+            # is made before the cancellation goes on; made twice, it changes nothing more
+            # (token- and attempt-checked: a live delivery of the same job is left alone).
+            try:
+                yield finish
+            except Exception as exc:
+                self._unreleased(exc)
+            raise
+
+    def _unreleased(self, exc: Exception) -> None:
+        # A running lock lapses with its lease; a queued one (while_executing never
+        # has one) needs its queue or autoexpire, as any queued lock does.
+        log.error("could not release %s (%s); its run lock lapses one lease from now", self.key, exc)
 
     def requeue(self, *, delay: float = 0.0) -> bool:
         """Keep the key for a job that will run again (a retry); False if it is no longer ours.
