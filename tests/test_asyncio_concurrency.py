@@ -27,7 +27,7 @@ from tests.redis_server import RedisServer
 from tests.support.proxy import FaultProxy
 from uniqjob import UniqueJob
 from uniqjob._undo import undos
-from uniqjob.concurrency import Parked
+from uniqjob.concurrency import Parked, _stores
 from uniqjob.concurrency._settings import ConcurrencyPolicy
 from uniqjob.errors import BackendError, ConcurrencyLimitExceeded
 from uniqjob.joblock import JobLock
@@ -407,6 +407,41 @@ def test_a_task_cancelled_while_its_release_waits_for_a_thread_still_releases(
             await asyncio.wait_for(task, 10)
         await until(lambda: OneAtATime.semaphore().read().empty and not OneAtATime.is_locked(1))
         assert await OneAtATime.arun(1) == "done 1"
+
+    run(main())
+
+
+def test_a_slot_release_cancelled_before_it_was_sent_is_made_before_the_cancellation_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The task is cancelled while the slot's release waits to be sent: nothing reached the
+    # store. Left so, the slot would refuse the key's next call for its lease (15 min).
+    store = OneAtATime.semaphore().store
+    real = _stores._face_of(store)
+    sent: list[str] = []
+
+    async def main() -> None:
+        releasing = asyncio.Event()
+
+        async def face(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if name == "release" and not releasing.is_set():
+                releasing.set()
+                await asyncio.sleep(3600)  # cancelled here, before the release is sent
+            sent.append(name)
+            return await real(name, args, kwargs)
+
+        monkeypatch.setitem(_stores._faces, store, face)
+        OneAtATime.gates[1] = asyncio.Event()
+        task = asyncio.create_task(OneAtATime.arun(1))
+        await until(lambda: OneAtATime.tally.now == 1)
+        OneAtATime.gates[1].set()
+        await releasing.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert sent.count("release") == 1
+        assert OneAtATime.semaphore().read().empty and not OneAtATime.is_locked(1)
+        assert await asyncio.wait_for(OneAtATime.arun(2), 10) == "done 2"
 
     run(main())
 

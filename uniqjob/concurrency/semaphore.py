@@ -457,15 +457,33 @@ class Semaphore:
 
     def release_steps(self, token: str) -> Steps[bool]:
         """The steps of :meth:`release`."""
+        release = self._op("release", token, caller=local_holder(), handoff=self.handoff)
         try:
-            outcome: Outcome = yield self._op("release", token, caller=local_holder(), handoff=self.handoff)
+            outcome: Outcome = yield release
         except Exception:
-            log.error(
-                "could not release concurrency slot of %s; it lapses with its lease", self.key, exc_info=True
-            )
+            self._unreleased()
             return False
+        except GeneratorExit:
+            raise
+        except BaseException:
+            # Cancelled (asyncio) or interrupted on the way: the release may not have been sent,
+            # and the slot would be held for a whole lease. It is made (token-checked: made
+            # twice, it frees nothing more), what it promotes delivered, and the cancellation
+            # goes on.
+            try:
+                outcome = yield release
+            except Exception:
+                self._unreleased()
+            else:
+                yield from self._deliver(outcome.promotions)
+            raise
         yield from self._deliver(outcome.promotions)
         return outcome.status == "released"
+
+    def _unreleased(self) -> None:
+        log.error(
+            "could not release concurrency slot of %s; it lapses with its lease", self.key, exc_info=True
+        )
 
     def abandon(self, token: str) -> None:
         """Give up whatever ``token`` may hold on the key, a place in line or a slot, after a failed step.
