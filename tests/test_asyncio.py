@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from tests.redis_server import RedisServer
+from tests.support import StallFirst
 from uniqjob import (
     BackendError,
     ConfigurationError,
@@ -354,30 +355,20 @@ def test_a_release_cancelled_before_it_was_sent_is_made_before_the_cancellation_
     # Left so, the locks would refuse the key for a whole lease (30 s).
     job = job_on(backend, unique_strategy=strategy)
     job.gate = None
-    face = async_backend(backend)
-    real = face.call
-    releasing = asyncio.Event()
-    sent: list[str] = []
 
-    async def call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if name == "finish" and not releasing.is_set():
-            releasing.set()
-            await asyncio.sleep(3600)  # cancelled here, before the release is sent
-        sent.append(name)
-        return await real(name, args, kwargs)
-
-    monkeypatch.setattr(face, "call", call)
-
-    async def main() -> None:
+    async def main() -> list[str]:
+        face = async_backend(backend)
+        stall = StallFirst(face.call, "finish")
+        monkeypatch.setattr(face, "call", stall)
         task = asyncio.create_task(job.arun(1))
-        await releasing.wait()
+        await stall.stalled.wait()
         assert job.is_locked(1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        return stall.sent
 
-    asyncio.run(main())
-    assert sent.count("finish") == 1
+    assert asyncio.run(main()).count("finish") == 1
     assert not job.is_locked(1)
     assert job.fences and asyncio.run(job.arun(1)) == "fetched 1"
 

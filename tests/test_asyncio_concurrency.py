@@ -24,6 +24,7 @@ from redis.commands.core import Script
 
 import uniqjob
 from tests.redis_server import RedisServer
+from tests.support import StallFirst
 from tests.support.proxy import FaultProxy
 from uniqjob import UniqueJob
 from uniqjob._undo import undos
@@ -417,33 +418,24 @@ def test_a_slot_release_cancelled_before_it_was_sent_is_made_before_the_cancella
     # The task is cancelled while the slot's release waits to be sent: nothing reached the
     # store. Left so, the slot would refuse the key's next call for its lease (15 min).
     store = OneAtATime.semaphore().store
-    real = _stores._face_of(store)
-    sent: list[str] = []
 
-    async def main() -> None:
-        releasing = asyncio.Event()
-
-        async def face(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            if name == "release" and not releasing.is_set():
-                releasing.set()
-                await asyncio.sleep(3600)  # cancelled here, before the release is sent
-            sent.append(name)
-            return await real(name, args, kwargs)
-
-        monkeypatch.setitem(_stores._faces, store, face)
+    async def main() -> list[str]:
+        stall = StallFirst(_stores._face_of(store), "release")
+        monkeypatch.setitem(_stores._faces, store, stall)
         OneAtATime.gates[1] = asyncio.Event()
         task = asyncio.create_task(OneAtATime.arun(1))
         await until(lambda: OneAtATime.tally.now == 1)
         OneAtATime.gates[1].set()
-        await releasing.wait()
+        await stall.stalled.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert sent.count("release") == 1
+        sent = list(stall.sent)
         assert OneAtATime.semaphore().read().empty and not OneAtATime.is_locked(1)
         assert await asyncio.wait_for(OneAtATime.arun(2), 10) == "done 2"
+        return sent
 
-    run(main())
+    assert run(main()).count("release") == 1
 
 
 # -- through an async queue ----------------------------------------------------------------------

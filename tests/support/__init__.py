@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 
 from tests.redis_server import RedisServer
 
-__all__ = ["module_redis_server", "sigstop"]
+__all__ = ["StallFirst", "module_redis_server", "sigstop"]
 
 
 @pytest.fixture(scope="module", name="server")
@@ -38,3 +40,24 @@ def sigstop(pid: int, timeout: float = 5.0) -> None:
             return  # no /proc (not Linux): the signal has to do
         time.sleep(0.001)
     raise AssertionError(f"process {pid} did not stop within {timeout}s of SIGSTOP")
+
+
+Face = Callable[[str, tuple[Any, ...], dict[str, Any]], Awaitable[Any]]
+
+
+class StallFirst:
+    """A store's async face (``face(name, args, kwargs)``) whose first call of ``name`` never
+    reaches ``real``: it waits until cancelled. ``stalled`` is set once it waits; ``sent`` names
+    every call that went on to ``real``. Make it inside the event loop that awaits it."""
+
+    def __init__(self, real: Face, name: str) -> None:
+        self.real, self.name = real, name
+        self.stalled = asyncio.Event()
+        self.sent: list[str] = []
+
+    async def __call__(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if name == self.name and not self.stalled.is_set():
+            self.stalled.set()
+            await asyncio.sleep(3600)  # cancelled here: nothing of this call was sent
+        self.sent.append(name)
+        return await self.real(name, args, kwargs)
