@@ -23,6 +23,7 @@ from tests.redis_server import RedisServer
 from tests.support import module_redis_server  # noqa: F401 - the `server` fixture
 from uniqjob import BackendError, JobLock, UniqueJob
 from uniqjob._undo import undos
+from uniqjob.joblock import Strategy
 from uniqjob.locks import LockState, QueueMeta, RunClaim
 from uniqjob.queue import Queue
 from uniqjob.stores.base import Backend
@@ -136,18 +137,22 @@ def test_lost_reply_of_an_inline_run_does_not_hold_the_key_for_a_lease(
 
 
 class _AppliedThenFails(Backend):
-    """Wraps a store: ``claim`` is applied, then raises as if its reply had been lost."""
+    """Wraps a store: ``step`` (claim or start) is applied, then raises as if its reply had been lost."""
 
-    def __init__(self, inner: Backend, failures: int = 1) -> None:
+    def __init__(self, inner: Backend, failures: int = 1, step: str = "claim") -> None:
         self.inner = inner
         self.failures = failures
+        self.step = step
         self.name = inner.name
 
-    def claim(self, key: str, token: str, **kw: Any) -> LockState | None:
-        state = self.inner.claim(key, token, **kw)
-        if self.failures > 0:
+    def _lost(self, step: str, reply: Any) -> Any:
+        if step == self.step and self.failures > 0:
             self.failures -= 1
             raise BackendError("reply lost", self.name)
+        return reply
+
+    def claim(self, key: str, token: str, **kw: Any) -> LockState | None:
+        state: LockState | None = self._lost("claim", self.inner.claim(key, token, **kw))
         return state
 
     def __getattr__(self, name: str) -> Any:
@@ -155,7 +160,7 @@ class _AppliedThenFails(Backend):
 
     # the abstract primitives, passed through
     def start(self, *a: Any, **kw: Any) -> Any:
-        return self.inner.start(*a, **kw)
+        return self._lost("start", self.inner.start(*a, **kw))
 
     def attach(self, *a: Any, **kw: Any) -> Any:
         return self.inner.attach(*a, **kw)
@@ -189,6 +194,20 @@ def test_an_applied_claim_that_failed_is_undone_on_every_store(backend: Backend)
         lock.acquire(run=True)
     wait_until(lambda: backend.read("k").free, "the key to be free", 3.0)
     assert JobLock(backend, "k").acquire()
+
+
+@pytest.mark.parametrize("strategy", ["while_executing", "until_and_while_executing"])
+def test_a_with_block_whose_start_was_applied_but_failed_is_undone_on_every_store(
+    backend: Backend, strategy: Strategy
+) -> None:
+    # ``with Job.lock(...)``: the start's reply lost. Left, its run lock (and its queue lock)
+    # would drop every call of the key for a lease, or for good.
+    lock = JobLock(_AppliedThenFails(backend, step="start"), "k", meta=QueueMeta("C", ""), strategy=strategy)
+    with pytest.raises(BackendError), lock:
+        raise AssertionError("the body must not run")
+    wait_until(lambda: backend.read("k").free, "the key to be free", 3.0)
+    with JobLock(backend, "k", strategy=strategy):
+        pass
 
 
 def test_a_failed_claim_draws_a_new_token(backend: Backend) -> None:

@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 from . import _conflicts, _names, config, settings
 from ._plan import JobPlan, build_lock, plan_of, planned_values
 from ._steps import Steps, adrive, drive, sleep_of
-from ._undo import undos
 from .concurrency import _job as _concurrency
 from .concurrency._settings import ConcurrencyPolicy
 from .concurrency.semaphore import Semaphore
@@ -292,7 +291,7 @@ class UniqueJob:
             raise
         except BaseException:  # cancelled with the start sent: it may be applied
             if _concurrency.is_inline(lock):
-                _undo_inline_start(lock)
+                lock.undo_start()
             raise
         if settle is None:
             return (yield from _perform_steps(cls, lock, args, kwargs, release=True))
@@ -423,18 +422,6 @@ def _refuse_sync(cls: type[UniqueJob], entry: str) -> None:
         f"{cls.__qualname__}.perform is an async function: call it through the asyncio API "
         f"(await {cls.__qualname__}.a{entry}(...)); {entry}() would not await it"
     )
-
-
-def _undo_inline_start(lock: JobLock) -> None:
-    """An inline call's start was cancelled in flight: undo its locks, token-checked, once the store answers.
-
-    Left, an applied start would hold the key (its run lock, its queue lock running) for a
-    whole lease and drop the next call as a duplicate. The token is this call's alone (a
-    delivery's is shared with its retries, and is left to lapse), so its undo is safe.
-    """
-    backend, token, keys = lock.backend, lock.token, lock.candidate_keys()
-    what = f"the locks {keys[0]!r} of token {token}"
-    undos.add(lambda: any([backend.reclaim(key, token, token) for key in keys]), what, (token,))
 
 
 def _settle_failed_start_steps(

@@ -274,6 +274,18 @@ class JobLock:
         undos.add(lambda: backend.reclaim(key, token, token), f"the lock {key!r} of token {token}", (token,))
         self.token = new_token()
 
+    def undo_start(self) -> None:
+        """A start of this call's own (inline: ``run``, ``with``) failed or was cancelled with its request
+        sent: undo its locks, token-checked, once the store answers.
+
+        Left, an applied start would hold the key (its run lock, its queue lock running) for a
+        whole lease and drop the next call as a duplicate. Only for a token that is the call's
+        alone: a delivery's is shared with its retries, and is left to lapse.
+        """
+        backend, token, keys = self.backend, self.token, self.candidate_keys()
+        what = f"the locks {keys[0]!r} of token {token}"
+        undos.add(lambda: any([backend.reclaim(key, token, token) for key in keys]), what, (token,))
+
     def _reclaim_ours(self, state: LockState) -> Steps[bool]:
         """Remove a lock left by one of this process's own failed steps (see uniqjob._undo); True if any."""
         queue, run = state.queue, state.run
@@ -463,6 +475,11 @@ class JobLock:
             yield from self.hold_steps()
         except JobNotUnique:
             yield ("dequeue", (self.key, self.token), _NONE)
+            raise
+        except GeneratorExit:
+            raise
+        except BaseException:  # the start failed or was cancelled with its request sent: it may be applied
+            self.undo_start()
             raise
         return self
 
