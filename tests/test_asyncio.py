@@ -27,6 +27,7 @@ from uniqjob import (
     current_lock,
     unique,
 )
+from uniqjob.heartbeat import heartbeat
 from uniqjob.stores.aio import DirectAsync, ThreadAsync, async_backend
 from uniqjob.stores.base import Backend
 from uniqjob.stores.file import FileBackend
@@ -371,6 +372,42 @@ def test_a_release_cancelled_before_it_was_sent_is_made_before_the_cancellation_
     assert asyncio.run(main()).count("finish") == 1
     assert not job.is_locked(1)
     assert job.fences and asyncio.run(job.arun(1)) == "fetched 1"
+
+
+def test_a_late_grant_whose_confirming_renewal_is_cancelled_releases_its_locks(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The grant's reply came past the holder's deadline, so the lock is renewed once before
+    # the body; the task is cancelled during that renewal. Left, the locks would hold the key
+    # for a lease.
+    now = [1000.0]
+    monkeypatch.setattr(heartbeat, "clock", lambda: now[0])
+    lock = JobLock(backend, "k")
+
+    async def main() -> None:
+        face = async_backend(backend)
+        stall = StallFirst(face.call, "renew")
+
+        async def late(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            reply = await stall(name, args, kwargs)
+            if name == "claim":
+                now[0] += lock.lease  # the reply arrives past the holder's deadline
+            return reply
+
+        monkeypatch.setattr(face, "call", late)
+
+        async def hold() -> None:
+            async with lock:
+                raise AssertionError("the body must not run")
+
+        task = asyncio.create_task(hold())
+        await stall.stalled.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert not lock.held(run_conflicts=True)
 
 
 def wait_for(condition: Any, what: str, timeout: float = 10.0) -> None:

@@ -9,9 +9,11 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from functools import partial
+from typing import Any
 
 import pytest
 
+import uniqjob.heartbeat as heartbeat_module
 from tests.conftest import FakeClock
 from uniqjob.heartbeat import MARGIN_RATIO, PRESUMED, RETRY, TAKEN, Beat, Heartbeat, margin
 
@@ -344,13 +346,23 @@ def test_a_finished_job_s_lock_is_freed_at_once_not_kept_by_its_cancelled_beat()
         gc.enable()
 
 
-def test_a_beat_s_lost_event_is_one_whoever_asks_first(beats: Heartbeat) -> None:
-    beat = beats.start(lambda: False, 0.01, "k")  # the store says the lock is another's
-    events: list[threading.Event] = []
-    askers = [threading.Thread(target=lambda: events.append(beat.lost)) for _ in range(8)]
-    for asker in askers:
-        asker.start()
-    for asker in askers:
-        asker.join()
-    assert len({id(event) for event in events}) == 1
-    assert events[0].wait(5.0) and beat.reason == TAKEN
+def test_a_reported_loss_calls_on_lost_even_if_the_job_cancels_its_beat_at_once(
+    timed: Heartbeat, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The job sees its lock presumed lost and stops at once (cancels its beat) before the
+    # thread that runs on_lost has begun: the loss was reported, so on_lost must still run.
+    go = threading.Event()
+    real = heartbeat_module._call_on_lost
+
+    def after_the_cancel(*args: Any) -> None:
+        go.wait(5.0)
+        real(*args)
+
+    monkeypatch.setattr(heartbeat_module, "_call_on_lost", after_the_cancel)
+    called = threading.Event()
+    beat = timed.start(lambda: True, 100.0, "k", lease=9.0, on_lost=called.set)
+    clock.advance(7.0)  # past the deadline (9 - 3)
+    assert beat.presumed_lost()  # logged, on_lost on its way
+    beat.cancel()
+    go.set()
+    assert called.wait(5.0)

@@ -409,6 +409,7 @@ class Heartbeat:
 
     def _report(self, beat: Beat) -> None:
         """Log the loss (once: only the call that marked it comes here); run ``on_lost`` on a new thread."""
+        on_lost = beat.on_lost  # read now: the job may cancel its beat the moment it sees the loss
         if beat.reason == TAKEN:
             log.warning("lost the run lock of %s: %s", beat.name, beat.explain(), extra={LOST_RECORD: True})
         else:
@@ -418,10 +419,12 @@ class Heartbeat:
                 beat.explain().removeprefix("it is presumed lost: "),
                 extra={LOST_RECORD: True},
             )
-        if beat.on_lost is not None:
+        if on_lost is not None:
             # Its own thread: neither the scheduler, which keeps every beat's time, nor
             # the job's thread (which may be asking `lost`) waits on what it does.
-            threading.Thread(target=_call_on_lost, args=(beat,), name="uniqjob-on-lost", daemon=True).start()
+            threading.Thread(
+                target=_call_on_lost, args=(beat.name, on_lost), name="uniqjob-on-lost", daemon=True
+            ).start()
 
 
 def _renewed() -> bool:
@@ -429,17 +432,22 @@ def _renewed() -> bool:
     return True
 
 
-def _call_on_lost(beat: Beat) -> None:
-    on_lost = beat.on_lost
-    if on_lost is None:  # cancelled meanwhile: never reported lost
-        return
+def _call_on_lost(name: str, on_lost: Callable[[], None]) -> None:
     try:
         on_lost()
     except Exception:
-        log.exception("the on_lost callback of %s failed", beat.name)
+        log.exception("the on_lost callback of %s failed", name)
 
 
 _MAKING = threading.Lock()  # guards the first making of a beat's ``lost``
+
+
+def _remake_lock() -> None:
+    global _MAKING
+    _MAKING = threading.Lock()  # a fork taken while another thread held it must not leave it held
+
+
+os.register_at_fork(after_in_child=_remake_lock)
 
 #: The process-wide heartbeat used by jobs.
 heartbeat = Heartbeat()

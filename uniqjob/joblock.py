@@ -505,8 +505,11 @@ class JobLock:
         Nothing here raises, whatever the store does: the job has already run,
         and raising would invite a retry, a duplicate. After a failed release
         the run lock lapses with its lease, and its queue lock is then an
-        orphan that the next enqueue reclaims. (It is not retried: a second
-        delivery of this job may hold the same token by then.)
+        orphan that the next enqueue reclaims. (A failed release is not retried
+        later: a second delivery of this job may hold the same token by then.) A
+        release interrupted on its way (a cancelled task, Ctrl-C) is sent again at
+        once, before the cancellation goes on, which then waits for the store (at
+        most its socket timeout).
         """
         drive(self.backend, self.release_steps())
 
