@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+import anyio
 import pytest
 import redis
 
@@ -372,6 +373,28 @@ def test_a_release_cancelled_before_it_was_sent_is_made_before_the_cancellation_
     assert asyncio.run(main()).count("finish") == 1
     assert not job.is_locked(1)
     assert job.fences and asyncio.run(job.arun(1)) == "fetched 1"
+
+
+def test_a_release_interrupted_by_an_anyio_cancel_scope_is_made_all_the_same(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # anyio (Starlette, FastAPI, task groups) cancels every await inside a cancelled scope
+    # again and again: the second try of the release must not be cancelled with it.
+    job = job_on(backend)
+    job.gate = None
+
+    async def main() -> list[str]:
+        face = async_backend(backend)
+        stall = StallFirst(face.call, "finish", delay=0.01)
+        monkeypatch.setattr(face, "call", stall)
+        async with anyio.create_task_group() as group:
+            group.start_soon(job.arun, 1)
+            await stall.stalled.wait()
+            group.cancel_scope.cancel()
+        return stall.sent
+
+    assert asyncio.run(main()).count("finish") == 1
+    assert not job.is_locked(1)
 
 
 def test_a_late_grant_whose_confirming_renewal_is_cancelled_releases_its_locks(

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
+import anyio
 import pytest
 import redis
 from redis.commands.core import Script
@@ -436,6 +437,29 @@ def test_a_slot_release_cancelled_before_it_was_sent_is_made_before_the_cancella
         return sent
 
     assert run(main()).count("release") == 1
+
+
+def test_a_slot_release_interrupted_by_an_anyio_cancel_scope_is_made_all_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # anyio cancels every await inside a cancelled scope again: the release's second try
+    # must be made to its end all the same.
+    store = OneAtATime.semaphore().store
+
+    async def main() -> list[str]:
+        stall = StallFirst(_stores._face_of(store), "release", delay=0.01)
+        monkeypatch.setitem(_stores._faces, store, stall)
+        OneAtATime.gates[1] = asyncio.Event()
+        async with anyio.create_task_group() as group:
+            group.start_soon(OneAtATime.arun, 1)
+            await until(lambda: OneAtATime.tally.now == 1)
+            OneAtATime.gates[1].set()
+            await stall.stalled.wait()
+            group.cancel_scope.cancel()
+        return stall.sent
+
+    assert run(main()).count("release") == 1
+    assert OneAtATime.semaphore().read().empty and not OneAtATime.is_locked(1)
 
 
 # -- through an async queue ----------------------------------------------------------------------

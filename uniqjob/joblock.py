@@ -18,7 +18,7 @@ from contextvars import ContextVar, Token
 from typing import Any, Literal
 
 from ._moved import renamed
-from ._steps import Steps, adrive, drive
+from ._steps import Steps, adrive, drive, twin_of
 from ._undo import undos
 from .errors import BackendError, CorruptRecordError, JobNotUnique, holder_text
 from .heartbeat import Beat, deadline, heartbeat
@@ -32,6 +32,7 @@ from .locks import (
     local_holder,
     new_token,
 )
+from .stores.aio import made
 from .stores.base import Backend, QueueMode
 
 __all__ = ["STRATEGIES", "JobLock", "Strategy", "current_lock"]
@@ -519,10 +520,9 @@ class JobLock:
 
     def release_steps(self) -> Steps[None]:
         """The steps of :meth:`release`."""
-        keep = self.strategy == "until_expired"
-        finish = ("finish", (self.key, self.token), {"keep_queue": keep, "attempt": self._attempt})
+        key, token, keep, attempt = self.key, self.token, self.strategy == "until_expired", self._attempt
         try:
-            yield finish
+            yield ("finish", (key, token), {"keep_queue": keep, "attempt": attempt})
         except Exception as exc:  # whatever the client raised: see release()
             self._unreleased(exc)
         except GeneratorExit:
@@ -530,10 +530,14 @@ class JobLock:
         except BaseException:
             # Cancelled (asyncio) or interrupted while the release was under way: it may not
             # have been sent, and then its locks would refuse the key for a whole lease. So it
-            # is made before the cancellation goes on; made twice, it changes nothing more
-            # (token- and attempt-checked: a live delivery of the same job is left alone).
+            # is made to its end before the cancellation goes on, however often the task is
+            # cancelled meanwhile; made twice, it changes nothing more (token- and
+            # attempt-checked: a live delivery of the same job is left alone).
+            backend = self.backend
             try:
-                yield finish
+                yield twin_of(
+                    backend.finish, made(backend, "finish"), key, token, keep_queue=keep, attempt=attempt
+                )
             except Exception as exc:
                 self._unreleased(exc)
             raise

@@ -48,10 +48,11 @@ Face = Callable[[str, tuple[Any, ...], dict[str, Any]], Awaitable[Any]]
 class StallFirst:
     """A store's async face (``face(name, args, kwargs)``) whose first call of ``name`` never
     reaches ``real``: it waits until cancelled. ``stalled`` is set once it waits; ``sent`` names
-    every call that went on to ``real``. Make it inside the event loop that awaits it."""
+    every call that went on to ``real``, each ``delay`` seconds late (a round trip that a
+    cancellation can land in). Make it inside the event loop that awaits it."""
 
-    def __init__(self, real: Face, name: str) -> None:
-        self.real, self.name = real, name
+    def __init__(self, real: Face, name: str, delay: float = 0.0) -> None:
+        self.real, self.name, self.delay = real, name, delay
         self.stalled = asyncio.Event()
         self.sent: list[str] = []
 
@@ -59,5 +60,7 @@ class StallFirst:
         if name == self.name and not self.stalled.is_set():
             self.stalled.set()
             await asyncio.sleep(3600)  # cancelled here: nothing of this call was sent
+        if self.delay:
+            await asyncio.sleep(self.delay)
         self.sent.append(name)
         return await self.real(name, args, kwargs)

@@ -43,6 +43,7 @@ from .._steps import Step, Steps, drive, twin_of
 from ..errors import BackendError, CorruptRecordError
 from ..heartbeat import Beat, heartbeat
 from ..locks import Holder, holder_is_dead, local_holder
+from ..stores.aio import completed
 from ..stores.base import Backend
 from ..stores.semaphores import HANDOFF, Outcome, Park, Promotion, SemaphoreState, SemaphoreStore, SlotInfo
 from ._courier import Courier
@@ -83,6 +84,15 @@ def run_steps(steps: Steps[T]) -> T:
 def store_step(store: SemaphoreStore, name: str, *args: Any, **kwargs: Any) -> Step:
     """The step of primitive ``name`` of ``store``: called on the sync path, awaited on the async one."""
     return twin_of(getattr(store, name), partial(acall, store, name), *args, **kwargs)
+
+
+def made_step(store: SemaphoreStore, name: str, *args: Any, **kwargs: Any) -> Step:
+    """:func:`store_step`, awaited to its end on the async path even if the task is cancelled meanwhile."""
+    return twin_of(getattr(store, name), partial(_made, store, name), *args, **kwargs)
+
+
+async def _made(store: SemaphoreStore, name: str, *args: Any, **kwargs: Any) -> Any:
+    return await completed(acall(store, name, *args, **kwargs))
 
 
 class _Waker:
@@ -457,9 +467,9 @@ class Semaphore:
 
     def release_steps(self, token: str) -> Steps[bool]:
         """The steps of :meth:`release`."""
-        release = self._op("release", token, caller=local_holder(), handoff=self.handoff)
+        args, kwargs = (self.key, token), {"caller": local_holder(), "handoff": self.handoff}
         try:
-            outcome: Outcome = yield release
+            outcome: Outcome = yield store_step(self.store, "release", *args, **kwargs)
         except Exception:
             self._unreleased()
             return False
@@ -467,11 +477,11 @@ class Semaphore:
             raise
         except BaseException:
             # Cancelled (asyncio) or interrupted on the way: the release may not have been sent,
-            # and the slot would be held for a whole lease. It is made (token-checked: made
-            # twice, it frees nothing more), what it promotes delivered, and the cancellation
-            # goes on.
+            # and the slot would be held for a whole lease. It is made to its end, however often
+            # the task is cancelled meanwhile (token-checked: made twice, it frees nothing
+            # more), what it promotes delivered, and the cancellation goes on.
             try:
-                outcome = yield release
+                outcome = yield made_step(self.store, "release", *args, **kwargs)
             except Exception:
                 self._unreleased()
             else:

@@ -19,11 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from .base import Backend
 
-__all__ = ["AsyncBackend", "DirectAsync", "ThreadAsync", "async_backend", "in_thread", "register"]
+__all__ = [
+    "AsyncBackend",
+    "DirectAsync",
+    "ThreadAsync",
+    "async_backend",
+    "completed",
+    "in_thread",
+    "made",
+    "register",
+]
+
+T = TypeVar("T")
 
 
 class AsyncBackend:
@@ -63,12 +75,36 @@ async def in_thread(function: Any, *args: Any, **kwargs: Any) -> Any:
     an acquire going on could land after the undo that follows. So the call is always
     made, and the cancellation is raised once it has ended (what it took is then undone).
     """
-    call = asyncio.ensure_future(asyncio.to_thread(function, *args, **kwargs))
-    try:
-        return await asyncio.shield(call)
-    except asyncio.CancelledError:
-        await asyncio.wait([call])
-        raise
+    return await completed(asyncio.to_thread(function, *args, **kwargs))
+
+
+async def completed(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` to its end even if the task is cancelled meanwhile; then raise the cancellation.
+
+    However often it is cancelled: anyio's cancel scopes (Starlette, FastAPI) cancel
+    every await inside them again until the scope exits, so a single shield would not do.
+    """
+    task = asyncio.ensure_future(awaitable)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait((task,))
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if cancelled is not None:
+        if not task.cancelled():
+            task.exception()  # retrieved: the cancellation is the news, not a failure of the call
+        raise cancelled
+    return task.result()
+
+
+def made(backend: Backend, name: str) -> Callable[..., Awaitable[Any]]:
+    """Primitive ``name`` of ``backend`` awaited (on its async face) through :func:`completed`."""
+
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        return await completed(async_backend(backend).call(name, args, kwargs))
+
+    return call
 
 
 # A store class's async face (a subclass first: the most derived registered class wins).
