@@ -473,7 +473,7 @@ class JobLock:
             assert self.conflict is not None
             raise JobNotUnique(self.key, self.conflict.describe())
         try:
-            yield from self.hold_steps()
+            yield from self.start_steps()
         except JobNotUnique:
             yield ("dequeue", (self.key, self.token), _NONE)
             raise
@@ -482,6 +482,7 @@ class JobLock:
         except BaseException:  # the start failed or was cancelled with its request sent: it may be applied
             self.undo_start()
             raise
+        yield from self.hold_steps(started=True)  # (a late grant it cannot confirm releases the locks)
         return self
 
     def __enter__(self) -> JobLock:
