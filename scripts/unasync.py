@@ -21,7 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 #: (asyncio source, generated sync twin), relative to the repository's root.
-FILES: list[tuple[str, str]] = []
+FILES: list[tuple[str, str]] = [
+    # concurrency
+    ("uniqjob/concurrency/_semaphore_async.py", "uniqjob/concurrency/_semaphore_sync.py"),
+]
 
 #: Names of the asyncio code and what they become in the sync twin (whole words only).
 NAMES: dict[str, str] = {
@@ -32,6 +35,26 @@ NAMES: dict[str, str] = {
     "StopAsyncIteration": "StopIteration",
     "AsyncIterator": "Iterator",
     "AsyncGenerator": "Generator",
+    # concurrency (uniqjob/concurrency/_semaphore_async.py)
+    "AsyncSemaphore": "SyncSemaphore",
+    "AsyncSemaphores": "SemaphoreStore",
+    "astore": "store",
+    "adeliver": "deliver",
+    "_adeliver": "_deliver",
+    "_apush": "_push",
+    "_apushers": "_pushers",
+    "asweep_key": "sweep_key",
+    "aacquire": "acquire",
+    "astart": "start",
+    "arequeue": "requeue",
+    "akeep": "keep",
+    "arelease": "release",
+    "aabandon": "abandon",
+    "aunhold": "unhold",
+    "await_": "wait",
+    "asweep": "sweep",
+    "aread": "read",
+    "aensured": "ensured",
 }
 
 #: Syntax, applied before the names.

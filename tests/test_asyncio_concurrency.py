@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import threading
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
@@ -36,6 +36,7 @@ from uniqjob.queue import Queue
 from uniqjob.stores.aio import ThreadAsync, async_backend
 from uniqjob.stores.base import Backend
 from uniqjob.stores.redis import RedisBackend
+from uniqjob.stores.semaphores import SemaphoreStore
 
 T = TypeVar("T")
 
@@ -412,6 +413,23 @@ def test_a_task_cancelled_while_its_release_waits_for_a_thread_still_releases(
     run(main())
 
 
+def _stall_release(monkeypatch: pytest.MonkeyPatch, store: SemaphoreStore, delay: float = 0.0) -> StallFirst:
+    """Make the first release of ``store``'s async face stall (see :class:`StallFirst`)."""
+    face = _stores.async_semaphores(store)
+    real = face.release
+
+    async def sent(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return await real(*args, **kwargs)
+
+    stall = StallFirst(sent, "release", delay=delay)
+
+    async def release(*args: Any, **kwargs: Any) -> Any:
+        return await stall("release", args, kwargs)
+
+    monkeypatch.setattr(face, "release", release)
+    return stall
+
+
 def test_a_slot_release_cancelled_before_it_was_sent_is_made_before_the_cancellation_goes_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -420,8 +438,7 @@ def test_a_slot_release_cancelled_before_it_was_sent_is_made_before_the_cancella
     store = OneAtATime.semaphore().store
 
     async def main() -> list[str]:
-        stall = StallFirst(_stores._face_of(store), "release")
-        monkeypatch.setitem(_stores._faces, store, stall)
+        stall = _stall_release(monkeypatch, store)
         OneAtATime.gates[1] = asyncio.Event()
         task = asyncio.create_task(OneAtATime.arun(1))
         await until(lambda: OneAtATime.tally.now == 1)
@@ -447,8 +464,7 @@ def test_a_slot_release_interrupted_by_an_anyio_cancel_scope_is_made_all_the_sam
     store = OneAtATime.semaphore().store
 
     async def main() -> list[str]:
-        stall = StallFirst(_stores._face_of(store), "release", delay=0.01)
-        monkeypatch.setitem(_stores._faces, store, stall)
+        stall = _stall_release(monkeypatch, store, delay=0.01)
         OneAtATime.gates[1] = asyncio.Event()
         async with anyio.create_task_group() as group:
             group.start_soon(OneAtATime.arun, 1)
@@ -578,22 +594,25 @@ def lossy(backend: Backend, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch) 
         if isinstance(script, Script):
             client.script_load(script.script)
     from uniqjob.concurrency import _stores
-    from uniqjob.concurrency import semaphore as semaphore_module
 
-    acall = _stores.acall
+    face = _stores.async_semaphores(_stores.store_for(uniqjob.config.default_backend()))
     losing: set[str] = set()
 
-    async def withheld(store: Any, name: str, *args: Any, **kwargs: Any) -> Any:
-        if name not in losing:
-            return await acall(store, name, *args, **kwargs)
-        losing.discard(name)
-        proxy.hold_replies()
-        try:
-            return await acall(store, name, *args, **kwargs)
-        finally:
-            proxy.resume()
+    def withheld(name: str, real: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if name not in losing:
+                return await real(*args, **kwargs)
+            losing.discard(name)
+            proxy.hold_replies()
+            try:
+                return await real(*args, **kwargs)
+            finally:
+                proxy.resume()
 
-    monkeypatch.setattr(semaphore_module, "acall", withheld)
+        return call
+
+    for name in ("acquire", "start", "release", "requeue", "withdraw", "reap", "handed", "read"):
+        monkeypatch.setattr(face, name, withheld(name, getattr(face, name)))
     yield losing.add
     client.close()
     uniqjob.configure(direct)

@@ -520,7 +520,7 @@ def test_an_undo_that_fails_too_says_so_and_the_job_does_not_run(
 def test_async_concurrency_slots_with_replicas_1_are_acknowledged(sentinel_group: SentinelGroup) -> None:
     """A slot taken through the asyncio API waits for the replica as the sync store's does (in a thread)."""
     from uniqjob.concurrency import store_for
-    from uniqjob.concurrency._stores import acall
+    from uniqjob.concurrency._stores import async_semaphores
 
     client = redis.Redis(port=sentinel_group.current_master().port, socket_timeout=5)
     store = RedisBackend(client, namespace="adist-slots", replicas=1, replica_timeout=TIMEOUT)
@@ -542,15 +542,15 @@ def test_async_concurrency_slots_with_replicas_1_are_acknowledged(sentinel_group
     wait_until(lambda: client.wait(1, 200) >= 1, "the replica to catch up")
 
     async def take(token: str) -> Any:
-        return await acall(
-            semaphores, "acquire", key, token, limit=1, lease=30.0, running=False, holder=None,
+        return await async_semaphores(semaphores).acquire(
+            key, token, limit=1, lease=30.0, running=False, holder=None,
             park=None, job_class="tests.Limited", args="()", caller=local_holder(),
         )  # fmt: skip
 
     async def main() -> None:
         assert await Limited.arun(1) == "limited 1"  # healthy: lock and slot grants acknowledged
         assert (await take("healthy")).status == "taken"
-        await acall(semaphores, "release", key, "healthy", caller=local_holder())
+        await async_semaphores(semaphores).release(key, "healthy", caller=local_holder())
         async with _stopped(replica.pid):
             with pytest.raises(BackendError, match=r"acknowledged by 0 of 1 replicas"):
                 await take("unacknowledged")

@@ -288,7 +288,7 @@ def test_an_inline_waiter_whose_place_lapsed_says_so(
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(Semaphore, "wait_steps", partialmethod(Semaphore.wait_steps, clock=clock))
+    monkeypatch.setattr(Semaphore, "wait", partialmethod(Semaphore.wait, clock=clock))
     semaphore = Inline.semaphore(0)
     assert semaphore.acquire("holder", running=True).status == "taken"
     result: list[Any] = []

@@ -24,22 +24,23 @@ import contextvars
 import inspect
 import logging
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from .._steps import Step, Steps, adrive, drive, twin_of
+from .._steps import Steps, adrive, drive, twin_of
 from .._undo import undos
 from ..errors import BackendError, ConcurrencyLimitExceeded
 from ..locks import local_holder, new_token
 from ..stores.semaphores import Park, Promotion, SemaphoreStore
+from ..stores.semaphores_aio import AsyncSemaphores
 from ._background import background
 from ._settings import check, semaphore_of
 from .codec import decode_call, encode_call
-from .semaphore import Hold, Semaphore, on_promotion, run_steps
+from .semaphore import Hold, Semaphore, on_promotion
 
 if TYPE_CHECKING:
     from ..job import Queue, UniqueJob
@@ -130,16 +131,22 @@ def push_steps(
     for gone in lock.gone_tokens:
         # the queue proved that job gone for good (the lock was reclaimed from it): so is
         # its slot, if it held one on this key. Freed first, so its place is promoted in order.
-        yield from semaphore.release_steps(gone)
+        yield twin_of(semaphore.release, semaphore.arelease, gone)
     delay = queue.pending_delay()
     try:
-        outcome = yield from semaphore.acquire_steps(
-            lock.token, running=False, park=park, args=lock.meta.args, delay=delay
+        outcome = yield twin_of(
+            semaphore.acquire,
+            semaphore.aacquire,
+            lock.token,
+            running=False,
+            park=park,
+            args=lock.meta.args,
+            delay=delay,
         )
     except BaseException:
         # Its reply may be what was lost: a slot or a place taken for a job never pushed goes
         # now (token-checked), not a lease later. The caller drops the uniqueness lock.
-        yield from semaphore.abandon_steps(lock.token)
+        yield twin_of(semaphore.abandon, semaphore.aabandon, lock.token)
         raise
     if outcome.status == "taken":
         if not lock.meta.job_id:
@@ -147,7 +154,7 @@ def push_steps(
         try:
             return (yield (queue.push, (cls, lock, tuple(args), dict(kwargs)), _NONE))
         except BaseException:
-            yield from semaphore.release_steps(lock.token)
+            yield twin_of(semaphore.release, semaphore.arelease, lock.token)
             raise
     if outcome.status == "parked":
         where = (cls.job_name(), semaphore.key, outcome.position)
@@ -198,7 +205,13 @@ def settle_slot(lock: JobLock, retry_in: float | None) -> None:
     delivery ends (as it is by default; this undoes an earlier keep whose
     retry was never sent). Nothing happens outside a delivery holding a slot.
     """
-    run_steps(settle_slot_steps(lock, retry_in))
+    hold = _holding.get().get(id(lock))
+    if hold is None:
+        return
+    if retry_in is None:
+        hold.unkeep()
+    elif not hold.kept:
+        hold.semaphore.keep(hold, retry_in)
 
 
 def settle_slot_steps(lock: JobLock, retry_in: float | None) -> Steps[None]:
@@ -209,7 +222,7 @@ def settle_slot_steps(lock: JobLock, retry_in: float | None) -> Steps[None]:
     if retry_in is None:
         hold.unkeep()
     elif not hold.kept:
-        yield from hold.keep_steps(retry_in)
+        yield twin_of(hold.semaphore.keep, hold.semaphore.akeep, hold, retry_in)
 
 
 def free(cls: type[UniqueJob], token: str, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
@@ -303,7 +316,7 @@ def execute_steps(
         finally:
             _holding.reset(entered)
     finally:
-        yield from semaphore.unhold_steps(lock.token, hold)
+        yield twin_of(semaphore.unhold, semaphore.aunhold, lock.token, hold)
 
 
 def _take_inline(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> Steps[bool]:
@@ -313,7 +326,9 @@ def _take_inline(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> S
         if cls.concurrency_on_conflict == "block"
         else None
     )
-    outcome = yield from semaphore.acquire_steps(lock.token, running=True, park=park, args=lock.meta.args)
+    outcome = yield twin_of(
+        semaphore.acquire, semaphore.aacquire, lock.token, running=True, park=park, args=lock.meta.args
+    )
     if outcome.status == "parked":
         return (yield from _wait_turn(cls, semaphore, lock))
     if outcome.status == "full":
@@ -325,7 +340,9 @@ def _take_inline(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> S
 def _wait_turn(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> Steps[bool]:
     """Wait in line for the parked inline call; True once it holds a running slot."""
     timeout = cls.concurrency_wait_timeout
-    waited = yield from semaphore.wait_steps(lock.token, None if timeout is None else float(timeout))
+    waited = yield twin_of(
+        semaphore.wait, semaphore.await_, lock.token, None if timeout is None else float(timeout)
+    )
     if waited == "run":
         return True
     yield from lock.dequeue_steps()
@@ -346,7 +363,7 @@ def _take_delivered(
 ) -> Steps[bool]:
     """Start a delivered job's slot (taking one again if it lapsed); False: skip this delivery."""
     token = lock.token
-    outcome = yield from semaphore.start_steps(token)
+    outcome = yield twin_of(semaphore.start, semaphore.astart, token)
     if outcome.status in ("busy", "done", "parked"):
         state = {"busy": "running", "done": "done", "parked": "parked"}[outcome.status]
         log.info("%s skipped: a copy of job %s on %s is %s", cls.job_name(), token, semaphore.key, state)
@@ -356,7 +373,9 @@ def _take_delivered(
         where = (cls.job_name(), token, semaphore.key)
         log.info("%s: slot of job %s on %s lapsed before it started; taking one again", *where)
         park = _queue_park(cls, lock, args, kwargs)
-        outcome = yield from semaphore.acquire_steps(token, running=True, park=park, args=lock.meta.args)
+        outcome = yield twin_of(
+            semaphore.acquire, semaphore.aacquire, token, running=True, park=park, args=lock.meta.args
+        )
         if outcome.status == "parked":
             _detach(lock)  # pushed again when its turn comes
             return False
@@ -384,7 +403,7 @@ def undo_inline_steps(semaphore: Semaphore | None, lock: JobLock) -> Steps[None]
         log.warning("could not drop the lock of %s yet (%s); retrying until the store answers", lock.key, exc)
         undos.add(lock.dequeue, f"queue lock of {lock.key}", (lock.token,))
     if semaphore is not None:
-        yield from semaphore.abandon_steps(lock.token)
+        yield twin_of(semaphore.abandon, semaphore.aabandon, lock.token)
 
 
 def _undo_delivery(
@@ -399,7 +418,7 @@ def _undo_delivery(
     if settle is None:
         yield from lock.release_steps()
         if semaphore is not None:
-            yield from semaphore.release_steps(lock.token)
+            yield twin_of(semaphore.release, semaphore.arelease, lock.token)
         return
     hold = Hold(semaphore, lock.token, None) if semaphore is not None else None
     entered = _holding.set({**_holding.get(), id(lock): hold}) if hold is not None else None
@@ -411,18 +430,13 @@ def _undo_delivery(
         if entered is not None:
             _holding.reset(entered)
     if semaphore is not None and hold is not None and not hold.kept:
-        yield from semaphore.release_steps(lock.token)
+        yield twin_of(semaphore.release, semaphore.arelease, lock.token)
 
 
-def push_promoted(store: SemaphoreStore, key: str, promotion: Promotion) -> Steps[Step]:
-    """Push a parked call whose turn came to its class's queue; return the step after the handoff.
-
-    The push is awaited on the asyncio path (arq's); on the sync path an async
-    queue's push runs on this process's background event loop. The step after
-    the handoff records the queue's job id in the call's uniqueness lock: from
-    then on the queue may prove the job gone. Its failure is logged: the job is
-    pushed and handed, only the id is missing from its lock.
-    """
+def _promoted(
+    store: SemaphoreStore | AsyncSemaphores, promotion: Promotion
+) -> tuple[JobLock, Callable[[], Any]]:
+    """The lock of a parked call whose turn came, and its push (in a context of its own) to its queue."""
     call = decode_call(promotion.payload)
     cls = call.job_class
     queue = cls.unique_queue
@@ -433,7 +447,19 @@ def push_promoted(store: SemaphoreStore, key: str, promotion: Promotion) -> Step
     # its context (Celery reads the task id and options of an apply_async from it).
     context = contextvars.Context()
     lock.meta = replace(lock.meta, job_id=context.run(queue.new_job_id))
-    yield twin_of(_push_now, _apush, partial(context.run, queue.push, cls, lock, call.args, call.kwargs))
+    return lock, partial(context.run, queue.push, cls, lock, call.args, call.kwargs)
+
+
+def push_promoted(store: SemaphoreStore, key: str, promotion: Promotion) -> Callable[[], None]:
+    """Push a parked call whose turn came to its class's queue; return what to do after the handoff.
+
+    On the sync path an async queue's push runs on this process's background
+    event loop. What follows the handoff records the queue's job id in the
+    call's uniqueness lock: from then on the queue may prove the job gone. Its
+    failure is logged: the job is pushed and handed, only the id is missing from its lock.
+    """
+    lock, push = _promoted(store, promotion)
+    _push_now(push)
 
     def attach() -> None:
         try:
@@ -441,13 +467,23 @@ def push_promoted(store: SemaphoreStore, key: str, promotion: Promotion) -> Step
         except Exception:
             _unattached(lock)
 
+    return attach
+
+
+async def apush_promoted(
+    astore: AsyncSemaphores, key: str, promotion: Promotion
+) -> Callable[[], Awaitable[None]]:
+    """:func:`push_promoted` on the asyncio path: an async queue's push (arq's) awaited here."""
+    lock, push = _promoted(astore, promotion)
+    await _apush(push)
+
     async def aattach() -> None:
         try:
             await adrive(lock.backend, lock.attach_steps())
         except Exception:
             _unattached(lock)
 
-    return twin_of(attach, aattach)
+    return aattach
 
 
 def _unattached(lock: JobLock) -> None:
@@ -470,4 +506,4 @@ async def _apush(push: Callable[[], Any]) -> Any:
     return handle
 
 
-on_promotion(push_promoted)
+on_promotion(push_promoted, apush_promoted)

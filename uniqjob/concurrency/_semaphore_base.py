@@ -1,0 +1,219 @@
+"""What the semaphore's sync and asyncio code share that does no I/O.
+
+The waits' wake-ups (:class:`Waker`), the registry of inline waiters, the
+pusher the job layer registers, a running slot's :class:`Hold`, and
+:class:`SemaphoreBase`: a semaphore's settings and the decisions that need no
+store. ``_semaphore_async.py`` (the source) and ``_semaphore_sync.py`` (made
+from it by ``scripts/unasync.py``) build the operations on these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, TypeVar
+
+from ..heartbeat import Beat
+from ..locks import Holder, holder_is_dead
+from ..stores.aio import completed
+from ..stores.semaphores import HANDOFF, Promotion, SemaphoreStore, SlotInfo
+from ..stores.semaphores_aio import AsyncSemaphores
+from ._stores import async_semaphores
+
+if TYPE_CHECKING:
+    from .semaphore import Semaphore
+
+__all__ = [
+    "ATTEMPTS",
+    "POLL_MAX",
+    "POLL_MIN",
+    "SWEEP_EVERY",
+    "SWEEP_HEAD",
+    "APusher",
+    "Hold",
+    "Pusher",
+    "SemaphoreBase",
+    "Waker",
+    "aensured",
+    "ensured",
+    "log",
+    "on_promotion",
+    "waiting",
+    "wake",
+]
+
+T = TypeVar("T")
+
+#: The semaphore's log, whichever twin writes to it.
+log = logging.getLogger("uniqjob.concurrency.semaphore")
+
+ATTEMPTS = 3  # reaping dead holders and trying again; a key that keeps changing hands is full
+POLL_MIN, POLL_MAX = 0.01, 0.2  # seconds between an inline waiter's polls (backing off)
+SWEEP_EVERY = 1.0  # seconds between an inline waiter's checks of the holders' liveness
+SWEEP_HEAD = 100  # parked places a sweep checks for dead inline waiters
+
+
+async def aensured(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` to its end even if the task is cancelled meanwhile; then raise the cancellation."""
+    return await completed(awaitable)
+
+
+def ensured(value: T) -> T:
+    """The sync twin of :func:`aensured`: a sync call has ended by the time it returns its value."""
+    return value
+
+
+class Waker:
+    """What an inline waiter of this process waits on: set by a promotion, from any thread.
+
+    A sync waiter waits on its event; an async one on an :class:`asyncio.Event` of
+    its loop, set through the loop (``call_soon_threadsafe``) by a promotion made anywhere.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._aevent: asyncio.Event | None = None
+
+    def set(self) -> None:
+        self._event.set()  # first: an async waiter checks it after making its event
+        loop, aevent = self._loop, self._aevent
+        if loop is not None and aevent is not None:
+            with suppress(RuntimeError):  # its loop is closed: no one is waiting there any more
+                loop.call_soon_threadsafe(aevent.set)
+
+    def clear(self) -> None:
+        self._event.clear()
+        if self._aevent is not None:
+            self._aevent.clear()
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` (blocking); True if woken."""
+        return self._event.wait(seconds)
+
+    async def await_(self, seconds: float) -> bool:
+        """Await up to ``seconds`` (the event loop runs on); True if woken."""
+        if self._aevent is None:
+            self._aevent = asyncio.Event()
+            self._loop = asyncio.get_running_loop()
+        if self._event.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self._aevent.wait(), seconds)
+        except TimeoutError:
+            return self._event.is_set()
+        return True
+
+
+# Inline waiters of this process, woken when this process promotes them.
+_waiters: dict[tuple[int, str, str], Waker] = {}
+_waiters_mutex = threading.Lock()
+
+
+def _sync_of(store: SemaphoreStore | AsyncSemaphores) -> SemaphoreStore:
+    return store.sync if isinstance(store, AsyncSemaphores) else store
+
+
+@contextmanager
+def waiting(store: SemaphoreStore | AsyncSemaphores, key: str, token: str) -> Iterator[Waker]:
+    """Register this process's inline waiter of ``token`` on ``key`` for the block; its :class:`Waker`."""
+    slot, waker = (id(_sync_of(store)), key, token), Waker()
+    with _waiters_mutex:
+        _waiters[slot] = waker
+    try:
+        yield waker
+    finally:
+        with _waiters_mutex:
+            _waiters.pop(slot, None)
+
+
+def wake(store: SemaphoreStore | AsyncSemaphores, key: str, token: str) -> None:
+    """Wake this process's inline waiter of ``token`` on ``key``, if it has one (a promotion came)."""
+    with _waiters_mutex:
+        event = _waiters.get((id(_sync_of(store)), key, token))
+    if event is not None:
+        event.set()
+
+
+#: Hands a call parked for a queue, whose turn came, to that queue: ``push(store, key,
+#: promotion)`` pushes it and returns what to do once the store knows it was handed (record
+#: the queue's job id in its lock). The job layer registers it (:func:`on_promotion`): this
+#: package's semaphore never imports a job class.
+Pusher = Callable[[SemaphoreStore, str, Promotion], Callable[[], None]]
+#: :data:`Pusher` on the asyncio path: awaited, on the store's async face; so is what it returns.
+APusher = Callable[[AsyncSemaphores, str, Promotion], Awaitable[Callable[[], Awaitable[None]]]]
+_pushers: list[Pusher] = []
+_apushers: list[APusher] = []
+
+
+def on_promotion(push: Pusher, apush: APusher | None = None) -> None:
+    """Make ``push`` (and ``apush``, its asyncio twin) hand promoted calls to their queues."""
+    _pushers[:] = [push]
+    _apushers[:] = [apush] if apush is not None else []
+
+
+class Hold:
+    """A slot running in this process (see :meth:`Semaphore.running`), released when its body ends.
+
+    A job that its queue will run again (a retry) keeps the slot instead: the
+    retry has the same token, and holds the key's place while it waits.
+    """
+
+    def __init__(self, semaphore: Semaphore, token: str, beat: Beat | None) -> None:
+        self.semaphore = semaphore
+        self.token = token
+        self.beat = beat  # None: a delivery that failed before its slot ran (nothing beats)
+        #: True once the slot went to the job's retry: it is not released when the body ends.
+        self.kept = False
+
+    def unkeep(self) -> None:
+        """No retry is coming after all (it was never sent): release the slot when the body ends."""
+        self.kept = False
+
+
+class SemaphoreBase:
+    """The counting semaphore of one concurrency ``key``: up to ``limit`` slots.
+
+    ``lease`` is how long a slot outlives its holder's silence; a running
+    slot is renewed every ``interval`` seconds by the shared heartbeat.
+    ``handoff`` bounds how long a promoter may take to push a promoted job.
+    """
+
+    def __init__(
+        self,
+        store: SemaphoreStore,
+        key: str,
+        *,
+        limit: int,
+        lease: float,
+        interval: float,
+        handoff: float = HANDOFF,
+        job_class: str = "",
+    ) -> None:
+        self.store = store
+        self.key = key
+        self.limit = limit
+        self.lease = lease
+        self.interval = interval
+        self.handoff = handoff
+        self.job_class = job_class
+
+    def __repr__(self) -> str:
+        return f"Semaphore({self.key!r}, limit={self.limit}, store={self.store!r})"
+
+    @property
+    def astore(self) -> AsyncSemaphores:
+        """The store's async face (the asyncio API awaits its primitives there)."""
+        return async_semaphores(self.store)
+
+    def _dead(self, slots: Sequence[SlotInfo]) -> list[tuple[str, Holder]]:
+        """The slots whose holder is provably dead (this host only; elsewhere the lease decides)."""
+        return [(s.token, s.holder) for s in slots if s.holder is not None and holder_is_dead(s.holder)]
+
+    def _unreleased(self) -> None:
+        log.error(
+            "could not release concurrency slot of %s; it lapses with its lease", self.key, exc_info=True
+        )
