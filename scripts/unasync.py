@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FILES: list[tuple[str, str]] = [
     # concurrency
     ("uniqjob/concurrency/_semaphore_async.py", "uniqjob/concurrency/_semaphore_sync.py"),
+    ("uniqjob/concurrency/_job_async.py", "uniqjob/concurrency/_job_sync.py"),
 ]
 
 #: Names of the asyncio code and what they become in the sync twin (whole words only).
@@ -55,6 +56,14 @@ NAMES: dict[str, str] = {
     "asweep": "sweep",
     "aread": "read",
     "aensured": "ensured",
+    # concurrency (uniqjob/concurrency/_job_async.py)
+    "_job_async": "_job_sync",
+    "AAfter": "After",
+    "ABody": "Body",
+    "acall_out": "call_out",
+    "apush_call": "push_call",
+    "adequeue": "dequeue",
+    "aattach": "attach",
 }
 
 #: Syntax, applied before the names.
