@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, CorruptRecordError
 from ..stores.aio import async_backend
 from ..stores.base import Backend
-from ..stores.semaphores import SemaphoreStore
+from ..stores.semaphores import SemaphoreState, SemaphoreStore
 from ..stores.semaphores_aio import AsyncSemaphores, DirectSemaphores
 
 __all__ = ["AsyncSemaphores", "SemaphoreStore", "async_semaphores", "store_for"]
@@ -99,3 +99,9 @@ class _RedisBridge(AsyncSemaphores):
 
     async def run(self, primitive: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await self._face.call(primitive.__name__, args, kwargs)  # type: ignore[no-any-return]
+
+    async def read_many(
+        self, keys: Sequence[str], *, head: int = 5
+    ) -> list[SemaphoreState | CorruptRecordError]:
+        # one pipeline of the sync store's, in a thread (the dispatch has no script call for it)
+        return await super().run(self.sync.read_many, keys, head=head)
