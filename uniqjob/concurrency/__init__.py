@@ -14,8 +14,8 @@ limits"). The slots are kept by the stores (the contract,
 - :func:`sweep`: reclaim dead holders' slots and push what that promotes, for every key;
 - :func:`release`, :func:`discard_parked`: an operator's escape hatches for one key.
 
-Each operation is written once, as steps (:mod:`uniqjob._steps`), driven by the sync API
-and awaited by the asyncio one (``_stores.acall``: each store's async face).
+Each operation is written once, for asyncio (``_semaphore_async``, ``_job_async``); its sync
+twin is generated from it by ``scripts/unasync.py`` (``_semaphore_sync``, ``_job_sync``).
 
 :mod:`.base`, :mod:`.local` and :mod:`.redis` still import the contract and the stores from
 their new places.
