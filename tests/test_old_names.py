@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import uniqjob
+import uniqjob.concurrency
 import uniqjob.stores
 import uniqjob.stores.base
 from uniqjob.joblock import JobLock
@@ -34,6 +35,9 @@ OLD_MODULES = [
     "uniqjob.backends.redis",
     "uniqjob.inspect",  # now uniqjob.ops
     "uniqjob.queue",  # now uniqjob.queues
+    "uniqjob.concurrency.base",  # now uniqjob.stores.semaphores
+    "uniqjob.concurrency.local",  # now uniqjob.stores.file and uniqjob.stores.memory
+    "uniqjob.concurrency.redis",  # now uniqjob.stores.redis
     "uniqjob._moved",
     "uniqjob._syspath",
 ]
@@ -56,6 +60,7 @@ def test_an_old_module_is_gone(name: str) -> None:
         (uniqjob.stores, "SlotBackend"),
         (LockState, "quiet"),
         (JobLock, "slots"),
+        (uniqjob.concurrency, "release"),  # release_slots, as in uniqjob.ops
     ],
     ids=lambda value: getattr(value, "__name__", value),
 )

@@ -314,7 +314,7 @@ def test_discard_parked_drops_one_keys_line_and_its_locks(backend: Backend) -> N
 
 
 def test_the_concurrency_package_re_exports_the_same_operations() -> None:
-    assert uniqjob.concurrency.release is ops.release_slots
+    assert uniqjob.concurrency.release_slots is ops.release_slots
     assert uniqjob.concurrency.discard_parked is ops.discard_parked
     assert uniqjob.concurrency.sweep is ops.sweep
     assert uniqjob.concurrency.Released is ops.Released

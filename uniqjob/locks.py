@@ -153,9 +153,7 @@ class LockState:
         self._nothing_to_reclaim = False  # only an unread state keeps what the store said
 
     @classmethod
-    def unread(
-        cls, key: str, read: Callable[[], Parts], *, nothing_to_reclaim: bool
-    ) -> LockState:
+    def unread(cls, key: str, read: Callable[[], Parts], *, nothing_to_reclaim: bool) -> LockState:
         """A snapshot whose parts ``read()`` returns when first asked for.
 
         ``nothing_to_reclaim`` is :attr:`nothing_to_reclaim` as the store saw it.
