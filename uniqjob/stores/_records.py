@@ -373,4 +373,3 @@ class LockMachineBackend(Backend):
     def read(self, key: str) -> LockState:
         with self._lock_machine(key) as m:
             return m.state()
-
