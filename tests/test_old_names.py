@@ -16,6 +16,7 @@ import pytest
 
 import uniqjob
 import uniqjob.concurrency
+import uniqjob.config
 import uniqjob.stores
 import uniqjob.stores.base
 from uniqjob.joblock import JobLock
@@ -42,6 +43,14 @@ OLD_MODULES = [
     "uniqjob._syspath",
 ]
 
+CONFIG_MOVED = [
+    "FILE_URL_OPTIONS",
+    "MEMORY_URL_OPTIONS",
+    "REDIS_TIMEOUT",
+    "REDIS_URL_OPTIONS",
+    "redis_client_from_url",
+]
+
 
 @pytest.mark.parametrize("name", OLD_MODULES)
 def test_an_old_module_is_gone(name: str) -> None:
@@ -61,6 +70,7 @@ def test_an_old_module_is_gone(name: str) -> None:
         (LockState, "quiet"),
         (JobLock, "slots"),
         (uniqjob.concurrency, "release"),  # release_slots, as in uniqjob.ops
+        *((uniqjob.config, name) for name in CONFIG_MOVED),  # each in its store's module
     ],
     ids=lambda value: getattr(value, "__name__", value),
 )
