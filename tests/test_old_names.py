@@ -1,6 +1,6 @@
 """One name per concept: the names kept for compatibility before 1.0 are gone, and no module of
 uniqjob is named after a standard library module (so none shadows it, and nothing rewrites
-``sys.path``).
+``sys.path``; tests/test_packaging.py runs ``python -m uniqjob`` inside the package directory).
 """
 
 from __future__ import annotations
@@ -120,21 +120,3 @@ def test_the_package_leaves_sys_path_alone() -> None:
         check=True,
     )
     assert done.stdout.strip() == "True"
-
-
-@pytest.mark.parametrize(
-    ("command", "where"),
-    [(["-m", "uniqjob"], PACKAGE), (["uniqjob"], PACKAGE.parent)],
-    ids=["-m in the package directory", "the package directory as a script"],
-)
-def test_python_m_uniqjob_runs_from_inside_the_package(command: list[str], where: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, *command, "--help"],
-        cwd=where,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "usage: uniqjob" in done.stdout
