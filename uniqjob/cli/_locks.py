@@ -21,8 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from ..ops import CORRUPT, LockRelease, LockRow, duplicates, iter_rows, reap, release
-from ..stores._drops import WINDOW
+from ..ops import CORRUPT, LockRelease, LockRow, iter_rows, reap, release
 from ._common import (
     EX_DATAERR,
     EX_FAILURE,
@@ -131,8 +130,8 @@ recorded when it was enqueued; "-" for a lock with none (inline, `uniqjob run`, 
 
 --json fields: key, class, args, state, job_id, host, pid, age_s, ttl_s, lease_s,
 orphaned, path, reason (the last two only set, and key may be null, for a corrupt record);
-when the store counted dropped duplicates in the last hour, the last line is
-{"duplicates": {CLASS: N}, "window_s": 3600} (see `uniqjob stats`)
+every line is a lock row (JSON Lines: `jq .key` reads them all). The dropped
+duplicates and other figures are in `uniqjob stats --json`.
 
 --concurrency lists concurrency keys instead: HELD slots / limit, their LEASE
 (fresh, stale: lapsed or its holder dead, mixed), RUN(ning), PARKED jobs and how
@@ -192,11 +191,7 @@ def locks_command(args: argparse.Namespace) -> int:
             out.write(_table_line([c.header for c in COLUMNS]) + "\n")
             header_written = True
         out.write(_table_line([c.cell(row) for c in COLUMNS]) + "\n")
-    if args.json:
-        drops = duplicates(backend, job_class=args.job_class)
-        if drops:  # the last line, when the store counted any: see the epilog
-            out.write(json.dumps({"duplicates": drops, "window_s": WINDOW}) + "\n")
-    elif not header_written and not args.quiet:
+    if not args.json and not header_written and not args.quiet:
         print("no locks held", file=sys.stderr)
     if corrupt:
         out.flush()
