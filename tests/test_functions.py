@@ -217,6 +217,26 @@ def test_an_async_perform_is_refused_by_the_sync_api_and_awaited_by_the_async_on
     assert asyncio.run(job.arun()) == "awaited"
 
 
+def test_an_async_function_stays_a_coroutine_function() -> None:
+    """Frameworks (Starlette, FastAPI, arq, pytest) ask this of an endpoint or a job function."""
+
+    @unique(on_conflict="raise")
+    async def fetch(n: int, label: str = "x", *, mode: str = "y") -> str:
+        return f"{label}{n}{mode}"
+
+    class Client:
+        @unique
+        async def get(self, n: int) -> int:
+            return n
+
+    for decorated in (fetch, Client.get, Client().get):
+        assert inspect.iscoroutinefunction(decorated), decorated
+        assert asyncio.iscoroutinefunction(decorated), decorated
+    assert str(inspect.signature(fetch)) == str(inspect.signature(fetch.__wrapped__))
+    assert asyncio.run(fetch(1)) == "x1y" and asyncio.run(Client().get(2)) == 2
+    assert not inspect.iscoroutinefunction(send_report) and not asyncio.iscoroutinefunction(send_report)
+
+
 # -- on real rq worker processes -------------------------------------------------------------
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
@@ -121,7 +122,29 @@ class UniqueFunction(Generic[P, R]):
 
 
 class AsyncUniqueFunction(UniqueFunction[P, Coroutine[Any, Any, R]]):
-    """An ``async def`` function decorated with :func:`unique`: awaiting a call runs it under its lock."""
+    """An ``async def`` function decorated with :func:`unique`: awaiting a call runs it under its lock.
+
+    It stays a coroutine function to ``inspect.iscoroutinefunction`` and
+    ``asyncio.iscoroutinefunction``, which frameworks check (Starlette and
+    FastAPI endpoints, arq's ``func``, pytest): it carries the function's
+    ``__code__`` (Python 3.11 reads its flags), and on 3.12+ the mark of
+    ``inspect.markcoroutinefunction``.
+    """
+
+    def __init__(
+        self,
+        function: Callable[P, Coroutine[Any, Any, R]],
+        job: type[UniqueJob],
+        bound: tuple[Any, ...] = (),
+    ) -> None:
+        super().__init__(function, job, bound)
+        # What inspect takes for a function-like object (as a Cython function is): its code
+        # flags say "coroutine". The signature still comes from __wrapped__.
+        for attr in ("__code__", "__defaults__", "__kwdefaults__"):
+            if hasattr(function, attr):
+                setattr(self, attr, getattr(function, attr))
+        if sys.version_info >= (3, 12):
+            inspect.markcoroutinefunction(self)
 
     def __call__(  # type: ignore[override]
         self, *args: P.args, **kwargs: P.kwargs
