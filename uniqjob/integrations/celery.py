@@ -76,7 +76,7 @@ _pending: ContextVar[_Call | None] = ContextVar("uniqjob_celery_call", default=N
 _running: ContextVar[Task | None] = ContextVar("uniqjob_celery_task", default=None)
 
 
-class TaskJob(UniqueJob):
+class TaskJob(UniqueJob, abstract=True):
     """Base of the :class:`UniqueJob` made for each UniqueTask class: its settings, keys and locks."""
 
     #: The UniqueTask class this job stands for.
@@ -281,6 +281,7 @@ def _job_for(task_cls: type[UniqueTask]) -> type[TaskJob]:
     run = inspect.getattr_static(task_cls, "run")
     if run is not _TASK_RUN:
         namespace["perform"] = run  # gives the key its signature; `self` of a bound run is dropped
+    # A task class with no run of its own is a base of tasks (@app.task(base=...) adds the run).
     namespace.update(
         __module__=task_cls.__module__,
         # importable by that path (a parked call names its job class, see uniqjob.concurrency)
@@ -289,7 +290,7 @@ def _job_for(task_cls: type[UniqueTask]) -> type[TaskJob]:
         task_cls=task_cls,
         unique_queue=CeleryQueue(task_cls),
     )
-    return type(task_cls.__name__, (TaskJob,), namespace)
+    return type(task_cls.__name__, (TaskJob,), namespace, abstract=run is _TASK_RUN)
 
 
 def _setting(klass: type, name: str, value: Any) -> Any:
