@@ -43,9 +43,15 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, ClassVar, Final
 
-from celery import Task, shared_task
-from celery.exceptions import Reject, Retry
-from celery.signals import task_revoked, worker_init, worker_ready
+try:
+    from celery import Task, shared_task
+    from celery.exceptions import Reject, Retry
+    from celery.signals import task_revoked, worker_init, worker_ready
+except ModuleNotFoundError as exc:  # the optional extra
+    raise ModuleNotFoundError(
+        f"uniqjob.integrations.celery needs celery ({exc.name} is missing): pip install 'uniqjob[celery]'",
+        name=exc.name,
+    ) from exc
 
 from ..concurrency import _job as _concurrency
 from ..errors import ConfigurationError
