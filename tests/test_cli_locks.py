@@ -171,7 +171,10 @@ def test_reap_reclaims_orphans_only(store: Store, tmp_path: Path) -> None:
     assert not store.backend.read("live").free and wrapper.poll() is None
 
     again = uniqjob("reap", "--url", store.url)
-    assert (again.returncode, again.stdout, again.stderr) == (0, "", "")  # nothing to do: nothing said
+    assert (again.returncode, again.stdout) == (0, "")
+    assert again.stderr == "reclaimed 0 orphaned lock(s) of 3 held\n"  # the count, also of nothing
+    quiet = uniqjob("reap", "--url", store.url, "--quiet")
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")  # nothing reclaimed: nothing said
     hold.release()
     assert finish(wrapper)[0] == 0
 

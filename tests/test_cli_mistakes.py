@@ -102,19 +102,22 @@ def test_the_lock_subcommands_take_quiet(sub: str, capsys: pytest.CaptureFixture
 # -- quiet -----------------------------------------------------------------------------------
 
 
-def test_reap_says_nothing_with_nothing_to_do_and_quiet_says_nothing_at_all(
+def test_reap_counts_and_quiet_speaks_only_of_a_reclaim(
     redis_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     uniqjob.configure(redis_url)
     backend = uniqjob.default_backend()
-    assert run(capsys, "reap", "--url", redis_url) == (0, "", "")
+    assert run(capsys, "reap", "--url", redis_url) == (0, "", "reclaimed 0 orphaned lock(s) of 0 held\n")
+    assert run(capsys, "reap", "--url", redis_url, "--quiet") == (0, "", "")
     assert backend.claim("waiting", "t-w", meta=QueueMeta("app.Job", "", "")) is None
-    assert run(capsys, "reap", "--url", redis_url) == (0, "", "")  # a queued lock is no orphan
+    assert run(capsys, "reap", "--url", redis_url, "-q") == (0, "", "")  # a queued lock is no orphan
     lapsed = RunClaim(local_holder(), lease=0.001)
     assert backend.claim("crashed", "t-c", meta=QueueMeta(), run=lapsed) is None
     time.sleep(0.01)  # its lease lapses on the server's clock
-    assert run(capsys, "reap", "--url", redis_url, "--quiet") == (0, "", "")
-    assert backend.read("crashed").free  # reclaimed, quietly
+    status, out, err = run(capsys, "reap", "--url", redis_url, "--quiet")  # a reclaim is news for cron's mail
+    assert status == 0 and out.startswith("reclaimed crashed (running")
+    assert err == "reclaimed 1 orphaned lock(s) of 2 held\n"
+    assert backend.read("crashed").free
     assert run(capsys, "locks", "--url", redis_url, "--quiet", "--class", "Nope") == (0, "", "")
 
 

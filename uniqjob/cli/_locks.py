@@ -323,9 +323,9 @@ again meanwhile is left alone (reclaim checks its token). A record that
 cannot be read is skipped, named on stderr with the command that removes it,
 and the exit status is then 65.
 
-Each lock reclaimed is a line on stdout, then a count on stderr; with nothing to
-reclaim (and nothing corrupt) it says nothing, and --quiet leaves out the lines and
-the count, so a cron line mails only what is wrong.
+Each lock reclaimed is a line on stdout, then a count on stderr (also when it is 0).
+--quiet prints nothing unless a lock was reclaimed or a record is corrupt: then
+the same lines and count, so a cron line mails each reclaim and nothing else.
 
 examples:
   uniqjob reap --dry-run
@@ -356,14 +356,13 @@ def reap_command(args: argparse.Namespace) -> int:
 
     def show(row: LockRow) -> None:
         if row.state != CORRUPT:
-            if not args.quiet:
-                print(f"{verb} {escape(_key(row))} ({escape(_describe(row))})")
+            print(f"{verb} {escape(_key(row))} ({escape(_describe(row))})")  # news, even with --quiet
             return
         sys.stdout.flush()  # its line after the reclaims already printed, when both go to one terminal
         say(f"skipping {_corrupt_line(row)}; remove it with {_fix(row)}")
 
     done = reap(open_backend(args.url), dry_run=args.dry_run, each=show)
     skipped = f"; skipped {len(done.corrupt)} corrupt record(s)" if done.corrupt else ""
-    if (done.reclaimed or done.corrupt) and not args.quiet:
+    if done.reclaimed or done.corrupt or not args.quiet:
         print(f"{verb} {len(done.reclaimed)} orphaned lock(s) of {done.held} held{skipped}", file=sys.stderr)
     return EX_DATAERR if done.corrupt else EX_OK
