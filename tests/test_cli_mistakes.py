@@ -62,6 +62,20 @@ def test_locks_of_a_namespaced_backend_are_seen_with_namespace(
     assert backend.read("report-1").free
 
 
+def test_namespace_keeps_a_unix_socket_url(
+    redis_server: RedisServer, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``unix:///path.sock`` was rebuilt as ``unix:/path.sock``: exit 78, an unsupported URL."""
+    assert store_url("unix:///run/redis.sock", "app") == "unix:///run/redis.sock?namespace=app"
+    assert store_url("unix:///run/redis.sock?db=2", "app") == "unix:///run/redis.sock?db=2&namespace=app"
+    backend = RedisBackend(redis_url, namespace="myapp")
+    assert backend.claim("report-1", "t1", meta=QueueMeta("app.Report", "1", "")) is None
+    assert redis_server.unix_url.startswith("unix:///")
+    status, out, err = run(capsys, "locks", "--json", "--url", redis_server.unix_url, "--namespace", "myapp")
+    assert status == 0, err
+    assert [json.loads(line)["key"] for line in out.splitlines()] == ["report-1"]
+
+
 def test_namespace_from_the_environment_and_its_mistakes(
     redis_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
