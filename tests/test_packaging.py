@@ -57,7 +57,11 @@ def test_python_runs_the_package_directory_as_the_command(tmp_path: Path) -> Non
         timeout=60,
         check=False,
     )
-    assert (done.returncode, done.stdout, done.stderr) == (0, "", "no locks held\n")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0,
+        "",
+        f"no locks held in FileBackend('{tmp_path}')\n",
+    )
 
 
 def _requirements(dist: str) -> dict[str, Requirement]:

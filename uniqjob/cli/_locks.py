@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from ..ops import CORRUPT, LockRelease, LockRow, iter_rows, reap, release
+from ..stores.base import Backend
 from ._common import (
     EX_DATAERR,
     EX_FAILURE,
@@ -192,13 +193,34 @@ def locks_command(args: argparse.Namespace) -> int:
             header_written = True
         out.write(_table_line([c.cell(row) for c in COLUMNS]) + "\n")
     if not args.json and not header_written and not args.quiet:
-        print("no locks held", file=sys.stderr)
+        print(_none_held(backend, args.job_class), file=sys.stderr)
     if corrupt:
         out.flush()
         for row in corrupt:
             say(f"{_corrupt_line(row)}; it blocks its key until removed with: {_fix(row)}")
         return EX_DATAERR
     return EX_OK
+
+
+#: How many records ``locks`` looks at, at most, for other namespaces when its own holds none.
+NAMESPACES_LOOKED_AT = 100_000
+
+
+def _none_held(backend: Backend, job_class: str | None) -> str:
+    """What ``locks`` says for an empty listing: the store and namespace read, and where locks are."""
+    what = "no locks" if job_class is None else f"no locks of class {job_class!r}"
+    namespace = getattr(backend, "namespace", None)
+    if not isinstance(namespace, str):
+        return f"{what} held in {backend!r}"
+    said = f"{what} held in {backend!r}, namespace {namespace!r}"
+    others = [n for n in backend.namespaces(limit=NAMESPACES_LOOKED_AT) if n != namespace]
+    if not others:
+        return said
+    shown = ", ".join(repr(escape(n)) for n in others[:5])
+    if others[5:]:
+        shown += f" and {len(others) - 5} more"
+    option = f"--namespace {_shell_word(others[0])}"
+    return f"{said}; locks are held under namespace {shown}: add {option} to see them"
 
 
 def _stdout() -> TextIO:
