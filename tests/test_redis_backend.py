@@ -154,7 +154,7 @@ def test_the_usual_duplicate_is_left_unread_until_used(redis_backend: RedisBacke
 
 
 def test_an_unread_state_that_is_unreadable_says_so_on_first_use(redis_backend: RedisBackend) -> None:
-    state = redis_backend._state("k", b"Qnot json")
+    state = redis_backend._state("k", "Qnot json")
     assert state.nothing_to_reclaim
     with pytest.raises(BackendError, match="unreadable lock state"):
         _ = state.queue

@@ -8,9 +8,8 @@ one cluster slot (a key that starts with ``}`` is named another way:
 ``_client.names``). Listing uses ``SCAN``, never ``KEYS``, on every primary
 of a cluster.
 
-The scripts are called through ``_transport.Scripts``, on a connection each thread keeps;
-a success is an integer (1, or the fence of a run lock). See
-docs/performance.md for why.
+The scripts are called through ``_wire.Wire`` (the client's ``evalsha``, its
+pipelines); a success is an integer (1, or the fence of a run lock).
 
 Whatever the client raises (redis-py's errors, a cluster or valkey client's
 own, a bug in a wire path) reaches the caller as :class:`BackendError` with
@@ -37,21 +36,22 @@ from ..semaphores import SemaphoreStore
 from . import _lua as lua
 from ._acks import Acks
 from ._client import backend_error, key_of, match, names, scan_pages, where
+from ._clients import client_for, redis_client_from_url
 from ._semaphores import RedisSemaphores
-from ._transport import Scripts
-from ._url import check_store_options, redis_client_from_url
+from ._url import check_store_options, parse
+from ._wire import Wire, text
 
 if TYPE_CHECKING:
     from ._client import Client
 
-__all__ = ["RedisBackend"]
+__all__ = ["RedisBackend", "from_url"]
 
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
 _QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k"}
-_QUIET = (b"Q", "Q")  # the mark of a snapshot that need not be read: see _lua's snapshot()
+_QUIET = "Q"  # the mark of a snapshot that need not be read: see _lua's snapshot()
 _SCAN_PAGE = 1000
 _PARTS = ("q", "r", "f")  # queue lock, run lock, last fence
 _TALLIED = (*_PARTS, "d")  # and the dropped duplicates
@@ -59,10 +59,6 @@ _TALLIED = (*_PARTS, "d")  # and the dropped duplicates
 
 # The C scanner itself: JSONDecoder.decode adds two Python calls and a regex for whitespace.
 _scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
 
 
 class _Shape(ValueError):
@@ -175,9 +171,9 @@ class RedisBackend(Backend):
     timeouts (``timeout`` seconds), so an unreachable server fails the call
     with :class:`BackendError` in bounded time; the job is then not run.
 
-    Each thread that uses the backend keeps one connection of the client's
-    kind and settings (a plain ``ConnectionPool``; other pools are used as
-    they are); :meth:`close` closes them with the client's pool.
+    Its calls go through the client's public API (``evalsha``, pipelines), on
+    its own pool with its own retry policy and health checks; :meth:`close`
+    closes the client.
     """
 
     name = "redis"
@@ -211,9 +207,8 @@ class RedisBackend(Backend):
         self._holder: tuple[Holder | None, list[str]] = (None, [])
         try:
             client.execute_command  # noqa: B018  (not a client at all: a ConfigurationError now)
-            self._scripts = Scripts(client)
-            self._lanes = self._scripts.lanes
-            self._run = self._scripts.call
+            self._wire = Wire(client)
+            self._run = self._wire.call
             self._claim = self._script(lua.CLAIM)
             self._start = self._script(lua.START)
             self._renew = self._script(lua.RENEW)
@@ -224,7 +219,7 @@ class RedisBackend(Backend):
             self._reclaim = self._script(lua.RECLAIM)
             self._read = self._script(lua.READ)
             self._purge = self._script(lua.PURGE)
-            self._acks = Acks(self._scripts, replicas, self.replica_timeout) if replicas else None
+            self._acks = Acks(self._wire, replicas, self.replica_timeout) if replicas else None
         except Exception as exc:
             raise ConfigurationError(f"cannot use {where(client)} as a Redis client: {exc!r}") from exc
 
@@ -233,7 +228,6 @@ class RedisBackend(Backend):
         return RedisSemaphores(
             self.client,
             namespace=self.namespace,
-            lanes=self._scripts.lanes,
             replicas=self.replicas,
             replica_timeout=self.replica_timeout,
         )
@@ -272,49 +266,52 @@ class RedisBackend(Backend):
         return self._fail(exc)
 
     def _acked(self, call: Call) -> Any:
-        """Run ``call``, acknowledged by ``replicas`` (see _acks); its raw reply.
+        """Run ``call`` with ``WAIT`` behind it, acknowledged by ``replicas`` (see _acks); its reply.
 
         A grant too few replicas acknowledged is undone by ``call.undo`` and fails closed.
         """
         acks = self._acks
         assert acks is not None and call.grant is not None
-        # the rules are _acks' (shared with the asyncio face): here each step is called
-        return acks.drive(acks.granting(call, self, self.name, self._failure), self._undo)
-
-    def _undo(self, undo: Callable[[], Call]) -> Any:
-        """Send the undo's call (``Call.undo``) of a grant too few replicas acknowledged."""
-        return self._done(undo())
+        try:
+            reply, acked = acks.wire.acked(call.script, call.numkeys, call.items, acks.wait)
+        except Exception as exc:
+            raise self._failure(exc, call.items[: call.numkeys]) from exc
+        what = call.grant(reply)
+        if what:
+            undo = call.undo
+            acks.confirm(
+                acked, what, undo and (lambda: self._done(undo())), self, self.name, name=call.items[0]
+            )
+        return reply
 
     def _corrupt(self, exc: Exception, names: list[Any]) -> None:
         """Raise the CorruptRecordError a script's ``UNIQJOB_CORRUPT <i> <reason>`` reply stands for."""
         index, _, reason = str(exc)[len(lua.CORRUPT) :].partition(" ")
         if index.isdigit() and 0 < int(index) <= len(names):  # else not ours after all: a BackendError
-            name = _text(names[int(index) - 1])
+            name = text(names[int(index) - 1])
             raise CorruptRecordError(name, reason, key=self._key_of(name), backend=self.name) from exc
 
     def _key_of(self, name: str) -> str:
         """The lock key a Redis key name of this namespace belongs to."""
         return key_of(self._prefix, name, name[-1:]) or name
 
-    def _state(self, key: str, reply: str | bytes) -> LockState:
+    def _state(self, key: str, reply: str) -> LockState:
         """The state a script's snapshot reply describes; the usual duplicate's ("Q"), unread until used."""
-        if reply[:1] in _QUIET:
+        if reply[:1] == _QUIET:
             return LockState.unread(key, partial(self._parts, key, reply), nothing_to_reclaim=True)
         return LockState(key, *self._parts(key, reply))
 
-    def _parts(self, key: str, reply: str | bytes) -> Parts:
+    def _parts(self, key: str, reply: str) -> Parts:
         """The queue lock, run lock and clock a snapshot holds, each field checked.
 
         A snapshot the client cannot parse at all is a BackendError (a reply
         mangled on its way); a record with a field of the wrong shape is a
         CorruptRecordError naming its Redis key: it stays in the store.
         """
-        # (bytes decoded as json.loads would, minus its sniffing for UTF-16 and -32)
         try:
-            text = reply.decode("utf-8", "surrogatepass") if isinstance(reply, bytes) else reply
-            if text[:1] not in ("Q", "S"):
+            if reply[:1] not in ("Q", "S"):
                 raise ValueError("no mark")
-            now, queue, queue_ttl, run, run_ttl = _scan_json(text, 1)[0]  # by name: _lua.SNAPSHOT
+            now, queue, queue_ttl, run, run_ttl = _scan_json(reply, 1)[0]  # by name: _lua.SNAPSHOT
             clock = int(now) / 1_000_000
             if type(queue_ttl) is not int or type(run_ttl) is not int:
                 raise ValueError("ttl")
@@ -369,11 +366,6 @@ class RedisBackend(Backend):
     # Each primitive is a script call (:class:`Call`: what to send, and how to read the reply) and
     # its sending; the calls are the async store's too (_async.RedisAsync), only the sending differs.
 
-    def call(self, name: str, *args: Any, **kwargs: Any) -> Call:
-        """The script call that primitive ``name`` makes with these arguments (not sent)."""
-        make: Callable[..., Call] = getattr(self, f"_{name}_call")
-        return make(*args, **kwargs)
-
     def _done(self, call: Call) -> Any:
         if self._acks is None or call.grant is None:
             return call.decode(self._eval(call.script, call.numkeys, call.items))
@@ -382,7 +374,7 @@ class RedisBackend(Backend):
     def _eval(self, script: Script, numkeys: int, items: list[Any]) -> Any:
         """Run ``script`` with ``items``: its ``numkeys`` keys, then its arguments; its raw reply.
 
-        (_transport.Scripts sends it; a failure is raised as :meth:`_failure` says.)
+        (_wire.Wire sends it; a failure is raised as :meth:`_failure` says.)
         """
         try:
             return self._run(script, numkeys, items)
@@ -517,7 +509,7 @@ class RedisBackend(Backend):
         # Read at once, every field checked: a damaged record fails this call, not a later use.
         return Call(self._read, 2, self._keys(key)[:2], partial(self._snapshot, key))
 
-    def _snapshot(self, key: str, reply: str | bytes) -> LockState:
+    def _snapshot(self, key: str, reply: str) -> LockState:
         return LockState(key, *self._parts(key, reply))
 
     def claim(
@@ -589,7 +581,7 @@ class RedisBackend(Backend):
         return state
 
     def read_many(self, keys: Sequence[str]) -> list[LockState | CorruptRecordError]:
-        """Read ``keys`` as :meth:`read` does, their READ scripts sent together (``_transport.Scripts.many``).
+        """Read ``keys`` as :meth:`read` does, their READ scripts sent together (``_wire.Wire.many``).
 
         A ``read`` of a subclass's own (or one set on the object) is honoured:
         then each key is read by it, one by one.
@@ -597,7 +589,7 @@ class RedisBackend(Backend):
         if getattr(self.read, "__func__", None) is not RedisBackend.read:
             return super().read_many(keys)
         calls = [self._read_call(key) for key in keys]  # the calls read() makes, sent together
-        replies = self._call(partial(self._scripts.many, self._read, 2, [call.items for call in calls]))
+        replies = self._call(partial(self._wire.many, self._read, 2, [call.items for call in calls]))
         states: list[LockState | CorruptRecordError] = []
         for call, reply in zip(calls, replies, strict=True):
             try:
@@ -662,7 +654,7 @@ class RedisBackend(Backend):
                 if not isinstance(fields, dict):  # another type: counts are for people, never an outage
                     log.warning("skipping %s: not a hash of dropped duplicates (%s)", name, fields)
                     continue
-                counts = {_text(f): _text(v) for f, v in fields.items()}
+                counts = {text(f): text(v) for f, v in fields.items()}
                 cls = counts.pop("c", "")
                 length = counts.pop("n", "")
                 if length.isdigit():
@@ -688,7 +680,6 @@ class RedisBackend(Backend):
 
     def close(self) -> None:
         try:
-            self._scripts.close()
             self.client.close()
         except Exception as exc:
             raise self._fail(exc) from exc
@@ -746,3 +737,17 @@ def _drop(count: bool, counted: float | None) -> str:
 
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
+
+
+def from_url(url: str) -> RedisBackend:
+    """A new RedisBackend for a Redis or Valkey URL of any form, checked first (see ``_url.parse``)."""
+    spec = parse(url)
+    backend = RedisBackend(
+        client_for(spec),  # RedisBackend takes a cluster client too
+        namespace=spec.namespace,
+        timeout=spec.connection["socket_timeout"],
+        replicas=spec.replicas,
+        replica_timeout=spec.replica_timeout,
+    )
+    backend.name = spec.flavor  # "valkey" in the messages of a Valkey URL's store
+    return backend
