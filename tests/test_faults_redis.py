@@ -56,7 +56,7 @@ def stalled(server: RedisServer) -> Iterator[Callable[[], None]]:
 
 
 def _client(server: RedisServer, kind: str, retry: Retry) -> redis.Redis:
-    """A client of ``kind``: "pool" (redis-py's default ``ConnectionPool``) or "blocking" (a ``BlockingConnectionPool``)."""
+    """A client of ``kind``: "pool" (redis-py's default pool) or "blocking" (a ``BlockingConnectionPool``)."""
     options: dict[str, Any] = {"socket_timeout": TIMEOUT, "socket_connect_timeout": TIMEOUT, "retry": retry}
     # redis-py 5 retries only the errors named here; from 6 on, the Retry's own (these same two)
     options["retry_on_error"] = [redis.ConnectionError, redis.TimeoutError]
