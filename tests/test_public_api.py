@@ -78,11 +78,10 @@ def defined(trees: list[tuple[str, ast.Module]]) -> set[str]:
             elif isinstance(node, ast.Assign):
                 for item in node.targets:
                     target(item)
-            elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+            elif isinstance(node, ast.AnnAssign | ast.AugAssign | ast.For | ast.AsyncFor | ast.comprehension):
                 target(node.target)
-            elif isinstance(node, ast.For | ast.comprehension | ast.With):
-                for item in node.items if isinstance(node, ast.With) else [node]:
-                    target(item.optional_vars if isinstance(item, ast.withitem) else item.target)  # type: ignore[arg-type]
+            elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+                target(node.optional_vars)
             elif isinstance(node, ast.arg):
                 names.add(node.arg)
             elif isinstance(node, ast.alias) and node.asname:

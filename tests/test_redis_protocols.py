@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -218,12 +218,13 @@ def test_each_async_primitive_is_one_evalsha(backend: RedisBackend, redis_server
     async def main() -> None:
         await face.claim("warm", "w", meta=META)  # the loop's client connected, the scripts loaded
         await face.read("warm")
-        for name, call in {
+        calls: dict[str, Callable[[], Awaitable[Any]]] = {
             "claim": lambda: face.claim("k", "t", meta=META),
             "duplicate": lambda: face.claim("k", "u", meta=META),
             "read": lambda: face.read("k"),
             "dequeue": lambda: face.dequeue("k", "t"),
-        }.items():
+        }
+        for name, call in calls.items():
             admin.config_resetstat()
             await call()
             assert _commands(admin) == {"evalsha": 1}, name
