@@ -87,8 +87,8 @@ def _sentinel(spec: RedisURL) -> redis.Redis:
     # Each Sentinel is asked once: the client asks the next one when one fails, and redis-py's
     # default retry (with backoff) on each would stretch a lookup far past the timeout.
     once = {**spec.sentinel, "retry": Retry(NoBackoff(), 0)}
-    sentinels = Sentinel(spec.nodes, sentinel_kwargs=once)
-    master: redis.Redis = sentinels.master_for(spec.service, **spec.connection)
+    sentinels = Sentinel(spec.nodes, sentinel_kwargs=once)  # type: ignore[no-untyped-call, unused-ignore]
+    master: redis.Redis = sentinels.master_for(spec.service, **spec.connection)  # type: ignore[no-untyped-call, unused-ignore]
     return master
 
 
