@@ -117,6 +117,11 @@ def test_every_async_primitive_answers_alike(backend: RedisBackend) -> None:
         assert read.run is not None and read.run.fence == run.fence
         again = await face.call("read", ("k",), {})  # the old entry: the typed method
         assert again.queue is not None and again.queue.token == "t"
+        many = await face.read_many(["k", "none"])
+        assert [s.queue.token if not isinstance(s, Exception) and s.queue else None for s in many] == [
+            "t",
+            None,
+        ]
         await face.finish("k", "t")
         assert (await face.read("k")).free
         await face.aclose()
@@ -197,6 +202,7 @@ def test_each_primitive_is_one_evalsha(backend: RedisBackend, redis_server: Redi
     backend.start("warm", "w", run=RunClaim(local_holder(), 30.0), meta=META)
     backend.renew("warm", "w", 30.0)
     backend.read("warm")
+    backend.finish("warm", "w")
     calls: dict[str, Callable[[], Any]] = {
         "claim (fresh)": lambda: backend.claim("k", "t", meta=META),
         "claim (duplicate)": lambda: backend.claim("k", "u", meta=META),
@@ -218,6 +224,7 @@ def test_each_async_primitive_is_one_evalsha(backend: RedisBackend, redis_server
     async def main() -> None:
         await face.claim("warm", "w", meta=META)  # the loop's client connected, the scripts loaded
         await face.read("warm")
+        await face.dequeue("warm", "w")
         calls: dict[str, Callable[[], Awaitable[Any]]] = {
             "claim": lambda: face.claim("k", "t", meta=META),
             "duplicate": lambda: face.claim("k", "u", meta=META),

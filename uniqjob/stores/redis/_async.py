@@ -24,6 +24,7 @@ from typing import Any
 
 from redis.commands.core import Script
 
+from ...errors import CorruptRecordError
 from ...locks import LockState, QueueMeta, RunClaim
 from .._async_base import AsyncBackend, in_thread
 from ..base import Backend, QueueMode
@@ -65,6 +66,24 @@ class AsyncWire:
                 raise
         script.sha = await client.script_load(script.script)
         return plain(await client.evalsha(script.sha, numkeys, *items))
+
+    async def many(self, script: Script, numkeys: int, batch: Sequence[Sequence[Any]]) -> list[Any]:
+        """``script`` once per entry of ``batch``, in one pipeline: as ``_wire.Wire.many`` does."""
+        if not batch:
+            return []
+        for attempt in (0, 1):
+            pipe = self.client.pipeline(transaction=False)
+            for items in batch:
+                pipe.execute_command("EVALSHA", script.sha, numkeys, *items)
+            if self._gate is None:
+                replies = await pipe.execute(raise_on_error=False)
+            else:
+                async with self._gate:
+                    replies = await pipe.execute(raise_on_error=False)
+            if attempt or not any(isinstance(r, Exception) and is_noscript(r) for r in replies):
+                return [r if isinstance(r, Exception) else plain(r) for r in replies]
+            script.sha = await self.client.script_load(script.script)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def acked(
         self, script: Script, numkeys: int, items: Sequence[Any], wait: tuple[int, int]
@@ -184,6 +203,19 @@ class RedisAsync(AsyncBackend):
     async def read(self, key: str) -> LockState:
         state: LockState = await self._done(self.sync._read_call(key))
         return state
+
+    async def read_many(self, keys: Sequence[str]) -> list[LockState | CorruptRecordError]:
+        """:meth:`RedisBackend.read_many`, awaited: the READ calls ``read`` makes, in one pipeline."""
+        sync = self.sync
+        if getattr(sync.read, "__func__", None) is not RedisBackend.read:  # a read of its own: honoured
+            states: list[LockState | CorruptRecordError] = await in_thread(sync.read_many, keys)
+            return states
+        calls = [sync._read_call(key) for key in keys]
+        try:
+            replies = await self.wire().many(sync._read, 2, [call.items for call in calls])
+        except Exception as exc:
+            raise sync._fail(exc) from exc
+        return sync._states(calls, replies)
 
     async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Await primitive ``name`` with these arguments: the typed method of that name."""

@@ -590,6 +590,10 @@ class RedisBackend(Backend):
             return super().read_many(keys)
         calls = [self._read_call(key) for key in keys]  # the calls read() makes, sent together
         replies = self._call(partial(self._wire.many, self._read, 2, [call.items for call in calls]))
+        return self._states(calls, replies)
+
+    def _states(self, calls: list[Call], replies: list[Any]) -> list[LockState | CorruptRecordError]:
+        """The states READ ``replies`` to ``calls`` describe; a damaged record's error in its place."""
         states: list[LockState | CorruptRecordError] = []
         for call, reply in zip(calls, replies, strict=True):
             try:
