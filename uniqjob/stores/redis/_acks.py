@@ -38,10 +38,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import BackendError
+from ...errors import BackendError, ConfigurationError
 from ._wire import Wire
 
-__all__ = ["Acks"]
+__all__ = ["WAIT_HEADROOM", "Acks", "check_wait"]
 
 
 class Acks:
@@ -110,3 +110,26 @@ class Acks:
         except Exception as exc:
             raise self.refused(told, owner, store, exc, undone=False) from exc
         raise self.refused(told, owner, store, undone=True)
+
+
+#: How much longer than ``replica_timeout`` the socket timeout must be: WAIT replies once its
+#: timeout is up, and the reply must then still cross the network in time.
+WAIT_HEADROOM = 0.5
+
+
+def check_wait(client: Any, replica_timeout: float) -> None:
+    """Refuse a ``replica_timeout`` the client's socket timeout would cut short (WAIT replies after it).
+
+    The socket timeout is the pool's (one server, a Sentinel master) or the one every
+    cluster node's connections get (a cluster client's nodes manager); it must exceed
+    ``replica_timeout`` by :data:`WAIT_HEADROOM`.
+    """
+    pool = getattr(client, "connection_pool", None) or getattr(client, "nodes_manager", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    limit = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
+    if isinstance(limit, int | float) and limit < replica_timeout + WAIT_HEADROOM:
+        raise ConfigurationError(
+            f"replica_timeout ({replica_timeout}s) must be shorter than the client's socket timeout "
+            f"({limit}s) by at least {WAIT_HEADROOM}s: the wait for replicas would time out the "
+            "connection instead"
+        )

@@ -28,8 +28,9 @@ from ...errors import CorruptRecordError
 from ...locks import LockState, QueueMeta, RunClaim
 from .._async_base import AsyncBackend, in_thread
 from ..base import Backend, QueueMode
+from ._acks import check_wait
 from ._async_clients import POOL_SIZE, maker
-from ._store import Call, RedisBackend, _check_wait
+from ._store import Call, RedisBackend
 from ._wire import is_cluster, is_noscript, judged, plain
 
 __all__ = ["POOL_SIZE", "AsyncWire", "RedisAsync"]
@@ -133,7 +134,7 @@ class RedisAsync(AsyncBackend):
         if mine is None:
             made = self._make()
             if self.sync.replicas:  # the sync store's check, on the client the grants go through here
-                _check_wait(made, self.sync.replica_timeout)
+                check_wait(made, self.sync.replica_timeout)
             mine = self._loops[loop] = AsyncWire(made)
         return mine
 

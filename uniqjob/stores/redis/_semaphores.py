@@ -24,8 +24,6 @@ client, a valkey client, a bug in a wire path) is a
 
 from __future__ import annotations
 
-import json
-from collections import namedtuple
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -41,19 +39,30 @@ from ..semaphores import (
     TOMBSTONE,
     Outcome,
     Park,
-    ParkedInfo,
-    Promotion,
     SemaphoreState,
     SemaphoreStore,
-    SlotInfo,
-    Via,
-    decode_holder,
     encode_holder,
 )
 from . import _semaphore_lua as lua
 from ._acks import Acks
 from ._client import backend_error, is_response_error, key_of, match, names, scan_pages, where
 from ._prelude import CORRUPT
+from ._semaphore_replies import (
+    _Acquired,
+    _acquired,
+    _Counted,
+    _counted,
+    _Malformed,
+    _pairs,
+    _parked,
+    _Read,
+    _Settled,
+    _settled,
+    _slots,
+    _Started,
+    _started,
+    _withdrawn,
+)
 from ._url import check_store_options
 from ._wire import Wire, text
 
@@ -67,87 +76,12 @@ T = TypeVar("T")
 
 _PARTS = ("slots", "parked", "entries", "waiters", "meta", "done")
 _TYPES = ("hash", "list", "hash", "zset", "hash", "zset")  # what each of _PARTS must be
-_STATES = frozenset({"reserved", "promoted", "running"})
-_VIAS = frozenset({"queue", "inline"})
-_NUMBER = (int, float)
 # The statuses by which a step granted its own token a slot (see RedisSemaphores._granting).
 _TAKEN, _RUN, _OK, _NONE = frozenset({"taken"}), frozenset({"run"}), frozenset({"ok"}), frozenset[str]()
 
 
-class _Malformed(Exception):
-    """A record read back from Redis has the wrong shape; turned into a CorruptRecordError naming it."""
-
-    def __init__(self, part: int, reason: str) -> None:
-        super().__init__(reason)
-        self.part = part  # index into _PARTS
-        self.reason = reason
-
-
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
-
-
-# The scripts' replies, by name: each is the array its script's head in _semaphore_lua states
-# ("Returns {...}", and "a promotion is {...}"), field for field (tests/test_redis_semaphores.py
-# holds the two in step).
-_Promoted = namedtuple("_Promoted", "token via payload redo")
-_Acquired = namedtuple("_Acquired", "status promotions position slots now_ms")
-_Started = namedtuple("_Started", "status promotions position busy")
-_Settled = namedtuple("_Settled", "status promotions")
-_Counted = namedtuple("_Counted", "count promotions")
-_Read = namedtuple("_Read", "now_ms meta slots parked head entries")
-
-#: The reply of each script that answers with an array, read by these names.
-REPLIES: dict[str, type[tuple[Any, ...]]] = {
-    "ACQUIRE": _Acquired, "START": _Started, "RENEW": _Settled, "RELEASE": _Settled,
-    "REQUEUE": _Settled, "REAP": _Counted, "DROP": _Counted, "READ": _Read,
-}  # fmt: skip
-
-
-def _promotions(flat: Sequence[Any]) -> tuple[Promotion, ...]:
-    out = []
-    for p in map(_Promoted._make, flat):
-        via: Via = "inline" if text(p.via) == "inline" else "queue"
-        out.append(Promotion(text(p.token), via, text(p.payload), int(p.redo)))
-    return tuple(out)
-
-
-def _settled(raw: Any) -> Outcome:
-    reply = _Settled._make(raw)
-    return Outcome(text(reply.status), _promotions(reply.promotions))  # type: ignore[arg-type]
-
-
-def _counted(raw: Any) -> Outcome:
-    reply = _Counted._make(raw)
-    return Outcome("ok", _promotions(reply.promotions), count=int(reply.count))
-
-
-def _acquired(raw: Any) -> Outcome:
-    reply = _Acquired._make(raw)
-    return Outcome(
-        text(reply.status),  # type: ignore[arg-type]
-        _promotions(reply.promotions),
-        position=int(reply.position),
-        slots=_slots(reply.slots, int(reply.now_ms)),
-    )
-
-
-def _started(token: str, raw: Any) -> Outcome:
-    reply = _Started._make(raw)
-    return Outcome(
-        text(reply.status),  # type: ignore[arg-type]
-        _promotions(reply.promotions),
-        position=int(reply.position),
-        holder=_holder(0, f"slot {token}", text(reply.busy)),
-    )
-
-
-def _withdrawn(raw: Any) -> Outcome:
-    return Outcome(text(raw))  # type: ignore[arg-type]
-
-
-def _pairs(flat: Sequence[Any]) -> list[tuple[str, str]]:
-    return [(text(flat[i]), text(flat[i + 1])) for i in range(0, len(flat), 2)]
 
 
 class SemCall(NamedTuple):
@@ -166,65 +100,6 @@ class SemCall(NamedTuple):
     own: frozenset[str] | None = None
     caller: Holder | None = None
     renew: bool = False
-
-
-def _record(part: int, what: str, raw: Any, texts: Sequence[str], numbers: Sequence[str]) -> dict[str, Any]:
-    """Parse one JSON record of ``_PARTS[part]``, checking that its fields have their types."""
-    try:
-        data = json.loads(text(raw))
-    except ValueError:
-        raise _Malformed(part, f"{what} is not JSON") from None
-    if not isinstance(data, dict):
-        raise _Malformed(part, f"{what} is not a JSON object")
-    for name in texts:
-        if not isinstance(data.get(name), str):
-            raise _Malformed(part, f"{what}: field {name} is missing or not text")
-    for name in numbers:
-        value = data.get(name)
-        if not isinstance(value, _NUMBER) or isinstance(value, bool):
-            raise _Malformed(part, f"{what}: field {name} is missing or not a number")
-    if data.get("via") not in _VIAS:
-        raise _Malformed(part, f"{what}: unknown via {data.get('via')!r}")
-    return data
-
-
-def _holder(part: int, what: str, text: str) -> Holder | None:
-    try:
-        return decode_holder(text)
-    except (ValueError, TypeError):
-        raise _Malformed(part, f"{what}: holder {text!r} is not a holder") from None
-
-
-def _slots(flat: Sequence[Any], now_ms: int) -> tuple[SlotInfo, ...]:
-    out = []
-    for i in range(0, len(flat), 2):
-        token = text(flat[i])
-        what = f"slot {token}"
-        s = _record(0, what, flat[i + 1], ("st", "via", "h", "args"), ("dl", "ls", "since", "redo"))
-        if s["st"] not in _STATES:
-            raise _Malformed(0, f"{what}: unknown status {s['st']!r}")
-        if s["redo"] != int(s["redo"]):
-            raise _Malformed(0, f"{what}: field redo is not whole")
-        out.append(
-            SlotInfo(
-                token=token,
-                status=s["st"],
-                via=s["via"],
-                holder=_holder(0, what, s["h"]),
-                since=s["since"] / 1000,
-                lease=s["ls"] / 1000,
-                lease_left=(s["dl"] - now_ms) / 1000,
-                redo=int(s["redo"]),
-                args=s["args"],
-            )
-        )
-    return tuple(out)
-
-
-def _parked(token: str, raw: Any) -> ParkedInfo:
-    what = f"parked call {token}"
-    e = _record(2, what, raw, ("via", "h", "args"), ("since",))
-    return ParkedInfo(token, e["via"], _holder(2, what, e["h"]), e["since"] / 1000, e["args"])
 
 
 class RedisSemaphores(SemaphoreStore):

@@ -19,7 +19,6 @@ the cause chained; a record of the wrong shape or type as
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -29,15 +28,16 @@ import redis
 from redis.commands.core import Script
 
 from ...errors import BackendError, ConfigurationError, CorruptRecordError
-from ...locks import QUEUED, RUNNING, Holder, LockState, Parts, QueueMeta, QueueRecord, RunClaim, RunRecord
+from ...locks import Holder, LockState, Parts, QueueMeta, RunClaim
 from .._drops import WINDOW, check_window, first_minute, minute
 from ..base import Backend, QueueMode
 from ..semaphores import SemaphoreStore
 from . import _lua as lua
-from ._acks import Acks
+from ._acks import Acks, check_wait
 from ._client import backend_error, key_of, match, names, scan_pages, where
 from ._clients import client_for, redis_client_from_url
 from ._semaphores import RedisSemaphores
+from ._snapshots import parts
 from ._url import check_store_options, parse
 from ._wire import Wire, text
 
@@ -55,93 +55,6 @@ _QUIET = "Q"  # the mark of a snapshot that need not be read: see _lua's snapsho
 _SCAN_PAGE = 1000
 _PARTS = ("q", "r", "f")  # queue lock, run lock, last fence
 _TALLIED = (*_PARTS, "d")  # and the dropped duplicates
-
-
-# The C scanner itself: JSONDecoder.decode adds two Python calls and a regex for whitespace.
-_scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-
-
-class _Shape(ValueError):
-    """A field of a record that is not what the scripts write: why, for CorruptRecordError."""
-
-
-def _word(value: object, field: str) -> str:
-    """A field that must be set: a non-empty string."""
-    if type(value) is str and value:
-        return value
-    raise _Shape(f"field {field} is {'missing' if value is False else repr(value)}, not a non-empty string")
-
-
-def _string(value: object, field: str) -> str:
-    """A field that must be set, and may be empty."""
-    if type(value) is str:
-        return value
-    raise _Shape(f"field {field} is {'missing' if value is False else repr(value)[:40]}, not a string")
-
-
-def _maybe(value: object, field: str) -> str:
-    """A field that may be missing (false in a snapshot): a string, or ""."""
-    if value is False:
-        return ""
-    if type(value) is str:
-        return value
-    raise _Shape(f"field {field} is {value!r}, not a string")
-
-
-def _count(value: object, field: str) -> int:
-    """A field that must hold a whole number >= 0, written in ASCII digits."""
-    if type(value) is str and value.isdigit() and value.isascii() and len(value) <= 20:
-        return int(value)
-    raise _Shape(f"field {field} is {'missing' if value is False else repr(value)[:40]}, not a whole number")
-
-
-# How many fields a snapshot holds of each lock (the scripts read _lua.QUEUE_FIELDS / RUN_FIELDS).
-_QUEUE_COUNT = len(lua.QUEUE_FIELDS)
-_RUN_COUNT = len(lua.RUN_FIELDS)
-
-
-def _queue_record(key: str, fields: list[Any], ttl: int) -> QueueRecord:
-    """The queue lock the snapshot's fields (_lua.QUEUE_FIELDS) describe; _Shape if they are damaged."""
-    if type(fields) is not list or len(fields) != _QUEUE_COUNT:
-        raise _Shape(f"fields are {fields!r:.60}, not the {_QUEUE_COUNT} the scripts read")
-    # by name: the names and order of _lua.QUEUE_FIELDS (a test holds them to it); an unpack
-    # is the quickest way to name a list's items
-    token, state, since, cls, cls_len, args, job_id = fields
-    if state not in ("q", "r"):
-        shown = "missing" if state is False else repr(state)[:40]
-        raise _Shape(f"field s (state) is {shown}, not 'q' or 'r'")
-    if cls_len is not False:
-        length = _count(cls_len, "n (class length)")
-        if length > len(key):
-            raise _Shape(f"field n (class length) is {length}, longer than the key")
-        cls = key[:length]
-    return QueueRecord(
-        _word(token, "t (token)"),
-        RUNNING if state == "r" else QUEUED,
-        _count(since, "a (since)") / 1_000_000,
-        QueueMeta(_maybe(cls, "c (class)"), _maybe(args, "p (arguments)"), _maybe(job_id, "j (job id)")),
-        ttl / 1000 if ttl >= 0 else None,
-    )
-
-
-def _run_record(fields: list[Any], ttl: int) -> RunRecord:
-    """The run lock the snapshot's fields (_lua.RUN_FIELDS) describe; _Shape if they are damaged."""
-    if type(fields) is not list or len(fields) != _RUN_COUNT:
-        raise _Shape(f"fields are {fields!r:.60}, not the {_RUN_COUNT} the scripts read")
-    token, host, node, pid, pstart, started, lease, fence = fields  # by name: _lua.RUN_FIELDS
-    return RunRecord(
-        _word(token, "t (token)"),
-        Holder(
-            _string(host, "h (host)"),
-            _string(node, "o (node)"),
-            _count(pid, "i (pid)"),
-            _count(pstart, "b (process start)"),
-        ),
-        _count(started, "a (started)") / 1_000_000,
-        _count(lease, "l (lease)") / 1000,
-        max(ttl, 0) / 1000,
-        0 if fence is False else _count(fence, "f (fence)"),  # a lock taken before fences: none
-    )
 
 
 class Call(NamedTuple):
@@ -201,7 +114,7 @@ class RedisBackend(Backend):
         # A cluster client answers the same commands (its own way): one type for the code below.
         self.client = cast("redis.Redis", client)
         if replicas:
-            _check_wait(client, self.replica_timeout)
+            check_wait(client, self.replica_timeout)
         self.namespace = namespace
         self._prefix = namespace + ":"
         self._holder: tuple[Holder | None, list[str]] = (None, [])
@@ -302,34 +215,8 @@ class RedisBackend(Backend):
         return LockState(key, *self._parts(key, reply))
 
     def _parts(self, key: str, reply: str) -> Parts:
-        """The queue lock, run lock and clock a snapshot holds, each field checked.
-
-        A snapshot the client cannot parse at all is a BackendError (a reply
-        mangled on its way); a record with a field of the wrong shape is a
-        CorruptRecordError naming its Redis key: it stays in the store.
-        """
-        try:
-            if reply[:1] not in ("Q", "S"):
-                raise ValueError("no mark")
-            now, queue, queue_ttl, run, run_ttl = _scan_json(reply, 1)[0]  # by name: _lua.SNAPSHOT
-            clock = int(now) / 1_000_000
-            if type(queue_ttl) is not int or type(run_ttl) is not int:
-                raise ValueError("ttl")
-        except (StopIteration, ValueError, TypeError) as exc:  # StopIteration: the scanner's "not JSON"
-            raise BackendError(f"unreadable lock state from the server: {reply[:80]!r}", self.name) from exc
-        # A lock that is not there comes as false; each that is, is checked field by field.
-        queue_lock = run_lock = None
-        index = 0
-        try:
-            if queue is not False:
-                queue_lock = _queue_record(key, queue, queue_ttl)
-            index = 1
-            if run is not False:
-                run_lock = _run_record(run, run_ttl)
-        except _Shape as exc:
-            name = self._keys(key)[index]
-            raise CorruptRecordError(name, str(exc), key=key, backend=self.name) from None
-        return queue_lock, run_lock, clock
+        """The queue lock, run lock and clock a snapshot holds, each field checked (``_snapshots``)."""
+        return parts(key, reply, self._keys(key), self.name)
 
     def _items(
         self,
@@ -706,29 +593,6 @@ class RedisBackend(Backend):
             self.client.close()
         except Exception as exc:
             raise self._fail(exc) from exc
-
-
-#: How much longer than ``replica_timeout`` the socket timeout must be: WAIT replies once its
-#: timeout is up, and the reply must then still cross the network in time.
-WAIT_HEADROOM = 0.5
-
-
-def _check_wait(client: Any, replica_timeout: float) -> None:
-    """Refuse a ``replica_timeout`` the client's socket timeout would cut short (WAIT replies after it).
-
-    The socket timeout is the pool's (one server, a Sentinel master) or the one every
-    cluster node's connections get (a cluster client's nodes manager); it must exceed
-    ``replica_timeout`` by :data:`WAIT_HEADROOM`.
-    """
-    pool = getattr(client, "connection_pool", None) or getattr(client, "nodes_manager", None)
-    kwargs = getattr(pool, "connection_kwargs", None)
-    limit = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
-    if isinstance(limit, int | float) and limit < replica_timeout + WAIT_HEADROOM:
-        raise ConfigurationError(
-            f"replica_timeout ({replica_timeout}s) must be shorter than the client's socket timeout "
-            f"({limit}s) by at least {WAIT_HEADROOM}s: the wait for replicas would time out the "
-            "connection instead"
-        )
 
 
 def _claimed(key: str, run: bool, reply: Any) -> str:
