@@ -6,7 +6,7 @@ one lock key share a hash tag, ``<namespace>:{<key>}:q`` (queue lock),
 ``...:r`` (run lock) and ``...:f`` (its last fence), so every script touches
 one cluster slot (a key that starts with ``}`` is named another way:
 ``_client.names``). Listing uses ``SCAN``, never ``KEYS``, on every primary
-of a cluster.
+of a cluster (``_listing``).
 
 The scripts are called through ``_wire.Wire`` (the client's ``evalsha``, its
 pipelines); a success is an integer (1, or the fence of a run lock).
@@ -19,7 +19,6 @@ the cause chained; a record of the wrong shape or type as
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
@@ -29,12 +28,13 @@ from redis.commands.core import Script
 
 from ...errors import BackendError, ConfigurationError, CorruptRecordError
 from ...locks import Holder, LockState, Parts, QueueMeta, RunClaim
-from .._drops import WINDOW, check_window, first_minute, minute
+from .._drops import WINDOW, minute
 from ..base import Backend, QueueMode
 from ..semaphores import SemaphoreStore
+from . import _listing
 from . import _lua as lua
 from ._acks import Acks, check_wait
-from ._client import backend_error, key_of, match, names, scan_pages, where
+from ._client import backend_error, key_of, names, where
 from ._clients import client_for, redis_client_from_url
 from ._semaphores import RedisSemaphores
 from ._snapshots import parts
@@ -48,11 +48,8 @@ __all__ = ["RedisBackend", "from_url"]
 
 T = TypeVar("T")
 
-log = logging.getLogger(__name__)
-
 _QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k"}
 _QUIET = "Q"  # the mark of a snapshot that need not be read: see _lua's snapshot()
-_SCAN_PAGE = 1000
 _PARTS = ("q", "r", "f")  # queue lock, run lock, last fence
 _TALLIED = (*_PARTS, "d")  # and the dropped duplicates
 
@@ -501,60 +498,11 @@ class RedisBackend(Backend):
         return [name for bit, name in ((1, names[0]), (2, names[1])) if gone & bit]
 
     def scan(self) -> Iterator[str]:
-        # By name, never by content: a key whose record is damaged is listed too. Every
-        # primary of a cluster, a page at a time; a key is listed once, however often it is met.
-        prefix = self._prefix
-        pages = self._call(partial(scan_pages, self.client, match(prefix, "[qr]"), _SCAN_PAGE))
-        seen: set[str] = set()
-        while True:
-            page = self._call(partial(next, pages, None))
-            if page is None:
-                return
-            held = [(key, name[-1]) for name in page if (key := key_of(prefix, name, name[-1:])) is not None]
-            queued = {key for key, part in held if part == "q"}
-            # A run lock whose queue lock autoexpired is still a held key.
-            lone = [key for key, part in held if part == "r" and key not in queued and key not in seen]
-            if lone:
-                exists = self._call(partial(self._exist, [self._keys(key)[0] for key in lone]))
-                queued.update(key for key, e in zip(lone, exists, strict=True) if not e)
-            for key in queued - seen:
-                seen.add(key)
-                yield key
+        return _listing.lock_keys(self.client, self._prefix, self._call)
 
     def duplicates(self, window: float = WINDOW) -> dict[str, int]:
         """Sum the keys' ``<namespace>:{<key>}:d`` hashes (see ``_lua.count_drop``), found with ``SCAN``."""
-        check_window(window)
-        prefix = self._prefix
-        pages = self._call(partial(scan_pages, self.client, match(prefix, "d"), _SCAN_PAGE))
-        out: dict[str, int] = {}
-        first: int | None = None
-        seen: set[str] = set()  # a key met twice (a cluster mid-reshard) is counted once
-        while True:
-            page = self._call(partial(next, pages, None))
-            if page is None:
-                return out
-            page = [name for name in page if name not in seen]
-            seen.update(page)
-            if first is None:  # the window ends at the server's clock, as the counts began on it
-                seconds, micros = self._call(self.client.time)
-                first = first_minute(seconds + micros / 1_000_000, window)
-            for name, fields in zip(page, self._call(partial(self._hashes, page)), strict=True):
-                key = key_of(prefix, name, "d")
-                if key is None:
-                    continue
-                if not isinstance(fields, dict):  # another type: counts are for people, never an outage
-                    log.warning("skipping %s: not a hash of dropped duplicates (%s)", name, fields)
-                    continue
-                counts = {text(f): text(v) for f, v in fields.items()}
-                cls = counts.pop("c", "")
-                length = counts.pop("n", "")
-                if length.isdigit():
-                    cls = key[: int(length)]
-                total = sum(
-                    int(n) for m, n in counts.items() if m.isdigit() and n.isdigit() and int(m) >= first
-                )
-                if cls and total:
-                    out[cls] = out.get(cls, 0) + total
+        return _listing.duplicates(self.client, self._prefix, self._call, window)
 
     def namespaces(self, limit: int = 100_000) -> list[str]:
         """The namespaces holding locks on this server and database (this one too), sorted.
@@ -562,31 +510,7 @@ class RedisBackend(Backend):
         A bounded look, for ``uniqjob locks`` to say where locks are when this
         namespace has none: SCAN stops once about ``limit`` keys were looked at.
         """
-        pages = self._call(partial(scan_pages, self.client, "*:[{~]*:[qr]", _SCAN_PAGE))
-        found: set[str] = set()
-        for _ in range(max(0, -(-limit // _SCAN_PAGE))):
-            page = self._call(partial(next, pages, None))
-            if page is None:
-                break
-            for name in page:
-                head = name[: max(0, name.find("{"))]  # a namespace holds no '{': it ends before one
-                namespace = head.removesuffix("~").removesuffix(":")
-                if namespace and key_of(namespace + ":", name, name[-1:]) is not None:
-                    found.add(namespace)
-        return sorted(found)
-
-    def _hashes(self, names: list[str]) -> list[Any]:
-        pipe = self.client.pipeline(transaction=False)
-        for name in names:
-            pipe.hgetall(name)
-        return pipe.execute(raise_on_error=False)
-
-    def _exist(self, names: list[str]) -> list[Any]:
-        # One EXISTS per name: a cluster pipeline sends each to the node of its slot.
-        pipe = self.client.pipeline(transaction=False)
-        for name in names:
-            pipe.exists(name)
-        return pipe.execute()
+        return _listing.namespaces(self.client, self._call, limit)
 
     def close(self) -> None:
         try:
