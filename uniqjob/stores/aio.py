@@ -139,148 +139,83 @@ class AsyncBackend:
 
 
 class DirectAsync(AsyncBackend):
-    """A store whose primitives never wait (memory): called in the event loop itself."""
+    """A store whose primitives never wait (memory): called in the event loop itself.
+
+    (Each primitive takes and returns what :class:`AsyncBackend`'s does: the sync one's.)
+    """
 
     async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return getattr(self.sync, name)(*args, **kwargs)
 
-    async def claim(
-        self,
-        key: str,
-        token: str,
-        *,
-        meta: QueueMeta,
-        ttl: float | None = None,
-        run: RunClaim | None = None,
-        count: bool = False,
-        counted: float | None = None,
-    ) -> LockState | None:
-        return self.sync.claim(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted)
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.claim(*args, **kwargs)
 
-    async def start(
-        self,
-        key: str,
-        token: str,
-        *,
-        run: RunClaim,
-        meta: QueueMeta,
-        ttl: float | None = None,
-        adopt: bool = False,
-        queue_lock: QueueMode = "run",
-        count: bool = False,
-        counted: float | None = None,
-    ) -> LockState | None:
-        return self.sync.start(
-            key,
-            token,
-            run=run,
-            meta=meta,
-            ttl=ttl,
-            adopt=adopt,
-            queue_lock=queue_lock,
-            count=count,
-            counted=counted,
-        )
+    async def start(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.start(*args, **kwargs)
 
-    async def attach(self, key: str, token: str, job_id: str) -> bool:
-        return self.sync.attach(key, token, job_id)
+    async def attach(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.attach(*args, **kwargs)
 
-    async def requeue(
-        self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = ""
-    ) -> bool:
-        return self.sync.requeue(key, token, meta=meta, ttl=ttl, attempt=attempt)
+    async def requeue(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.requeue(*args, **kwargs)
 
-    async def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
-        return self.sync.renew(key, token, lease, attempt)
+    async def renew(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.renew(*args, **kwargs)
 
-    async def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
-        self.sync.finish(key, token, keep_queue=keep_queue, attempt=attempt)
+    async def finish(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.finish(*args, **kwargs)
 
-    async def dequeue(self, key: str, token: str | None = None) -> bool:
-        return self.sync.dequeue(key, token)
+    async def dequeue(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.dequeue(*args, **kwargs)
 
-    async def reclaim(self, key: str, queue_token: str | None, run_token: str | None) -> bool:
-        return self.sync.reclaim(key, queue_token, run_token)
+    async def reclaim(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.reclaim(*args, **kwargs)
 
-    async def read(self, key: str) -> LockState:
-        return self.sync.read(key)
+    async def read(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.read(*args, **kwargs)
 
-    async def read_many(self, keys: Sequence[str]) -> list[LockState | CorruptRecordError]:
-        return self.sync.read_many(keys)
+    async def read_many(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.read_many(*args, **kwargs)
 
 
 class ThreadAsync(AsyncBackend):
-    """A store whose primitives may wait (files, any other): each called in a worker thread."""
+    """A store whose primitives may wait (files, any other): each called in a worker thread.
+
+    (Each primitive takes and returns what :class:`AsyncBackend`'s does: the sync one's.)
+    """
 
     async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return await in_thread(getattr(self.sync, name), *args, **kwargs)
 
-    async def claim(
-        self,
-        key: str,
-        token: str,
-        *,
-        meta: QueueMeta,
-        ttl: float | None = None,
-        run: RunClaim | None = None,
-        count: bool = False,
-        counted: float | None = None,
-    ) -> LockState | None:
-        return await in_thread(
-            self.sync.claim, key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted
-        )
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.claim, *args, **kwargs)
 
-    async def start(
-        self,
-        key: str,
-        token: str,
-        *,
-        run: RunClaim,
-        meta: QueueMeta,
-        ttl: float | None = None,
-        adopt: bool = False,
-        queue_lock: QueueMode = "run",
-        count: bool = False,
-        counted: float | None = None,
-    ) -> LockState | None:
-        return await in_thread(
-            self.sync.start,
-            key,
-            token,
-            run=run,
-            meta=meta,
-            ttl=ttl,
-            adopt=adopt,
-            queue_lock=queue_lock,
-            count=count,
-            counted=counted,
-        )
+    async def start(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.start, *args, **kwargs)
 
-    async def attach(self, key: str, token: str, job_id: str) -> bool:
-        return await in_thread(self.sync.attach, key, token, job_id)
+    async def attach(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.attach, *args, **kwargs)
 
-    async def requeue(
-        self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = ""
-    ) -> bool:
-        return await in_thread(self.sync.requeue, key, token, meta=meta, ttl=ttl, attempt=attempt)
+    async def requeue(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.requeue, *args, **kwargs)
 
-    async def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
-        return await in_thread(self.sync.renew, key, token, lease, attempt)
+    async def renew(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.renew, *args, **kwargs)
 
-    async def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
-        await in_thread(self.sync.finish, key, token, keep_queue=keep_queue, attempt=attempt)
+    async def finish(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.finish, *args, **kwargs)
 
-    async def dequeue(self, key: str, token: str | None = None) -> bool:
-        return await in_thread(self.sync.dequeue, key, token)
+    async def dequeue(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.dequeue, *args, **kwargs)
 
-    async def reclaim(self, key: str, queue_token: str | None, run_token: str | None) -> bool:
-        return await in_thread(self.sync.reclaim, key, queue_token, run_token)
+    async def reclaim(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.reclaim, *args, **kwargs)
 
-    async def read(self, key: str) -> LockState:
-        return await in_thread(self.sync.read, key)
+    async def read(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.read, *args, **kwargs)
 
-    async def read_many(self, keys: Sequence[str]) -> list[LockState | CorruptRecordError]:
-        return await in_thread(self.sync.read_many, keys)
+    async def read_many(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.read_many, *args, **kwargs)
 
 
 async def in_thread(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
