@@ -14,7 +14,7 @@ import pytest
 
 from uniqjob import ConfigurationError, JobLock, MemoryBackend, UniqueJob
 from uniqjob._callouts import awaitable
-from uniqjob.queue import Queue
+from uniqjob.queues import Queue
 
 
 class Handles(Queue):

@@ -18,7 +18,6 @@ from typing import Any
 
 from . import _joblock_async, _joblock_sync
 from ._joblock_base import STRATEGIES, Strategy, current
-from ._moved import renamed
 from ._steps import Steps, twin_of
 from ._undo import undos
 from .heartbeat import Beat
@@ -146,11 +145,6 @@ class JobLock:
         if self._key_fixed or self.limit == 1:
             return [self.key]
         return [self._base] + [f"{self._base}#{n}" for n in range(2, self.limit + 1)]
-
-    def slots(self) -> list[str]:
-        """Deprecated: :meth:`candidate_keys` ("slot" now means only a concurrency slot)."""
-        renamed("uniqjob.JobLock.slots()", "JobLock.candidate_keys()")
-        return self.candidate_keys()
 
     # -- enqueue -----------------------------------------------------------------------
     #
