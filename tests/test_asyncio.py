@@ -616,3 +616,14 @@ def test_an_async_generator_perform_is_refused_when_the_class_is_defined() -> No
 
     with pytest.raises(ConfigurationError, match=r"Stream\.perform is an async generator"):
         type("Stream", (UniqueJob,), {"perform": perform})
+
+
+def test_the_async_face_reads_many_keys_as_the_store_does(backend: Backend) -> None:
+    lock = JobLock(backend, "many-1")
+    assert lock.acquire()
+    face = async_backend(backend)
+    states = asyncio.run(face.read_many(["many-1", "many-2"]))
+    assert [(s.key, s.queue and s.queue.token) for s in states if not isinstance(s, Exception)] == [
+        ("many-1", lock.token),
+        ("many-2", None),
+    ]
