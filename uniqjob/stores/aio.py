@@ -18,7 +18,6 @@ heartbeat's own threads: a busy event loop cannot starve them.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ._async_base import AsyncBackend, completed, in_thread
@@ -31,32 +30,88 @@ __all__ = [
     "async_backend",
     "completed",
     "in_thread",
-    "made",
     "register",
 ]
 
 
 class DirectAsync(AsyncBackend):
-    """A store whose primitives never wait (memory): called in the event loop itself."""
+    """A store whose primitives never wait (memory): called in the event loop itself.
+
+    (Each primitive takes and returns what :class:`AsyncBackend`'s does: the sync one's.)
+    """
 
     async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return getattr(self.sync, name)(*args, **kwargs)
 
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.claim(*args, **kwargs)
+
+    async def start(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.start(*args, **kwargs)
+
+    async def attach(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.attach(*args, **kwargs)
+
+    async def requeue(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.requeue(*args, **kwargs)
+
+    async def renew(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.renew(*args, **kwargs)
+
+    async def finish(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.finish(*args, **kwargs)
+
+    async def dequeue(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.dequeue(*args, **kwargs)
+
+    async def reclaim(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.reclaim(*args, **kwargs)
+
+    async def read(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.read(*args, **kwargs)
+
+    async def read_many(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.read_many(*args, **kwargs)
+
 
 class ThreadAsync(AsyncBackend):
-    """A store whose primitives may wait (files, any other): each called in a worker thread."""
+    """A store whose primitives may wait (files, any other): each called in a worker thread.
+
+    (Each primitive takes and returns what :class:`AsyncBackend`'s does: the sync one's.)
+    """
 
     async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return await in_thread(getattr(self.sync, name), *args, **kwargs)
 
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.claim, *args, **kwargs)
 
-def made(backend: Backend, name: str) -> Callable[..., Awaitable[Any]]:
-    """Primitive ``name`` of ``backend`` awaited (on its async face) through :func:`completed`."""
+    async def start(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.start, *args, **kwargs)
 
-    async def call(*args: Any, **kwargs: Any) -> Any:
-        return await completed(async_backend(backend).call(name, args, kwargs))
+    async def attach(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.attach, *args, **kwargs)
 
-    return call
+    async def requeue(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.requeue, *args, **kwargs)
+
+    async def renew(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.renew, *args, **kwargs)
+
+    async def finish(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.finish, *args, **kwargs)
+
+    async def dequeue(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.dequeue, *args, **kwargs)
+
+    async def reclaim(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.reclaim, *args, **kwargs)
+
+    async def read(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.read, *args, **kwargs)
+
+    async def read_many(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.read_many, *args, **kwargs)
 
 
 # A store class's async face (a subclass first: the most derived registered class wins).
