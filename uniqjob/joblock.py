@@ -245,6 +245,7 @@ class JobLock:
                         self.fence = claim.fence
                     return True
                 self.conflict = state
+                state.refused = "both" if run else "queue"
                 if state.nothing_to_reclaim and not undos.pending:
                     break  # the usual duplicate: queued, nothing running, no job a queue could prove gone
                 if not (
@@ -372,6 +373,7 @@ class JobLock:
                     self.fence = claim.fence
                     return
                 self.conflict = state
+                state.refused = "run"
                 if not (yield from self._reclaim_dead(state)):
                     break
                 counted = self._counted(state, count, counted)
