@@ -240,7 +240,7 @@ def test_a_running_conflict_clears_with_its_lease(redis_backend: RedisBackend) -
             Running.using(lock_autoexpire=100).lock(1).start()  # a start: refused by the run lock alone
     for exc in (raised.value, queued_behind.value):
         assert exc.holder["clears_by"] == "lease"
-        assert 19 < exc.holder["clears_in"] <= 20  # type: ignore[operator]
+        assert 19 < exc.holder["clears_in"] <= 20
         assert re.search(r"clears in (19\.\d|20\.0)s \(lease, unless its holder renews it\)", str(exc))
 
 

@@ -18,8 +18,9 @@ refused with the reason.
 
 from __future__ import annotations
 
-import functools
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -69,6 +70,10 @@ KEPT = 256
 
 _settings_log = logging.getLogger("uniqjob.settings")
 
+_Items = tuple[tuple[str, str, Any], ...]
+_made: OrderedDict[tuple[type[UniqueJob], _Items], type[UniqueJob]] = OrderedDict()  # the kept classes
+_mutex = threading.Lock()
+
 
 def origin(job: type[UniqueJob]) -> type[UniqueJob]:
     """The job class that ``job`` was made from by :func:`using` (``job`` itself if it was not)."""
@@ -93,7 +98,18 @@ def using(job: J, settings: Mapping[str, Any], *, prefix: str = "", where: str =
         hash(items)
     except TypeError:  # an unhashable value: never a valid one, and the check below says why
         return _make(base, items, where)  # type: ignore[return-value]
-    return _kept(base, items, where)  # type: ignore[return-value]
+    key = (base, items)
+    with _mutex:
+        made = _made.get(key)
+        if made is not None:
+            _made.move_to_end(key)
+            return made  # type: ignore[return-value]
+    made = _make(base, items, where)
+    with _mutex:
+        made = _made.setdefault(key, made)  # a racing thread's, if it was first: one class per settings
+        while len(_made) > KEPT:
+            _made.popitem(last=False)
+    return made  # type: ignore[return-value]
 
 
 def _setting_name(name: str, prefix: str, where: str) -> str:
@@ -114,12 +130,7 @@ def _setting_name(name: str, prefix: str, where: str) -> str:
     )
 
 
-@functools.lru_cache(maxsize=KEPT)
-def _kept(base: type[UniqueJob], items: tuple[tuple[str, str, Any], ...], where: str) -> type[UniqueJob]:
-    return _make(base, items, where)
-
-
-def _make(base: type[UniqueJob], items: tuple[tuple[str, str, Any], ...], where: str) -> type[UniqueJob]:
+def _make(base: type[UniqueJob], items: _Items, where: str) -> type[UniqueJob]:
     given = {name: value for name, _, value in items}
     namespace: dict[str, Any] = {PER_CALL[name]: value for name, value in given.items()}
     namespace.update(
