@@ -15,10 +15,13 @@ from datetime import timedelta
 
 import pytest
 import redis
+import rq
 
 from tests.conftest import FakeClock
+from tests.redis_server import RedisServer
 from uniqjob import ConfigurationError, JobLock, JobNotUnique, Queue, UniqueJob, unique
 from uniqjob.errors import holder_text
+from uniqjob.integrations.rq import RQQueue
 from uniqjob.stores.memory import MemoryBackend
 from uniqjob.stores.redis import RedisBackend
 
@@ -174,6 +177,19 @@ def test_a_per_call_class_does_not_log_the_classes_warnings_again(
         assert caplog.text.count("cannot prove a job gone") == 1
         Export.using(lock_autoexpire=60)
         assert caplog.text.count("cannot prove a job gone") == 1
+
+
+def test_a_per_call_class_is_warned_about_its_store_as_its_class(
+    redis_server: RedisServer, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = RQQueue(rq.Queue("percall-warnings", connection=redis.Redis.from_url(redis_server.url)))
+    Export = _job(None, queue=queue, lock_autoexpire=60)  # on the per-host default store, never chosen
+    with caplog.at_level(logging.WARNING, logger="uniqjob"):
+        Export.using(on_conflict="raise").enqueue(1)
+        Export.enqueue(2)
+        Export.using(lock_autoexpire=30).enqueue(3)
+    warned = [r.getMessage() for r in caplog.records if "only this host sees" in r.getMessage()]
+    assert len(warned) == 1  # once for the class, whatever settings its calls gave
 
 
 def test_a_unique_function_takes_settings_for_one_call(redis_backend: RedisBackend) -> None:
