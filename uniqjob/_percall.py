@@ -97,14 +97,14 @@ def using(job: J, settings: Mapping[str, Any], *, prefix: str = "", where: str =
     try:
         hash(items)
     except TypeError:  # an unhashable value: never a valid one, and the check below says why
-        return _make(base, items, where)  # type: ignore[return-value]
+        return _make(base, items, where, prefix)  # type: ignore[return-value]
     key = (base, items)
     with _mutex:
         made = _made.get(key)
         if made is not None:
             _made.move_to_end(key)
             return made  # type: ignore[return-value]
-    made = _make(base, items, where)
+    made = _make(base, items, where, prefix)
     with _mutex:
         made = _made.setdefault(key, made)  # a racing thread's, if it was first: one class per settings
         while len(_made) > KEPT:
@@ -130,7 +130,7 @@ def _setting_name(name: str, prefix: str, where: str) -> str:
     )
 
 
-def _make(base: type[UniqueJob], items: _Items, where: str) -> type[UniqueJob]:
+def _make(base: type[UniqueJob], items: _Items, where: str, prefix: str) -> type[UniqueJob]:
     given = {name: value for name, _, value in items}
     namespace: dict[str, Any] = {PER_CALL[name]: value for name, value in given.items()}
     namespace.update(
@@ -144,7 +144,7 @@ def _make(base: type[UniqueJob], items: _Items, where: str) -> type[UniqueJob]:
         with _warned_once(base, given):
             made: type[UniqueJob] = type(base.__name__, (base,), namespace)
     except ConfigurationError as exc:
-        shown = ", ".join(f"{name}={value!r}" for name, value in given.items())
+        shown = ", ".join(f"{prefix}{name}={value!r}" for name, value in given.items())
         raise ConfigurationError(f"{where} ({shown}): {exc}") from None
     return made
 
