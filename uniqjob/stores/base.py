@@ -235,6 +235,14 @@ class Backend(ABC):
         """
         return iter(())
 
+    def namespaces(self, limit: int = 100_000) -> list[str]:
+        """The namespaces holding locks beside this store's own (Redis: on its server), sorted.
+
+        A bounded look (about ``limit`` records), for ``uniqjob locks`` to point
+        at locks it was not asked for. A store without namespaces returns ``[]``.
+        """
+        return []
+
     def semaphores(self) -> SemaphoreStore:
         """Return a new semaphore store kept beside these locks: the same place, a key space of its own.
 
