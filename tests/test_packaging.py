@@ -32,7 +32,8 @@ def test_dir_shows_the_public_api_and_dunder_names_only() -> None:
 
 @pytest.mark.parametrize("where", [".", "uniqjob"])
 def test_python_m_uniqjob_runs_from_the_checkout(where: str, tmp_path: Path) -> None:
-    # Inside the package directory, its inspect.py and queue.py come first on sys.path.
+    # Inside the package directory, its modules come first on sys.path: none may be named after a
+    # standard library module (tests/test_old_names.py), and nothing rewrites sys.path.
     env = {**os.environ, "UNIQJOB_URL": f"file://{tmp_path}"}
     done = subprocess.run(
         [sys.executable, "-m", "uniqjob", "run", "--", sys.executable, "-c", "print('ran')"],

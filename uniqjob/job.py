@@ -24,7 +24,7 @@ from .errors import ConfigurationError, JobNotUnique
 from .joblock import JobLock, Strategy
 from .keys import KEY_VERSION, digest, make_key
 from .locks import QueueMeta
-from .queue import Queue
+from .queues import Queue
 from .settings import ConflictPolicy
 from .stores.base import Backend
 
