@@ -66,6 +66,7 @@ async def acquire(
                     lock.fence = claim.fence
                 return True
             lock.conflict = state
+            state.refused = "both" if run else "queue"
             if state.nothing_to_reclaim and not undos.pending:
                 break  # the usual duplicate: queued, nothing running, no job a queue could prove gone
             if not (
@@ -140,6 +141,7 @@ async def start(lock: JobLock, store: AsyncBackend) -> None:
                 lock.fence = claim.fence
                 return
             lock.conflict = state
+            state.refused = "run"
             if not await _reclaim_dead(store, state):
                 break
             before = counted(lock, state, count, before)

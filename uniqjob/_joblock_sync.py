@@ -67,6 +67,7 @@ def acquire(
                     lock.fence = claim.fence
                 return True
             lock.conflict = state
+            state.refused = "both" if run else "queue"
             if state.nothing_to_reclaim and not undos.pending:
                 break  # the usual duplicate: queued, nothing running, no job a queue could prove gone
             if not (
@@ -141,6 +142,7 @@ def start(lock: JobLock, store: Backend) -> None:
                 lock.fence = claim.fence
                 return
             lock.conflict = state
+            state.refused = "run"
             if not _reclaim_dead(store, state):
                 break
             before = counted(lock, state, count, before)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
-from . import _conflicts, _job_async, _job_sync, _names, config, settings
+from . import _conflicts, _job_async, _job_sync, _names, _percall, config, settings
 from ._job_base import refuse_sync
 from ._plan import JobPlan, build_lock, plan_of, planned_values
 from .concurrency import _job as _concurrency
@@ -150,6 +150,17 @@ class UniqueJob:
     def lock_from(cls, key: str, token: str | None, *, adopt: bool = False) -> JobLock:
         """Rebuild a job's lock from the key and token that travelled with it (worker side)."""
         return build_lock(cls, (), {}, key=key, token=token, adopt=adopt)
+
+    @classmethod
+    def using(cls, **settings: Any) -> type[Self]:
+        """This class with other settings for one call: ``Export.using(on_conflict="raise").enqueue(42)``.
+
+        ``settings`` are ``unique_*`` settings without their prefix, those the
+        calling side applies (``on_conflict``, ``lock_autoexpire``,
+        ``reschedule_delay``; see :mod:`uniqjob._percall`), checked as the
+        class's are. The class returned has this class's name, keys and queue.
+        """
+        return _percall.using(cls, settings)
 
     # -- the user's entry points -------------------------------------------------------
     #
