@@ -47,8 +47,6 @@ NAMES: dict[str, str] = {
     # awaitable / refused if awaitable (uniqjob._callouts); a wait
     "acall_out": "call_out",
     "apause": "pause",
-    # uniqjob.concurrency's steps, until it has twins of its own (temporary)
-    "adrive": "drive",
     # concurrency (uniqjob/concurrency/_semaphore_async.py)
     "AsyncSemaphore": "SyncSemaphore",
     "AsyncSemaphores": "SemaphoreStore",

@@ -18,7 +18,6 @@ from typing import Any
 
 from . import _joblock_async, _joblock_sync
 from ._joblock_base import STRATEGIES, Strategy, current
-from ._steps import Steps, twin_of
 from ._undo import undos
 from .heartbeat import Beat
 from .locks import LockState, QueueMeta, new_token
@@ -282,21 +281,6 @@ class JobLock:
     async def aheld(self, *, run_conflicts: bool = False) -> bool:
         """:meth:`held`, awaited."""
         return await _joblock_async.held(self, async_backend(self.backend), run_conflicts=run_conflicts)
-
-    # -- steps for uniqjob.concurrency, which composes uniqjob._steps until it has twins of its own
-    # (temporary: each is one step, the sync method called or the async one awaited)
-
-    def release_steps(self) -> Steps[None]:
-        """:meth:`release` as a step of :mod:`uniqjob._steps`."""
-        yield twin_of(self.release, self.arelease)
-
-    def attach_steps(self) -> Steps[bool]:
-        """:meth:`attach` as a step of :mod:`uniqjob._steps`."""
-        return bool((yield twin_of(self.attach, self.aattach)))
-
-    def dequeue_steps(self) -> Steps[bool]:
-        """:meth:`dequeue` as a step of :mod:`uniqjob._steps`."""
-        return bool((yield twin_of(self.dequeue, self.adequeue)))
 
 
 class _Running(ContextDecorator):

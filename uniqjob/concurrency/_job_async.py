@@ -14,12 +14,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from .._callouts import acall_out
 from .._undo import undos
 from ..errors import ConcurrencyLimitExceeded
 from ..locks import local_holder
 from ..stores.semaphores import Park, Promotion
 from . import _job_base as base
-from ._job_base import AAfter, ABody, Parked, Settle, acall_out, log
+from ._job_base import AAfter, ABody, Parked, Settle, log
 from ._semaphore_base import Hold
 from ._settings import semaphore_of
 from ._stores import AsyncSemaphores
@@ -76,7 +77,7 @@ async def push(
 
 async def _refuse(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> None:
     """The key is full and the call is not parked: drop its uniqueness lock, then raise or discard."""
-    await base.adequeue(lock)
+    await lock.adequeue()
     if cls.concurrency_on_conflict == "raise":
         raise ConcurrencyLimitExceeded(semaphore.key, semaphore.limit)
     log.info(
@@ -180,7 +181,7 @@ async def _wait_turn(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) 
     waited = await semaphore.await_(lock.token, None if timeout is None else float(timeout))
     if waited == "run":
         return True
-    await base.adequeue(lock)
+    await lock.adequeue()
     if waited == "timeout":
         raise ConcurrencyLimitExceeded(semaphore.key, semaphore.limit, float(timeout or 0))
     why = (
@@ -226,7 +227,7 @@ async def undo_inline(semaphore: Semaphore | None, lock: JobLock) -> None:
     set: left behind, it would refuse the key for good.
     """
     try:
-        await base.adequeue(lock)  # token-checked: only this call's lock, and only while it is queued
+        await lock.adequeue()  # token-checked: only this call's lock, and only while it is queued
     except Exception as exc:
         log.warning("could not drop the lock of %s yet (%s); retrying until the store answers", lock.key, exc)
         undos.add(lock.dequeue, f"queue lock of {lock.key}", (lock.token,))
@@ -244,7 +245,7 @@ async def _undo_delivery(
     lock is released, as a worker's ``execute`` does after any failed perform.
     """
     if settle is None:
-        await base.arelease(lock)
+        await lock.arelease()
         if semaphore is not None:
             await semaphore.arelease(lock.token)
         return
@@ -273,7 +274,7 @@ async def push_promoted(astore: AsyncSemaphores, key: str, promotion: Promotion)
 
     async def attach() -> None:
         try:
-            await base.aattach(lock)
+            await lock.aattach()
         except Exception:
             base.unattached(lock)
 

@@ -19,8 +19,7 @@ from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from .._steps import adrive
-from ..errors import BackendError, ConfigurationError
+from ..errors import BackendError
 from ..locks import new_token
 from ..stores.semaphores import Park, Promotion, SemaphoreStore
 from ..stores.semaphores_aio import AsyncSemaphores
@@ -39,14 +38,7 @@ __all__ = [
     "Body",
     "Parked",
     "Settle",
-    "aattach",
-    "acall_out",
-    "adequeue",
     "apush_call",
-    "arelease",
-    "attach",
-    "call_out",
-    "dequeue",
     "detach",
     "held_by",
     "holding",
@@ -57,7 +49,6 @@ __all__ = [
     "promoted",
     "push_call",
     "queue_park",
-    "release",
     "unattached",
     "with_hold",
     "without_hold",
@@ -191,57 +182,3 @@ async def apush_call(push: Body) -> Any:
     if inspect.isawaitable(handle):
         return await handle
     return handle
-
-
-def call_out(function: Callable[..., Any], *args: Any) -> Any:
-    """``function(*args)`` (a queue's push, a settle), refused if it returns an awaitable.
-
-    The sync API cannot await it, and left unawaited it would run nothing, unlocked.
-    """
-    reply = function(*args)
-    if reply is not None and inspect.isawaitable(reply):
-        close = getattr(reply, "close", None)
-        if close is not None:
-            close()  # never awaited: no "coroutine was never awaited" warning on top of the error
-        name = getattr(function, "__qualname__", repr(function))
-        raise ConfigurationError(
-            f"{name} is async (it returned {type(reply).__name__}): call it through the asyncio API "
-            "(await Job.arun(...), await Job.aenqueue(...))"
-        )
-    return reply
-
-
-async def acall_out(function: Callable[..., Any], *args: Any) -> Any:
-    """``function(*args)``, its answer awaited if it is awaitable."""
-    reply = function(*args)
-    if reply is not None and inspect.isawaitable(reply):
-        reply = await reply
-    return reply
-
-
-# -- TEMPORARY (issue 21): the job lock's transitions, until the job layer's own twins land -------
-# (uniqjob._joblock_async / _joblock_sync); then the hooks call those and these go.
-
-
-def dequeue(lock: JobLock) -> bool:
-    return lock.dequeue()
-
-
-async def adequeue(lock: JobLock) -> bool:
-    return await adrive(lock.backend, lock.dequeue_steps())
-
-
-def release(lock: JobLock) -> None:
-    lock.release()
-
-
-async def arelease(lock: JobLock) -> None:
-    await adrive(lock.backend, lock.release_steps())
-
-
-def attach(lock: JobLock) -> bool:
-    return lock.attach()
-
-
-async def aattach(lock: JobLock) -> bool:
-    return await adrive(lock.backend, lock.attach_steps())

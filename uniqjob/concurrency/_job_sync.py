@@ -15,12 +15,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from .._callouts import call_out
 from .._undo import undos
 from ..errors import ConcurrencyLimitExceeded
 from ..locks import local_holder
 from ..stores.semaphores import Park, Promotion
 from . import _job_base as base
-from ._job_base import After, Body, Parked, Settle, call_out, log
+from ._job_base import After, Body, Parked, Settle, log
 from ._semaphore_base import Hold
 from ._settings import semaphore_of
 from ._stores import SemaphoreStore
@@ -77,7 +78,7 @@ def push(
 
 def _refuse(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> None:
     """The key is full and the call is not parked: drop its uniqueness lock, then raise or discard."""
-    base.dequeue(lock)
+    lock.dequeue()
     if cls.concurrency_on_conflict == "raise":
         raise ConcurrencyLimitExceeded(semaphore.key, semaphore.limit)
     log.info(
@@ -181,7 +182,7 @@ def _wait_turn(cls: type[UniqueJob], semaphore: Semaphore, lock: JobLock) -> boo
     waited = semaphore.wait(lock.token, None if timeout is None else float(timeout))
     if waited == "run":
         return True
-    base.dequeue(lock)
+    lock.dequeue()
     if waited == "timeout":
         raise ConcurrencyLimitExceeded(semaphore.key, semaphore.limit, float(timeout or 0))
     why = (
@@ -227,7 +228,7 @@ def undo_inline(semaphore: Semaphore | None, lock: JobLock) -> None:
     set: left behind, it would refuse the key for good.
     """
     try:
-        base.dequeue(lock)  # token-checked: only this call's lock, and only while it is queued
+        lock.dequeue()  # token-checked: only this call's lock, and only while it is queued
     except Exception as exc:
         log.warning("could not drop the lock of %s yet (%s); retrying until the store answers", lock.key, exc)
         undos.add(lock.dequeue, f"queue lock of {lock.key}", (lock.token,))
@@ -245,7 +246,7 @@ def _undo_delivery(
     lock is released, as a worker's ``execute`` does after any failed perform.
     """
     if settle is None:
-        base.release(lock)
+        lock.release()
         if semaphore is not None:
             semaphore.release(lock.token)
         return
@@ -274,7 +275,7 @@ def push_promoted(store: SemaphoreStore, key: str, promotion: Promotion) -> Afte
 
     def attach() -> None:
         try:
-            base.attach(lock)
+            lock.attach()
         except Exception:
             base.unattached(lock)
 
