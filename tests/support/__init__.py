@@ -78,7 +78,7 @@ def own(face: Any) -> Face:
 
 def route(monkeypatch: pytest.MonkeyPatch, face: Any, through: Face, *names: str) -> None:
     """Make the typed primitives ``names`` of a store's async face (``face.finish(...)``) go through
-    ``through(name, args, kwargs)``, a test's stand-in such as a :class:`StallFirst` of :func:`own` ``(face)``."""
+    ``through(name, args, kwargs)``, a test's stand-in such as a :class:`StallFirst` of ``own(face)``."""
     for name in names:
 
         async def primitive(*args: Any, _name: str = name, **kwargs: Any) -> Any:
