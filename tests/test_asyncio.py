@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from tests.redis_server import RedisServer
-from tests.support import StallFirst, route
+from tests.support import StallFirst, own, route
 from uniqjob import (
     BackendError,
     ConfigurationError,
@@ -359,7 +359,7 @@ def test_a_release_cancelled_before_it_was_sent_is_made_before_the_cancellation_
 
     async def main() -> list[str]:
         face = async_backend(backend)
-        stall = StallFirst(face.call, "finish")
+        stall = StallFirst(own(face), "finish")
         route(monkeypatch, face, stall, "finish")
         task = asyncio.create_task(job.arun(1))
         await stall.stalled.wait()
@@ -385,7 +385,7 @@ def test_a_release_interrupted_by_an_anyio_cancel_scope_is_made_all_the_same(
 
     async def main() -> list[str]:
         face = async_backend(backend)
-        stall = StallFirst(face.call, "finish", delay=0.01)
+        stall = StallFirst(own(face), "finish", delay=0.01)
         route(monkeypatch, face, stall, "finish")
         async with anyio.create_task_group() as group:
             group.start_soon(job.arun, 1)
@@ -409,7 +409,7 @@ def test_a_late_grant_whose_confirming_renewal_is_cancelled_releases_its_locks(
 
     async def main() -> None:
         face = async_backend(backend)
-        stall = StallFirst(face.call, "renew")
+        stall = StallFirst(own(face), "renew")
 
         async def late(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             reply = await stall(name, args, kwargs)

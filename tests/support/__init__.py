@@ -66,9 +66,19 @@ class StallFirst:
         return await self.real(name, args, kwargs)
 
 
+def own(face: Any) -> Face:
+    """``face(name, args, kwargs)``: the typed primitive ``name`` of the store's async face as its class
+    defines it, so a :func:`route` of that name on the instance does not come back to itself."""
+
+    async def call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return await getattr(type(face), name)(face, *args, **kwargs)
+
+    return call
+
+
 def route(monkeypatch: pytest.MonkeyPatch, face: Any, through: Face, *names: str) -> None:
     """Make the typed primitives ``names`` of a store's async face (``face.finish(...)``) go through
-    ``through(name, args, kwargs)``, a test's stand-in such as a :class:`StallFirst` of ``face.call``."""
+    ``through(name, args, kwargs)``, a test's stand-in such as a :class:`StallFirst` of ``own(face)``."""
     for name in names:
 
         async def primitive(*args: Any, _name: str = name, **kwargs: Any) -> Any:
