@@ -289,7 +289,7 @@ def test_replicas_1_grants_acknowledged_and_undoes_those_that_are_not(
         async with _stopped(replica.pid):
             began = time.monotonic()
             with pytest.raises(BackendError) as caught:
-                await face.call("claim", (key, "mine"), {"meta": META})
+                await face.claim(key, "mine", meta=META)
             took = time.monotonic() - began
             assert TIMEOUT * 0.9 <= took < TIMEOUT + 2.0, took
             told = str(caught.value)
@@ -299,7 +299,7 @@ def test_replicas_1_grants_acknowledged_and_undoes_those_that_are_not(
             with pytest.raises(BackendError, match=r"acknowledged by 0 of 1 replicas within 0\.5s; undone"):
                 await job.arun(1)
             assert len(job.fences) == ran  # perform never ran
-            state = await face.call("read", (key,), {})
+            state = await face.read(key)
             assert state.free
         await face.aclose()
 
@@ -315,23 +315,23 @@ def test_an_unacknowledged_start_drops_only_its_run_lock(
     replica = sentinel_group.replicas[0]
 
     async def main() -> None:
-        assert await face.call("claim", ("started", "t"), {"meta": META}) is None
+        assert await face.claim("started", "t", meta=META) is None
         held = RunClaim(local_holder(), 30.0, "attempt-1")
-        assert await face.call("claim", ("renewed", "t"), {"meta": META, "run": held}) is None
+        assert await face.claim("renewed", "t", meta=META, run=held) is None
         run = RunClaim(local_holder(), 30.0, "attempt-1")
         async with _stopped(replica.pid):
             with pytest.raises(BackendError, match=r"the run lock of 'started', granted on the .*; undone"):
-                await face.call("start", ("started", "t"), {"run": run, "meta": META})
+                await face.start("started", "t", run=run, meta=META)
             with pytest.raises(
                 BackendError, match=r"the lease of the run lock of 'renewed', extended.*confirmed"
             ):
-                await face.call("renew", ("renewed", "t", 30.0, held.attempt), {})
-        renewed = await face.call("read", ("renewed",), {})
+                await face.renew("renewed", "t", 30.0, held.attempt)
+        renewed = await face.read("renewed")
         assert renewed.run is not None and renewed.run.token == "t"  # a renewal is not undone
-        await face.call("finish", ("renewed", "t"), {})
-        state = await face.call("read", ("started",), {})
+        await face.finish("renewed", "t")
+        state = await face.read("started")
         assert state.run is None and state.queue is not None and state.queue.token == "t"
-        await face.call("dequeue", ("started", "t"), {})
+        await face.dequeue("started", "t")
         await face.aclose()
 
     asyncio.run(main())
@@ -353,7 +353,7 @@ def test_moved_and_ask_are_followed_and_lost_scripts_loaded_on_each_node(
     async def main() -> None:
         for key in (moving, moved):
             # the async client's slot map is read now; then the key's empty slot goes to another master
-            assert await face.call("renew", (key, "nobody", 30.0), {}) is False
+            assert await face.renew(key, "nobody", 30.0) is False
             name = store._keys(key)[1]
             source = cluster.master_of(name)
             target = next(m for m in cluster.primaries() if m.port != source.port)
@@ -366,12 +366,12 @@ def test_moved_and_ask_are_followed_and_lost_scripts_loaded_on_each_node(
                     _setslot(master, slot, "NODE", _node_id(target))
                 # MOVED: the map is read again, the claim sent to the new owner (its replica waited for)
                 run = RunClaim(local_holder(), 30.0, "attempt-1")
-                assert await face.call("claim", (key, "t"), {"meta": META, "run": run}) is None
+                assert await face.claim(key, "t", meta=META, run=run) is None
                 assert cluster.master_of(name).port == target.port
                 assert store.read(key).run is not None  # the sync store finds it there too
             else:
                 # ASK (the key is not on the source): the one-key renewal is sent to the target after ASKING
-                assert await face.call("renew", (key, "nobody", 30.0), {}) is False
+                assert await face.renew(key, "nobody", 30.0) is False
                 for master in cluster.primaries():
                     _setslot(master, slot, "NODE", _node_id(source))  # back where it was
         keys = [f"flushed-{n}" for n in range(12)]
@@ -380,7 +380,7 @@ def test_moved_and_ask_are_followed_and_lost_scripts_loaded_on_each_node(
             with redis.Redis(port=server.port) as admin:
                 admin.script_flush()
         for key in keys:  # NOSCRIPT on each master in turn: loaded on it, the call sent again
-            assert await face.call("claim", (key, "t"), {"meta": META}) is None
+            assert await face.claim(key, "t", meta=META) is None
         await face.aclose()
 
     asyncio.run(main())
@@ -453,16 +453,16 @@ def test_a_sentinel_failover_fails_the_async_call_then_reaches_the_new_master() 
 
         async def main() -> None:
             run = RunClaim(local_holder(), 60.0, "attempt-1")
-            assert await face.call("claim", ("held", "t"), {"meta": META, "run": run}) is None
+            assert await face.claim("held", "t", meta=META, run=run) is None
             assert client.wait(1, 900) == 1  # on the replica before the kill (no replicas= here)
             old = own.current_master()
             own.kill(old)
             with pytest.raises(BackendError, match="Sentinel service 'mymaster'") as caught:
                 await job.arun(1)
             assert isinstance(caught.value.__cause__, redis.RedisError), repr(caught.value.__cause__)
-            await _until_served(partial(face.call, "read", ("held",), {}), 40)
+            await _until_served(partial(face.read, "held"), 40)
             new = own.wait_master(not_port=old.port)
-            state = await face.call("read", ("held",), {})
+            state = await face.read("held")
             assert state.run is not None and state.run.token == "t"  # the lock moved with the data
             assert await job.arun(1) == "fetched 1"
             with redis.Redis(port=new.port) as admin:  # served by the new master

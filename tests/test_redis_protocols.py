@@ -115,8 +115,8 @@ def test_every_async_primitive_answers_alike(backend: RedisBackend) -> None:
         assert await face.renew("k", "t", 30.0, "a1")
         read = await face.read("k")
         assert read.run is not None and read.run.fence == run.fence
-        again = await face.call("read", ("k",), {})  # the old entry: the typed method
-        assert again.queue is not None and again.queue.token == "t"
+        assert read.queue is not None and read.queue.token == "t"
+        assert not hasattr(face, "call")  # no dispatch by name: each primitive is its own method
         many = await face.read_many(["k", "none"])
         assert [s.queue.token if not isinstance(s, Exception) and s.queue else None for s in many] == [
             "t",

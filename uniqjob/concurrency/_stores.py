@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from ..errors import ConfigurationError, CorruptRecordError
+from ..errors import ConfigurationError
 from ..stores.aio import async_backend
 from ..stores.base import Backend
-from ..stores.semaphores import SemaphoreState, SemaphoreStore
+from ..stores.semaphores import SemaphoreStore
 from ..stores.semaphores_aio import AsyncSemaphores, DirectSemaphores
 
 __all__ = ["AsyncSemaphores", "SemaphoreStore", "async_semaphores", "store_for"]
@@ -79,29 +78,6 @@ def _face_of(store: SemaphoreStore) -> AsyncSemaphores:
     if isinstance(store, RedisSemaphores) and backend is not None:
         face = async_backend(backend)
         if isinstance(face, RedisAsync):
-            return _RedisBridge(store, RedisAsyncSemaphores(store, face))
+            return RedisAsyncSemaphores(store, face)
     return AsyncSemaphores(store)
 
-
-class _RedisBridge(AsyncSemaphores):
-    """TEMPORARY (issue 21): Redis's semaphore primitives awaited through the existing dispatch.
-
-    Until the Redis store offers its own typed async semaphores (an
-    ``AsyncSemaphores`` of ``uniqjob/stores/redis/``), each typed primitive of
-    the base face lands here and is sent by name through
-    ``RedisAsyncSemaphores.call`` (its scripts on ``redis.asyncio``).
-    Delete this class once that face exists.
-    """
-
-    def __init__(self, sync: SemaphoreStore, face: Any) -> None:
-        super().__init__(sync)
-        self._face = face
-
-    async def run(self, primitive: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await self._face.call(primitive.__name__, args, kwargs)  # type: ignore[no-any-return]
-
-    async def read_many(
-        self, keys: Sequence[str], *, head: int = 5
-    ) -> list[SemaphoreState | CorruptRecordError]:
-        # one pipeline of the sync store's, in a thread (the dispatch has no script call for it)
-        return await super().run(self.sync.read_many, keys, head=head)

@@ -23,18 +23,14 @@ T = TypeVar("T")
 class AsyncBackend:
     """Awaits the primitives of ``sync`` (see :class:`~uniqjob.stores.base.Backend` for each).
 
-    One ``async def`` per primitive, with the sync one's name and parameters. Here each awaits
-    :meth:`call`: a temporary bridge for a face that still answers by name (Redis's, until it
-    has these methods of its own); :class:`DirectAsync` and :class:`ThreadAsync` override them.
+    One ``async def`` per primitive, with the sync one's name and parameters. Here each runs the
+    sync primitive in a worker thread (:func:`in_thread`): right for any store whose calls may
+    wait; a store's own face (memory's, Redis's) overrides them.
     """
 
     def __init__(self, sync: Backend) -> None:
         #: The sync backend this one acts on: the same store and records.
         self.sync = sync
-
-    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Await primitive ``name`` of the contract with these arguments; its answer."""
-        raise NotImplementedError
 
     async def claim(
         self,
@@ -48,8 +44,9 @@ class AsyncBackend:
         counted: float | None = None,
     ) -> LockState | None:
         """:meth:`Backend.claim <uniqjob.stores.base.Backend.claim>`, awaited."""
-        kwargs = {"meta": meta, "ttl": ttl, "run": run, "count": count, "counted": counted}
-        answer: LockState | None = await self.call("claim", (key, token), kwargs)  # bridge
+        answer: LockState | None = await in_thread(
+            self.sync.claim, key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted
+        )
         return answer
 
     async def start(
@@ -66,54 +63,55 @@ class AsyncBackend:
         counted: float | None = None,
     ) -> LockState | None:
         """:meth:`Backend.start <uniqjob.stores.base.Backend.start>`, awaited."""
-        kwargs = {
-            "run": run,
-            "meta": meta,
-            "ttl": ttl,
-            "adopt": adopt,
-            "queue_lock": queue_lock,
-            "count": count,
-            "counted": counted,
-        }
-        answer: LockState | None = await self.call("start", (key, token), kwargs)  # bridge
+        answer: LockState | None = await in_thread(
+            self.sync.start,
+            key,
+            token,
+            run=run,
+            meta=meta,
+            ttl=ttl,
+            adopt=adopt,
+            queue_lock=queue_lock,
+            count=count,
+            counted=counted,
+        )
         return answer
 
     async def attach(self, key: str, token: str, job_id: str) -> bool:
         """:meth:`Backend.attach <uniqjob.stores.base.Backend.attach>`, awaited."""
-        return bool(await self.call("attach", (key, token, job_id), {}))  # bridge
+        return bool(await in_thread(self.sync.attach, key, token, job_id))
 
     async def requeue(
         self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = ""
     ) -> bool:
         """:meth:`Backend.requeue <uniqjob.stores.base.Backend.requeue>`, awaited."""
-        kwargs = {"meta": meta, "ttl": ttl, "attempt": attempt}
-        return bool(await self.call("requeue", (key, token), kwargs))  # bridge
+        return bool(await in_thread(self.sync.requeue, key, token, meta=meta, ttl=ttl, attempt=attempt))
 
     async def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
         """:meth:`Backend.renew <uniqjob.stores.base.Backend.renew>`, awaited."""
-        return bool(await self.call("renew", (key, token, lease, attempt), {}))  # bridge
+        return bool(await in_thread(self.sync.renew, key, token, lease, attempt))
 
     async def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
         """:meth:`Backend.finish <uniqjob.stores.base.Backend.finish>`, awaited."""
-        await self.call("finish", (key, token), {"keep_queue": keep_queue, "attempt": attempt})  # bridge
+        await in_thread(self.sync.finish, key, token, keep_queue=keep_queue, attempt=attempt)
 
     async def dequeue(self, key: str, token: str | None = None) -> bool:
         """:meth:`Backend.dequeue <uniqjob.stores.base.Backend.dequeue>`, awaited."""
-        return bool(await self.call("dequeue", (key, token), {}))  # bridge
+        return bool(await in_thread(self.sync.dequeue, key, token))
 
     async def reclaim(self, key: str, queue_token: str | None, run_token: str | None) -> bool:
         """:meth:`Backend.reclaim <uniqjob.stores.base.Backend.reclaim>`, awaited."""
-        return bool(await self.call("reclaim", (key, queue_token, run_token), {}))  # bridge
+        return bool(await in_thread(self.sync.reclaim, key, queue_token, run_token))
 
     async def read(self, key: str) -> LockState:
         """:meth:`Backend.read <uniqjob.stores.base.Backend.read>`, awaited."""
-        answer: LockState = await self.call("read", (key,), {})  # bridge
+        answer: LockState = await in_thread(self.sync.read, key)
         return answer
 
     async def read_many(self, keys: Sequence[str]) -> list[LockState | CorruptRecordError]:
         """:meth:`Backend.read_many <uniqjob.stores.base.Backend.read_many>`, awaited."""
         answer: list[LockState | CorruptRecordError] = await in_thread(self.sync.read_many, keys)
-        return answer  # bridge: in a thread (a face answering by name has no batch)
+        return answer
 
     async def aclose(self) -> None:
         """Close what this object holds of its own (the sync backend is closed on its own)."""

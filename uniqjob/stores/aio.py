@@ -40,9 +40,6 @@ class DirectAsync(AsyncBackend):
     (Each primitive takes and returns what :class:`AsyncBackend`'s does: the sync one's.)
     """
 
-    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return getattr(self.sync, name)(*args, **kwargs)
-
     async def claim(self, *args: Any, **kwargs: Any) -> Any:
         return self.sync.claim(*args, **kwargs)
 
@@ -75,43 +72,8 @@ class DirectAsync(AsyncBackend):
 
 
 class ThreadAsync(AsyncBackend):
-    """A store whose primitives may wait (files, any other): each called in a worker thread.
-
-    (Each primitive takes and returns what :class:`AsyncBackend`'s does: the sync one's.)
-    """
-
-    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return await in_thread(getattr(self.sync, name), *args, **kwargs)
-
-    async def claim(self, *args: Any, **kwargs: Any) -> Any:
-        return await in_thread(self.sync.claim, *args, **kwargs)
-
-    async def start(self, *args: Any, **kwargs: Any) -> Any:
-        return await in_thread(self.sync.start, *args, **kwargs)
-
-    async def attach(self, *args: Any, **kwargs: Any) -> Any:
-        return await in_thread(self.sync.attach, *args, **kwargs)
-
-    async def requeue(self, *args: Any, **kwargs: Any) -> Any:
-        return await in_thread(self.sync.requeue, *args, **kwargs)
-
-    async def renew(self, *args: Any, **kwargs: Any) -> Any:
-        return await in_thread(self.sync.renew, *args, **kwargs)
-
-    async def finish(self, *args: Any, **kwargs: Any) -> Any:
-        return await in_thread(self.sync.finish, *args, **kwargs)
-
-    async def dequeue(self, *args: Any, **kwargs: Any) -> Any:
-        return await in_thread(self.sync.dequeue, *args, **kwargs)
-
-    async def reclaim(self, *args: Any, **kwargs: Any) -> Any:
-        return await in_thread(self.sync.reclaim, *args, **kwargs)
-
-    async def read(self, *args: Any, **kwargs: Any) -> Any:
-        return await in_thread(self.sync.read, *args, **kwargs)
-
-    async def read_many(self, *args: Any, **kwargs: Any) -> Any:
-        return await in_thread(self.sync.read_many, *args, **kwargs)
+    """A store whose primitives may wait (files, any other): each called in a worker thread
+    (:class:`AsyncBackend`'s own primitives, named here for the registry)."""
 
 
 # A store class's async face (a subclass first: the most derived registered class wins).

@@ -218,10 +218,6 @@ class RedisAsync(AsyncBackend):
             raise sync._fail(exc) from exc
         return sync._states(calls, replies)
 
-    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Await primitive ``name`` with these arguments: the typed method of that name."""
-        return await getattr(self, name)(*args, **kwargs)
-
     # -- sending ---------------------------------------------------------------------------------
 
     async def _done(self, call: Call) -> Any:

@@ -20,16 +20,18 @@ from typing import Any
 from ...locks import Holder
 from .._async_base import in_thread
 from ..semaphores import HANDOFF, Outcome, Park, SemaphoreState
+from ..semaphores_aio import AsyncSemaphores
 from ._async import RedisAsync
 from ._semaphores import _PARTS, RedisSemaphores, SemCall
 
 __all__ = ["RedisAsyncSemaphores"]
 
 
-class RedisAsyncSemaphores:
+class RedisAsyncSemaphores(AsyncSemaphores):
     """Awaits ``store``'s primitives on ``face``, the async face of the lock store on the same client."""
 
     def __init__(self, store: RedisSemaphores, face: RedisAsync) -> None:
+        super().__init__(store)
         self.store = store
         self.face = face
 
@@ -141,6 +143,3 @@ class RedisAsyncSemaphores:
         state: SemaphoreState = await self._done(self.store._read_call(key, head=head))
         return state
 
-    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Await primitive ``name`` of the semaphore contract with these arguments: the typed method."""
-        return await getattr(self, name)(*args, **kwargs)
