@@ -24,7 +24,6 @@ it is handled (or not) exactly where the sync code would have seen it.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import time
 from abc import get_cache_token
@@ -99,6 +98,8 @@ async def adrive(store: Backend, steps: Steps[T]) -> T:
     A store primitive is awaited on the store's async face; a function step's
     reply is awaited if it is awaitable; a wait is ``asyncio.sleep``.
     """
+    import asyncio  # here: the sync API (a cron script, ``uniqjob run``) never loads it
+
     astore = async_backend(store)
     send, throw = steps.send, steps.throw
     reply: Any = None

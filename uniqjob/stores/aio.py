@@ -17,7 +17,6 @@ heartbeat's own threads: a busy event loop cannot starve them.
 
 from __future__ import annotations
 
-import asyncio
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -75,6 +74,8 @@ async def in_thread(function: Any, *args: Any, **kwargs: Any) -> Any:
     an acquire going on could land after the undo that follows. So the call is always
     made, and the cancellation is raised once it has ended (what it took is then undone).
     """
+    import asyncio  # in the functions: the sync API never loads it (tests/test_imports.py)
+
     return await completed(asyncio.to_thread(function, *args, **kwargs))
 
 
@@ -84,6 +85,8 @@ async def completed(awaitable: Awaitable[T]) -> T:
     However often it is cancelled: anyio's cancel scopes (Starlette, FastAPI) cancel
     every await inside them again until the scope exits, so a single shield would not do.
     """
+    import asyncio
+
     task = asyncio.ensure_future(awaitable)
     cancelled: asyncio.CancelledError | None = None
     while not task.done():
