@@ -184,6 +184,7 @@ def _check(figures: Figures, *, acknowledged: bool) -> None:
         assert figures.overlaps == 0
 
 
+@pytest.mark.slow
 def test_kill_9_of_a_busy_master_loses_no_lock(group: SentinelGroup, tmp_path: Path) -> None:
     figures = _under_load(group, tmp_path, replicas=1, processes=3, keys=3, before=1.5, after=2.0)
     _check(figures, acknowledged=True)
@@ -242,6 +243,7 @@ def proxied() -> Iterator[ProxiedPair]:
 
 
 @pytest.mark.parametrize("replicas", [0, 1])
+@pytest.mark.slow
 def test_a_grant_the_replica_never_saw(proxied: ProxiedPair, replicas: int) -> None:
     """Without acknowledgement the failover loses the grant (two holders); with it the grant is refused."""
     meta = QueueMeta("tests.Job", "[]")

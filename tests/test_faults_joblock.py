@@ -80,6 +80,7 @@ def _stall(server: RedisServer, seconds: float) -> threading.Thread:
     return thread
 
 
+@pytest.mark.slow
 def test_lost_claim_reply_on_redis_leaves_no_stranded_queue_lock(
     server: RedisServer, stalling: RedisBackend
 ) -> None:
@@ -103,6 +104,7 @@ def test_lost_claim_reply_on_redis_leaves_no_stranded_queue_lock(
     assert queue.pushed == [(0,), (1,)]
 
 
+@pytest.mark.slow
 def test_lost_claim_reply_is_undone_in_the_background(server: RedisServer, stalling: RedisBackend) -> None:
     """Another process sees the key free soon after the store answers, with no further call here."""
     lock = JobLock(stalling, "nightly", meta=QueueMeta("Export", "1"))
@@ -115,6 +117,7 @@ def test_lost_claim_reply_is_undone_in_the_background(server: RedisServer, stall
     wait_until(lambda: stalling.read("nightly").free, "the key to be free", 3.0)
 
 
+@pytest.mark.slow
 def test_lost_reply_of_an_inline_run_does_not_hold_the_key_for_a_lease(
     server: RedisServer, stalling: RedisBackend
 ) -> None:
@@ -197,6 +200,7 @@ def test_an_applied_claim_that_failed_is_undone_on_every_store(backend: Backend)
 
 
 @pytest.mark.parametrize("strategy", ["while_executing", "until_and_while_executing"])
+@pytest.mark.slow
 def test_a_with_block_whose_start_was_applied_but_failed_is_undone_on_every_store(
     backend: Backend, strategy: Strategy
 ) -> None:
@@ -210,6 +214,7 @@ def test_a_with_block_whose_start_was_applied_but_failed_is_undone_on_every_stor
         pass
 
 
+@pytest.mark.slow
 def test_a_failed_claim_draws_a_new_token(backend: Backend) -> None:
     wrapped = _AppliedThenFails(backend)
     lock = JobLock(wrapped, "k")
@@ -459,6 +464,7 @@ def test_a_late_grant_that_cannot_be_confirmed_does_not_run() -> None:
     assert store.read(Late.lock_key()).free
 
 
+@pytest.mark.slow
 def test_a_grant_slower_than_a_third_of_the_lease_is_renewed_in_time() -> None:
     """The first renewal is due one interval after the grant was sent, not after its slow reply."""
     store = _SlowClaim(delay=0.6)  # lease 1.5: more than a third, less than two thirds
@@ -495,6 +501,7 @@ class _RenewStalls(MemoryBackend):
         return super().renew(key, token, lease, attempt)
 
 
+@pytest.mark.slow
 def test_a_lock_presumed_lost_is_still_renewed_if_the_store_comes_back_in_time() -> None:
     """An in-process perform is not interrupted: its lock must not lapse when the store is back."""
     store = _RenewStalls()
@@ -512,6 +519,7 @@ def test_a_lock_presumed_lost_is_still_renewed_if_the_store_comes_back_in_time()
         assert lock.lost  # latched: the holder was told to stop, and is not told otherwise
 
 
+@pytest.mark.slow
 def test_a_store_that_hangs_holds_up_no_other_stores_renewals() -> None:
     hanging = _RenewStalls(hang=3.0)
     healthy = MemoryBackend()
@@ -542,6 +550,7 @@ sys.stdin.readline()  # the replies flow again: exit at once
 """
 
 
+@pytest.mark.slow
 def test_a_process_that_exits_after_a_lost_claim_reply_undoes_it_on_its_way_out(
     server: RedisServer, stalling: RedisBackend
 ) -> None:

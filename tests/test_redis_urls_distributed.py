@@ -461,6 +461,7 @@ class Export(UniqueJob):
 
 
 @pytest.mark.parametrize("form", FORMS)
+@pytest.mark.slow
 def test_a_job_runs_through_configure_on_each_form(request: pytest.FixtureRequest, form: str) -> None:
     url = _url(request, form) + "?namespace=e2e"
     backend = uniqjob.configure(url)
@@ -528,6 +529,7 @@ def test_a_cluster_backend_names_its_nodes(cluster: Cluster) -> None:
     backend.close()
 
 
+@pytest.mark.slow
 def test_tls_reaches_the_cluster_nodes(cluster: Cluster) -> None:
     """rediss+cluster speaks TLS to the nodes: a plain cluster refuses the handshake."""
     with pytest.raises(BackendError, match="cannot reach the Redis Cluster"):
@@ -640,6 +642,7 @@ def test_the_command_lists_locks_behind_sentinel(sentinels: SentinelGroup) -> No
     assert key in done.stdout
 
 
+@pytest.mark.slow
 def test_the_command_exits_69_on_an_unreachable_cluster() -> None:
     seeds = f"127.0.0.1:{_free_port()},127.0.0.1:{_free_port()}"
     done = run_uniqjob("locks", "--url", f"redis+cluster://app:hunter2@{seeds}?timeout=0.5")

@@ -177,6 +177,7 @@ def test_close_closes_every_kept_connection(redis_server: RedisServer, redis_cli
         worker.join(30)
 
 
+@pytest.mark.slow
 def test_a_thread_that_ends_leaves_no_connection(
     redis_server: RedisServer, redis_client: redis.Redis
 ) -> None:
@@ -268,6 +269,7 @@ def _closed_port() -> int:
 
 
 @pytest.mark.parametrize("path", ["kept", "pooled"])
+@pytest.mark.slow
 def test_retries_are_the_clients_own_policy(redis_server: RedisServer, path: str) -> None:
     def client(**kwargs: Any) -> redis.Redis:
         retry = Retry(_CountingBackoff(), 2)
@@ -566,6 +568,7 @@ def test_a_reply_lost_mid_call_never_reaches_the_next_call(proxy: FaultProxy, pa
 
 
 @_PATHS
+@pytest.mark.slow
 def test_a_half_delivered_reply_heals(proxy: FaultProxy, path: str) -> None:
     backend = _backend(proxy.url, path, f"slow-{path}")
     _roundtrip(backend, "open")

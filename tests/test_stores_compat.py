@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 _OLD_NAMES = {
@@ -63,6 +65,7 @@ def test_old_modules_import_warn_once_each_and_hold_the_same_objects() -> None:
     assert {filename for _, _, filename in found["warnings"]} == {"<string>"}
 
 
+@pytest.mark.slow
 def test_the_library_never_imports_the_old_modules() -> None:
     found = _run(
         """

@@ -182,6 +182,11 @@ class Cluster(_Group):
         _wait("the replicas to hold a copy of their masters", lambda: all(
             SentinelGroup._replicas_online(c) >= self.replicas for c in clients[: self.masters]
         ), 30)  # fmt: skip
+        # Each node's slot map lists every replica (gossip spreads them a beat later): a client
+        # seeded from any one node finds the whole cluster.
+        _wait("every node to list every replica", lambda: all(
+            len(entry) - 2 >= 1 + self.replicas for c in clients for entry in _cmd(c, "CLUSTER", "SLOTS")
+        ), 30)  # fmt: skip
         for client in clients:
             client.close()
 
