@@ -98,9 +98,9 @@ def test_lost_claim_reply_on_redis_leaves_no_stranded_queue_lock(
     with pytest.raises(BackendError):
         Export.enqueue(1)
     resumed.join()
-    # Within a second of the store answering again, the same call is taken (not dropped as a duplicate).
-    took = wait_until(lambda: Export.enqueue(1) is not None, "the same enqueue to be taken", 1.0)
-    assert took < 1.0
+    # Once the store answers again, the very next call is taken (not dropped as a duplicate): it
+    # undoes the applied claim it finds in its way. (Counted in calls, not in seconds of a busy machine.)
+    assert Export.enqueue(1) is not None
     assert queue.pushed == [(0,), (1,)]
 
 
@@ -114,7 +114,7 @@ def test_lost_claim_reply_is_undone_in_the_background(server: RedisServer, stall
     with pytest.raises(BackendError):
         lock.acquire()
     resumed.join()
-    wait_until(lambda: stalling.read("nightly").free, "the key to be free", 3.0)
+    wait_until(lambda: stalling.read("nightly").free, "the key to be free")
 
 
 @pytest.mark.slow
@@ -136,7 +136,7 @@ def test_lost_reply_of_an_inline_run_does_not_hold_the_key_for_a_lease(
     with pytest.raises(BackendError):
         Nightly.run(1)
     resumed.join()
-    wait_until(lambda: Nightly.run(1) is None and ran == [0, 1], "the same run to run", 1.0)
+    assert Nightly.run(1) is None and ran == [0, 1]  # the very next call runs
 
 
 class _AppliedThenFails(Backend):
@@ -195,7 +195,7 @@ def test_an_applied_claim_that_failed_is_undone_on_every_store(backend: Backend)
     lock = JobLock(wrapped, "k", meta=QueueMeta("C", ""))
     with pytest.raises(BackendError):
         lock.acquire(run=True)
-    wait_until(lambda: backend.read("k").free, "the key to be free", 3.0)
+    wait_until(lambda: backend.read("k").free, "the key to be free")
     assert JobLock(backend, "k").acquire()
 
 
@@ -209,7 +209,7 @@ def test_a_with_block_whose_start_was_applied_but_failed_is_undone_on_every_stor
     lock = JobLock(_AppliedThenFails(backend, step="start"), "k", meta=QueueMeta("C", ""), strategy=strategy)
     with pytest.raises(BackendError), lock:
         raise AssertionError("the body must not run")
-    wait_until(lambda: backend.read("k").free, "the key to be free", 3.0)
+    wait_until(lambda: backend.read("k").free, "the key to be free")
     with JobLock(backend, "k", strategy=strategy):
         pass
 
@@ -222,7 +222,7 @@ def test_a_failed_claim_draws_a_new_token(backend: Backend) -> None:
     with pytest.raises(BackendError):
         lock.acquire()
     assert lock.token != first
-    wait_until(lambda: not undos, "the undo to be done", 3.0)
+    wait_until(lambda: not undos, "the undo to be done")
     assert lock.acquire()  # the undo of the old token never touches the new lock
     time.sleep(0.1)
     state = backend.read("k")
