@@ -145,6 +145,7 @@ def test_the_full_async_cycle_on_a_valkey_cluster(
 
 
 @pytest.mark.parametrize("through", ["valkey.Valkey", "valkey://"])
+@pytest.mark.slow
 def test_the_full_async_cycle_on_a_valkey_server(valkey_server: RedisServer, through: str) -> None:
     """valkey-py's own client (awaited through valkey.asyncio), and redis-py's from a valkey:// URL."""
     if through == "valkey.Valkey":
@@ -162,6 +163,7 @@ def test_the_full_async_cycle_on_a_valkey_server(valkey_server: RedisServer, thr
     "fails when it is the first asyncio use of the session's Sentinel master (run alone: MaxConnectionsError,"
     " 'Too many connections', from stores/redis/_async's kept lane); passes once another test has used it"
 )))])  # fmt: skip
+@pytest.mark.slow
 def test_more_calls_at_once_than_connections_wait_their_turn(
     kind: str, cluster: Cluster, sentinel_group: SentinelGroup
 ) -> None:
@@ -206,6 +208,7 @@ def _delta(admins: list[redis.Redis], act: Callable[[], object]) -> dict[str, in
 
 @pytest.mark.parametrize("replicas", [0, 1])
 @pytest.mark.parametrize("kind", ["RedisCluster", "Sentinel"])
+@pytest.mark.slow
 def test_one_round_trip_per_transition_as_the_sync_store(
     kind: str, replicas: int, cluster: Cluster, sentinel_group: SentinelGroup
 ) -> None:
@@ -349,6 +352,7 @@ def test_an_unacknowledged_start_drops_only_its_run_lock(
 
 
 @pytest.mark.parametrize("replicas", [0, 1])
+@pytest.mark.slow
 def test_moved_and_ask_are_followed_and_lost_scripts_loaded_on_each_node(
     cluster: Cluster, replicas: int
 ) -> None:
@@ -394,6 +398,7 @@ def test_moved_and_ask_are_followed_and_lost_scripts_loaded_on_each_node(
     store.close()
 
 
+@pytest.mark.slow
 def test_a_client_of_no_asyncio_kind_is_refused_by_name(sentinel_group: SentinelGroup) -> None:
     sentinels = Sentinel([("127.0.0.1", s.port) for s in sentinel_group.sentinels])  # type: ignore[no-untyped-call]
     replica = sentinels.slave_for(SERVICE, socket_timeout=5)  # type: ignore[no-untyped-call]

@@ -391,6 +391,7 @@ def _cluster_client(cluster: Cluster, kind: str, **kwargs: Any) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["RedisCluster", "ValkeyCluster"])
+@pytest.mark.slow
 def test_cluster_redirects_are_followed_once(cluster: Cluster, kind: str) -> None:
     """A slot that moved since the client read its map (MOVED), and one that is moving (ASK).
 
@@ -424,6 +425,7 @@ def test_cluster_redirects_are_followed_once(cluster: Cluster, kind: str) -> Non
 
 
 @pytest.mark.parametrize("kind", ["RedisCluster", "ValkeyCluster"])
+@pytest.mark.slow
 def test_a_cluster_client_s_socket_timeout_must_leave_headroom_after_the_wait(
     cluster: Cluster, kind: str
 ) -> None:
