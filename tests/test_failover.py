@@ -194,7 +194,8 @@ def test_kill_9_of_a_busy_master_loses_no_lock(group: SentinelGroup, tmp_path: P
 @pytest.fixture
 def heavy(request: pytest.FixtureRequest) -> None:
     """Skip unless the run asked for the failover marker (``-m failover``): before any server starts."""
-    if "failover" not in (request.config.option.markexpr or ""):
+    asked = "failover" in (request.config.option.markexpr or "") or request.config.getoption("--all-tiers")
+    if not asked:
         pytest.skip("a heavier failover run: run with -m failover")
 
 
