@@ -65,6 +65,12 @@ def gate(name: str) -> str:
     return _gated(name)
 
 
+@unique_task()
+def slow_gate(name: str) -> str:
+    """Like gate, with the default run lease (30 s): a dead holder's lock lapses only that late."""
+    return _gated(name)
+
+
 @unique_task(acks_late=True, unique_run_lease=5.0)
 def late_gate(name: str) -> str:
     """Like gate, acknowledged only when done: a worker crash leaves it to be delivered again."""

@@ -38,12 +38,12 @@ SERVICE = TOPOLOGY_SERVICE  # the name the test Sentinels monitor
 
 def sentinel_backend(sentinels: list[int], replicas: int, namespace: str = "failover") -> RedisBackend:
     """A backend on the current master of :data:`SERVICE`, as the Sentinels on ``sentinels`` name it."""
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         [("127.0.0.1", port) for port in sentinels],
         socket_timeout=SOCKET_TIMEOUT,
         sentinel_kwargs={"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": SOCKET_TIMEOUT},
     )
-    client = sentinel.master_for(  # type: ignore[no-untyped-call]
+    client = sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
         SERVICE,
         socket_timeout=SOCKET_TIMEOUT,
         socket_connect_timeout=SOCKET_TIMEOUT,

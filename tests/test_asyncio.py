@@ -534,7 +534,7 @@ def test_a_client_without_an_asyncio_twin_is_a_configuration_error(redis_server:
 
 
 def test_an_async_queue_is_refused_by_the_sync_enqueue() -> None:
-    from uniqjob.queue import Queue
+    from uniqjob.queues import Queue
 
     class AsyncQueue(Queue):
         async def push(self, job_cls: Any, lock: JobLock, args: Any, kwargs: Any) -> str:

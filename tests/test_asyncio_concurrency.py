@@ -32,7 +32,7 @@ from uniqjob.concurrency import Parked, _stores
 from uniqjob.concurrency._settings import ConcurrencyPolicy
 from uniqjob.errors import BackendError, ConcurrencyLimitExceeded
 from uniqjob.joblock import JobLock
-from uniqjob.queue import Queue
+from uniqjob.queues import Queue
 from uniqjob.stores.aio import ThreadAsync, async_backend
 from uniqjob.stores.base import Backend
 from uniqjob.stores.redis import RedisBackend

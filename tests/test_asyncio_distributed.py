@@ -400,8 +400,8 @@ def test_moved_and_ask_are_followed_and_lost_scripts_loaded_on_each_node(
 
 @pytest.mark.slow
 def test_a_client_of_no_asyncio_kind_is_refused_by_name(sentinel_group: SentinelGroup) -> None:
-    sentinels = Sentinel([("127.0.0.1", s.port) for s in sentinel_group.sentinels])  # type: ignore[no-untyped-call]
-    replica = sentinels.slave_for(SERVICE, socket_timeout=5)  # type: ignore[no-untyped-call]
+    sentinels = Sentinel([("127.0.0.1", s.port) for s in sentinel_group.sentinels])  # type: ignore[no-untyped-call, unused-ignore]
+    replica = sentinels.slave_for(SERVICE, socket_timeout=5)  # type: ignore[no-untyped-call, unused-ignore]
     store = RedisBackend(replica, namespace="ro")
     with pytest.raises(
         ConfigurationError, match=r"Sentinel service 'mymaster'.* is not a Sentinel master client"
@@ -505,7 +505,7 @@ def test_an_undo_that_fails_too_says_so_and_the_job_does_not_run(
             lambda: any(c["cmd"] == "wait" and "b" in c["flags"] for c in admin.client_list()),
             "the WAIT to block",
         )
-        admin.execute_command("ACL", "SETUSER", "default", "-evalsha")  # type: ignore[no-untyped-call]
+        admin.execute_command("ACL", "SETUSER", "default", "-evalsha")  # type: ignore[no-untyped-call, unused-ignore]
 
     async def main() -> None:
         assert await job.arun(6) == "fetched 6"  # the scripts loaded (a NOSCRIPT reply would come first)
@@ -519,7 +519,7 @@ def test_an_undo_that_fails_too_says_so_and_the_job_does_not_run(
                     await job.arun(5)
             finally:
                 refusing.join()
-                admin.execute_command("ACL", "SETUSER", "default", "+evalsha")  # type: ignore[no-untyped-call]
+                admin.execute_command("ACL", "SETUSER", "default", "+evalsha")  # type: ignore[no-untyped-call, unused-ignore]
         assert job.fences == []  # perform never ran
         await async_backend(store).aclose()
 

@@ -41,6 +41,7 @@ from tests.celery_app import (
     pair,
     requeued_gate,
     rescheduled,
+    slow_gate,
 )
 from tests.integration_workers import NODE_VAR, REPO, URL_VAR, Workers, count, open_gate, wait_until
 from tests.redis_server import RedisServer
@@ -282,6 +283,46 @@ def test_revoke_releases_the_lock_and_the_concurrency_slot(workers: Workers, bro
     assert count(broker, "started", "victim") == 0
     open_gate(broker, "parked")
     wait_until(lambda: not pair.is_locked("parked"), "its lock to go")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGKILL", "SIGQUIT", "SIGHUP", "SIGUSR1"])
+def test_revoke_terminate_releases_a_running_task_s_lock_at_once(
+    workers: Workers, broker: redis.Redis, signum: str
+) -> None:
+    """Whatever the signal: the worker releases the lock once the child is dead (SIGKILL: no last word)."""
+    start_worker(workers)
+    result = slow_gate.delay("t")
+    assert result is not None
+    wait_until(lambda: count(broker, "started", "t") == 1, "the task to start")
+    assert not state(slow_gate, "t").free
+    app.control.revoke(result.id, terminate=True, signal=signum)
+    wait_until(lambda: state(slow_gate, "t").free, "the terminated task's lock to go", timeout=5)
+    assert list(uniqjob.default_backend().scan()) == []  # `uniqjob locks` lists nothing
+    assert count(broker, "done", "t") == 0
+    again = slow_gate.delay("t")  # the worker is free again: the next call runs
+    assert again is not None
+    wait_until(lambda: count(broker, "started", "t") == 2, "the next call to run")
+    open_gate(broker, "t")
+    wait_until(lambda: state(slow_gate, "t").free, "its lock to go")
+
+
+@pytest.mark.slow
+def test_revoke_terminate_with_a_signal_the_child_ignores_leaves_its_running_task_locked(
+    workers: Workers, broker: redis.Redis
+) -> None:
+    """A Celery pool child ignores SIGINT: its task runs on, and keeps its lock until it ends."""
+    start_worker(workers)
+    result = slow_gate.delay("i")
+    assert result is not None
+    wait_until(lambda: count(broker, "started", "i") == 1, "the task to start")
+    app.control.revoke(result.id, terminate=True, signal="SIGINT")
+    wait_until(lambda: "Terminating " in workers.log("celery"), "the worker to signal its child")
+    time.sleep(0.5)  # what the worker's watch would have done by now
+    assert not state(slow_gate, "i").free and slow_gate.delay("i") is None  # still unique while it runs
+    open_gate(broker, "i")
+    wait_until(lambda: count(broker, "done", "i") == 1, "the task to end")
+    wait_until(lambda: state(slow_gate, "i").free, "its lock to go")
 
 
 @pytest.mark.slow

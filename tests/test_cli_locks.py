@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.redis_server import RedisServer
 from tests.test_cli import PY, UNIQJOB, Hold, Store, finish, kill_leftovers, store, uniqjob
 from uniqjob.locks import Holder, LockState, QueueMeta, RunClaim, local_holder
 from uniqjob.ops import LockRow
+from uniqjob.stores.redis import RedisBackend
 
 __all__ = ["kill_leftovers", "store"]  # fixtures shared with test_cli
 
@@ -96,7 +98,41 @@ def test_locks_json_describes_each_held_key(store: Store, tmp_path: Path) -> Non
 
 def test_locks_on_an_empty_store_says_so(store: Store) -> None:
     result = uniqjob("locks", "--url", store.url)
-    assert (result.returncode, result.stdout, result.stderr) == (0, "", "no locks held\n")
+    read = repr(store.backend)
+    if isinstance(store.backend, RedisBackend):
+        read += ", namespace 'uniqjob'"
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", f"no locks held in {read}\n")
+    quiet = uniqjob("locks", "--url", store.url, "--quiet", "--class", "Nope")
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
+
+
+def test_locks_names_the_namespaces_that_hold_locks(redis_server: RedisServer, redis_client: object) -> None:
+    url = redis_server.url
+    meta = QueueMeta("app.jobs.Export", "42")
+    for namespace, key in (("myapp", "export-42"), ("a:b~", "}odd"), ("other", "x")):
+        assert RedisBackend(url, namespace=namespace).claim(key, "t", meta=meta, ttl=600) is None
+    slots = RedisBackend(url, namespace="slots").semaphores()  # a namespace of concurrency slots only
+    me = local_holder()
+    taken = slots.acquire(
+        "k", "t", limit=1, lease=60, running=True, holder=me, park=None, job_class="J", args="", caller=me
+    )
+    assert taken.status == "taken"
+    assert RedisBackend(url).namespaces() == ["a:b~", "myapp", "other"]
+    assert RedisBackend(url).namespaces(limit=0) == []  # looks at nothing
+
+    empty = uniqjob("locks", "--url", url)
+    assert (empty.returncode, empty.stdout) == (0, "")
+    assert empty.stderr == (
+        f"no locks held in {RedisBackend(url)!r}, namespace 'uniqjob'; locks are held under namespace"
+        " 'a:b~', 'myapp', 'other': add --namespace 'a:b~' to see them\n"
+    )
+    mine = uniqjob("locks", "--url", url, "--namespace", "myapp", "--class", "Nope")
+    assert (
+        mine.stderr.startswith("no locks of class 'Nope' held in ") and ", namespace 'myapp'; " in mine.stderr
+    )
+    assert "under namespace 'a:b~', 'other': add --namespace" in mine.stderr
+    listed = uniqjob("locks", "--url", url, "--namespace", "a:b~", "--json")
+    assert [json.loads(line)["key"] for line in listed.stdout.splitlines()] == ["}odd"]
 
 
 def test_lock_row_json_renames_only_the_class_field() -> None:
@@ -175,7 +211,10 @@ def test_reap_reclaims_orphans_only(store: Store, tmp_path: Path) -> None:
     assert not store.backend.read("live").free and wrapper.poll() is None
 
     again = uniqjob("reap", "--url", store.url)
-    assert (again.returncode, again.stdout, again.stderr) == (0, "", "")  # nothing to do: nothing said
+    assert (again.returncode, again.stdout) == (0, "")
+    assert again.stderr == "reclaimed 0 orphaned lock(s) of 3 held\n"  # the count, also of nothing
+    quiet = uniqjob("reap", "--url", store.url, "--quiet")
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")  # nothing reclaimed: nothing said
     hold.release()
     assert finish(wrapper)[0] == 0
 

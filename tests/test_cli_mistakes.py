@@ -62,6 +62,20 @@ def test_locks_of_a_namespaced_backend_are_seen_with_namespace(
     assert backend.read("report-1").free
 
 
+def test_namespace_keeps_a_unix_socket_url(
+    redis_server: RedisServer, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``unix:///path.sock`` was rebuilt as ``unix:/path.sock``: exit 78, an unsupported URL."""
+    assert store_url("unix:///run/redis.sock", "app") == "unix:///run/redis.sock?namespace=app"
+    assert store_url("unix:///run/redis.sock?db=2", "app") == "unix:///run/redis.sock?db=2&namespace=app"
+    backend = RedisBackend(redis_url, namespace="myapp")
+    assert backend.claim("report-1", "t1", meta=QueueMeta("app.Report", "1", "")) is None
+    assert redis_server.unix_url.startswith("unix:///")
+    status, out, err = run(capsys, "locks", "--json", "--url", redis_server.unix_url, "--namespace", "myapp")
+    assert status == 0, err
+    assert [json.loads(line)["key"] for line in out.splitlines()] == ["report-1"]
+
+
 def test_namespace_from_the_environment_and_its_mistakes(
     redis_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -102,19 +116,22 @@ def test_the_lock_subcommands_take_quiet(sub: str, capsys: pytest.CaptureFixture
 # -- quiet -----------------------------------------------------------------------------------
 
 
-def test_reap_says_nothing_with_nothing_to_do_and_quiet_says_nothing_at_all(
+def test_reap_counts_and_quiet_speaks_only_of_a_reclaim(
     redis_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     uniqjob.configure(redis_url)
     backend = uniqjob.default_backend()
-    assert run(capsys, "reap", "--url", redis_url) == (0, "", "")
+    assert run(capsys, "reap", "--url", redis_url) == (0, "", "reclaimed 0 orphaned lock(s) of 0 held\n")
+    assert run(capsys, "reap", "--url", redis_url, "--quiet") == (0, "", "")
     assert backend.claim("waiting", "t-w", meta=QueueMeta("app.Job", "", "")) is None
-    assert run(capsys, "reap", "--url", redis_url) == (0, "", "")  # a queued lock is no orphan
+    assert run(capsys, "reap", "--url", redis_url, "-q") == (0, "", "")  # a queued lock is no orphan
     lapsed = RunClaim(local_holder(), lease=0.001)
     assert backend.claim("crashed", "t-c", meta=QueueMeta(), run=lapsed) is None
     time.sleep(0.01)  # its lease lapses on the server's clock
-    assert run(capsys, "reap", "--url", redis_url, "--quiet") == (0, "", "")
-    assert backend.read("crashed").free  # reclaimed, quietly
+    status, out, err = run(capsys, "reap", "--url", redis_url, "--quiet")  # a reclaim is news for cron's mail
+    assert status == 0 and out.startswith("reclaimed crashed (running")
+    assert err == "reclaimed 1 orphaned lock(s) of 2 held\n"
+    assert backend.read("crashed").free
     assert run(capsys, "locks", "--url", redis_url, "--quiet", "--class", "Nope") == (0, "", "")
 
 

@@ -517,18 +517,6 @@ def test_a_backend_that_keeps_no_slots_says_so() -> None:
         store_for(Wrong())
 
 
-def test_the_old_module_paths_still_import() -> None:
-    from uniqjob.concurrency import base, local
-    from uniqjob.concurrency import redis as old_redis
-    from uniqjob.stores import semaphores
-    from uniqjob.stores.memory import MemorySemaphores
-    from uniqjob.stores.redis._semaphores import RedisSemaphores
-
-    assert base.SemaphoreStore is semaphores.SemaphoreStore is SemaphoreStore
-    assert (local.FileSemaphores, local.MemorySemaphores) == (FileSemaphores, MemorySemaphores)
-    assert old_redis.RedisSemaphores is RedisSemaphores
-
-
 def test_a_promotion_goes_to_the_pusher_the_job_layer_registered(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -271,7 +271,7 @@ def test_counts_in_a_redis_cluster_are_kept_beside_each_lock_and_summed_over_eve
         for key in keys:
             assert b.claim(key, "t1", meta=meta) is None
             assert b.claim(key, "t2", meta=meta, count=True) is not None  # one script: one slot
-        nodes = {client.get_node_from_key(f"c:{{{key}}}:d").name for key in keys}  # type: ignore[no-untyped-call]
+        nodes = {client.get_node_from_key(f"c:{{{key}}}:d").name for key in keys}  # type: ignore[no-untyped-call, unused-ignore]
         assert len(nodes) == 3  # the counts are spread over every master
         assert b.duplicates() == {"app.Job": 30}
         client.close()

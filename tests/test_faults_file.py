@@ -18,13 +18,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import STORES, FakeClock
-from uniqjob.concurrency.local import FileSemaphores, MemorySemaphores
 from uniqjob.config import backend_from_url
 from uniqjob.errors import BackendError, ConfigurationError, CorruptRecordError
 from uniqjob.locks import Holder, QueueMeta, RunClaim
 from uniqjob.stores.base import Backend
-from uniqjob.stores.file import FileBackend
-from uniqjob.stores.memory import MemoryBackend
+from uniqjob.stores.file import FileBackend, FileSemaphores
+from uniqjob.stores.memory import MemoryBackend, MemorySemaphores
 
 ME = Holder("host-a", "node-a", os.getpid(), 1)
 META = QueueMeta("tests.Job", "(1,)")

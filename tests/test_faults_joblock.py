@@ -25,7 +25,7 @@ from uniqjob import BackendError, JobLock, UniqueJob
 from uniqjob._undo import undos
 from uniqjob.joblock import Strategy
 from uniqjob.locks import LockState, QueueMeta, RunClaim
-from uniqjob.queue import Queue
+from uniqjob.queues import Queue
 from uniqjob.stores.base import Backend
 from uniqjob.stores.memory import MemoryBackend
 from uniqjob.stores.redis import RedisBackend

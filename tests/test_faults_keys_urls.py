@@ -22,11 +22,11 @@ import uniqjob
 from tests.redis_server import RedisServer
 from uniqjob import ConfigurationError, UniqueJob, UniqueKeyError
 from uniqjob.cli import main
-from uniqjob.config import REDIS_URL_OPTIONS, backend_from_url, redis_client_from_url
+from uniqjob.config import backend_from_url
 from uniqjob.keys import MAX_DEPTH, KeyPlan, canonical, make_key
 from uniqjob.locks import QueueMeta
 from uniqjob.stores.file import FileBackend
-from uniqjob.stores.redis import RedisBackend
+from uniqjob.stores.redis import REDIS_URL_OPTIONS, RedisBackend, redis_client_from_url
 
 
 class Job(UniqueJob):

@@ -217,6 +217,27 @@ def test_an_async_perform_is_refused_by_the_sync_api_and_awaited_by_the_async_on
     assert asyncio.run(job.arun()) == "awaited"
 
 
+def test_an_async_function_stays_a_coroutine_function() -> None:
+    """Frameworks (Starlette, FastAPI, arq, pytest) ask this of an endpoint or a job function."""
+
+    @unique(on_conflict="raise")
+    async def fetch(n: int, label: str = "x", *, mode: str = "y") -> str:
+        return f"{label}{n}{mode}"
+
+    class Client:
+        @unique
+        async def get(self, n: int) -> int:
+            return n
+
+    for decorated in (fetch, Client.get, Client().get):
+        assert inspect.iscoroutinefunction(decorated), decorated
+        assert asyncio.iscoroutinefunction(decorated), decorated
+    assert str(inspect.signature(fetch)) == str(inspect.signature(fetch.__wrapped__))
+    got = Client().get(2)
+    assert got is not None and asyncio.run(fetch(1)) == "x1y" and asyncio.run(got) == 2
+    assert not inspect.iscoroutinefunction(send_report) and not asyncio.iscoroutinefunction(send_report)
+
+
 # -- on real rq worker processes -------------------------------------------------------------
 
 
@@ -289,6 +310,23 @@ def test_once_per_on_an_rq_queue_keeps_the_tick_after_the_worker_ran_it(
     assert state.run is None and state.queue is not None and state.queue.state == "queued"
     assert ticked.is_locked("t") and ticked.enqueue("t") is None  # the tick ran: kept to its end
     assert count(redis_client, "started", "t") == 1
+
+
+def test_rq_s_own_enqueue_shows_the_function_s_name(
+    redis_server: RedisServer, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``q.enqueue(send_report, 43)`` reads in RQ (and rq-dashboard) as the function, not ``__call__``."""
+    monkeypatch.setenv(URL_VAR, redis_server.url)  # redis_client: an empty server
+    q = rq_queue()
+    job = q.enqueue(send_report, 43)
+    assert job.func_name == "tests.functions_jobs.send_report"
+    assert job.description == "tests.functions_jobs.send_report(43)"
+    fetched = Job.fetch(job.id, connection=q.connection)
+    assert fetched.func is send_report and fetched.instance is None and fetched.args == (43,)
+    method = q.enqueue(Reports.build, Reports("p"), 5)  # through the class: the function, self an argument
+    assert method.func_name == "tests.functions_jobs.Reports.build"
+    bound = Job.fetch(q.enqueue(Reports("p").build, 5).id, connection=q.connection)
+    assert bound.func(*bound.args) == "p5"  # through an instance: the bound call, as before
 
 
 def test_wraps_is_what_update_wrapper_sets() -> None:

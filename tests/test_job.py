@@ -377,7 +377,7 @@ def test_bad_settings_fail_at_class_definition(attrs: dict[str, Any], message: s
 
 
 def test_inherited_settings_are_checked_against_the_subclass_perform() -> None:
-    class Base(UniqueJob):
+    class Base(UniqueJob, abstract=True):
         unique_args = ("account_id",)
 
     with pytest.raises(ConfigurationError, match="not parameters of perform"):
@@ -387,12 +387,34 @@ def test_inherited_settings_are_checked_against_the_subclass_perform() -> None:
                 pass
 
 
-def test_perform_missing() -> None:
-    class Abstract(UniqueJob):
-        pass
+def test_a_job_class_without_perform_is_refused_at_definition() -> None:
+    message = (
+        r"tests\.test_job\.test_a_job_class_without_perform_is_refused_at_definition\.<locals>\.Export"
+        r" defines no perform\(\): .* class Export\(UniqueJob, abstract=True\)"
+    )
+    with pytest.raises(ConfigurationError, match=message):
 
+        class Export(UniqueJob):
+            unique_on_conflict = "raise"
+
+    with pytest.raises(ConfigurationError, match=r"\.Nightly defines no perform\(\)"):
+        type("Nightly", (UniqueJob,), {"unique_lock_autoexpire": 60})
+
+    class Abstract(UniqueJob, abstract=True):  # a base of jobs: no perform needed
+        unique_on_conflict = "raise"
+
+    with pytest.raises(ConfigurationError, match=r"\.Child defines no perform\(\)"):
+
+        class Child(Abstract):  # abstract is the one class's, not inherited
+            pass
+
+    class Concrete(Abstract):
+        def perform(self, n: int) -> int:
+            return n
+
+    assert Concrete.run(3) == 3
     with pytest.raises(ConfigurationError, match="must define perform"):
-        Abstract.lock_key(1)
+        Abstract.lock_key(1)  # an abstract class's own calls still fail, when called
 
 
 def test_class_backend_overrides_default(tmp_path: Any) -> None:

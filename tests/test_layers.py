@@ -1,31 +1,53 @@
-"""The package's layers, read from its source: the store layer imports nothing above it, and no two
-parts import each other.
+"""The package's layers, read from its source: the store layer imports nothing above it, and no
+import cycle, between parts or between modules.
 
 A *part* is a subpackage of ``uniqjob`` (``stores``, with ``stores.redis`` in it; ``concurrency``;
 ``cli``; ...) or one top-level module (``job``, ``joblock``, ``locks``, ...). Every ``import`` and
 ``from ... import`` in ``uniqjob/**/*.py`` is read with :mod:`ast`, those inside functions too
 (an import put off until a call is still a dependency); those under ``if TYPE_CHECKING:`` are
-kept apart, as they run for the type checker only.
+kept apart, as they run for the type checker only. ``from . import x`` names the module ``x``
+when there is one; importing ``a.b.c`` counts as importing ``a.b.c`` only, not the packages
+``a`` and ``a.b`` that Python runs first.
 
 - The store layer (``uniqjob/stores/``) may import only itself and the leaves, ``errors``,
-  ``keys``, ``locks``, ``heartbeat`` and ``_moved`` (the deprecation warnings): everything
-  else is above it (the job layer, ``job``, ``joblock``, ``queue``, ``settings`` and the
-  concurrency glue; ``config``, the operations, the CLI and the integrations on top), and
-  not even a type-checking import may name it.
-- No cycle between parts through imports that run (``python tests/test_layers.py`` prints them).
+  ``keys``, ``locks`` and ``heartbeat``: everything else is above it (the job layer, ``job``,
+  ``joblock``, ``queues``, ``settings`` and the concurrency glue; ``config``, the operations,
+  the CLI and the integrations on top), and not even a type-checking import may name it.
+- No cycle between parts through imports that run.
+- No cycle between modules: none at all through the imports a module runs when it is imported
+  (those at module level), and none through those put off into a function either, but for
+  :data:`PENDING_CYCLES`.
+
+``python tests/test_layers.py`` prints what it finds.
 """
 
 from __future__ import annotations
 
 import ast
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "uniqjob"
 STORES = "stores"
-LEAVES = frozenset({"errors", "keys", "locks", "heartbeat", "_moved"})
+LEAVES = frozenset({"errors", "keys", "locks", "heartbeat"})
+
+#: The module cycles still allowed, each closed by an import inside a function. The Redis store's
+#: rewrite (issue 21 §1) removes them: then this list is emptied, as the test insists.
+PENDING_CYCLES: frozenset[frozenset[str]] = frozenset(
+    {
+        frozenset(
+            {
+                "uniqjob.stores.redis._clients",
+                "uniqjob.stores.redis._semaphores",
+                "uniqjob.stores.redis._store",
+                "uniqjob.stores.redis._url",
+            }
+        ),
+        frozenset({"uniqjob.stores.aio", "uniqjob.stores.redis._async"}),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -34,10 +56,11 @@ class Import:
     target: str  # dotted module name imported
     line: int
     typing_only: bool
+    local: bool = False  # inside a function: it runs at the call, not when the module is imported
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+def _module_name(path: Path, package: Path) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -49,27 +72,29 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _exists(module: str) -> bool:
-    base = PACKAGE.parent.joinpath(*module.split("."))
+def _exists(module: str, package: Path) -> bool:
+    base = package.parent.joinpath(*module.split("."))
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
 
-def _imports_of(path: Path) -> Iterator[Import]:
-    source = _module_name(path)
+def _imports_of(path: Path, package: Path = PACKAGE) -> Iterator[Import]:
+    source = _module_name(path, package)
     is_package = path.name == "__init__.py"
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    top = package.name
 
-    def visit(node: ast.AST, typing_only: bool) -> Iterator[Import]:
+    def visit(node: ast.AST, typing_only: bool, local: bool) -> Iterator[Import]:
         if isinstance(node, ast.If) and _is_type_checking(node.test):
             for child in node.body:
-                yield from visit(child, True)
+                yield from visit(child, True, local)
             for child in node.orelse:
-                yield from visit(child, typing_only)
+                yield from visit(child, typing_only, local)
             return
+        local = local or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name.split(".")[0] == "uniqjob":
-                    yield Import(source, alias.name, node.lineno, typing_only)
+                if alias.name.split(".")[0] == top:
+                    yield Import(source, alias.name, node.lineno, typing_only, local)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 here = source.split(".") if is_package else source.split(".")[:-1]
@@ -77,20 +102,21 @@ def _imports_of(path: Path) -> Iterator[Import]:
                 base = ".".join(base_parts + ([node.module] if node.module else []))
             else:
                 base = node.module or ""
-            if base.split(".")[0] == "uniqjob":
+            if base.split(".")[0] == top:
                 for alias in node.names:
                     # ``from . import config`` imports the module uniqjob.config, not a name of uniqjob.
                     sub = f"{base}.{alias.name}"
-                    yield Import(source, sub if _exists(sub) else base, node.lineno, typing_only)
+                    target = sub if _exists(sub, package) else base
+                    yield Import(source, target, node.lineno, typing_only, local)
         for inner in ast.iter_child_nodes(node):
-            yield from visit(inner, typing_only)
+            yield from visit(inner, typing_only, local)
 
-    yield from visit(tree, False)
+    yield from visit(tree, False, False)
 
 
-def imports() -> list[Import]:
-    """Every import of a uniqjob module by a uniqjob module."""
-    return [found for path in sorted(PACKAGE.rglob("*.py")) for found in _imports_of(path)]
+def imports(package: Path = PACKAGE) -> list[Import]:
+    """Every import of a module of ``package`` by a module of ``package``."""
+    return [found for path in sorted(package.rglob("*.py")) for found in _imports_of(path, package)]
 
 
 def part(module: str) -> str:
@@ -104,15 +130,8 @@ def store_layer_violations(found: list[Import]) -> list[Import]:
     return [i for i in found if part(i.source) == STORES and part(i.target) not in LEAVES | {STORES}]
 
 
-def cycles(found: list[Import]) -> list[list[str]]:
-    """The groups of parts (two or more) that reach one another through imports that run."""
-    graph: dict[str, set[str]] = {}
-    for i in found:
-        a, b = part(i.source), part(i.target)
-        if not i.typing_only and a != b and "uniqjob" not in (a, b):  # the facade imports all
-            graph.setdefault(a, set()).add(b)
-            graph.setdefault(b, set())
-    # Tarjan's strongly connected components.
+def _components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of two or more nodes (Tarjan's), each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -146,16 +165,48 @@ def cycles(found: list[Import]) -> list[list[str]]:
     return groups
 
 
-def _show(found: list[Import], group: list[str]) -> list[str]:
+def _graph(
+    found: list[Import], node: Callable[[str], str], counted: Callable[[Import], bool]
+) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for i in found:
+        a, b = node(i.source), node(i.target)
+        if counted(i) and a != b:
+            graph.setdefault(a, set()).add(b)
+            graph.setdefault(b, set())
+    return graph
+
+
+def cycles(found: list[Import]) -> list[list[str]]:
+    """The groups of parts (two or more) that reach one another through imports that run."""
+    return _components(
+        _graph(found, part, lambda i: not i.typing_only and "uniqjob" not in (part(i.source), part(i.target)))
+    )  # the facade imports all
+
+
+def module_cycles(found: list[Import], *, local: bool) -> list[list[str]]:
+    """The groups of modules (two or more) that reach one another through imports that run.
+
+    Only module-level imports, those that run when the module is imported; with ``local``, those
+    inside functions too.
+    """
+    return _components(_graph(found, lambda m: m, lambda i: not i.typing_only and (local or not i.local)))
+
+
+def _show(found: list[Import], group: list[str], node: Callable[[str], str] = part) -> list[str]:
     members = set(group)
     return [
-        f"  {i.source} -> {i.target} (line {i.line})"
+        f"  {i.source} -> {i.target} (line {i.line}{', in a function' if i.local else ''})"
         for i in found
         if not i.typing_only
-        and part(i.source) in members
-        and part(i.target) in members
-        and part(i.source) != part(i.target)
+        and node(i.source) in members
+        and node(i.target) in members
+        and node(i.source) != node(i.target)
     ]
+
+
+def _shown(found: list[Import], groups: list[list[str]], node: Callable[[str], str] = part) -> str:
+    return "\n".join(f"{' <-> '.join(g)}:\n" + "\n".join(_show(found, g, node)) for g in groups)
 
 
 def test_the_reader_sees_imports() -> None:
@@ -165,6 +216,7 @@ def test_the_reader_sees_imports() -> None:
     assert ("uniqjob.stores.redis._store", "uniqjob.stores.base") in pairs
     assert ("uniqjob.stores.base", "uniqjob.locks") in pairs
     assert any(i.typing_only for i in found)
+    assert any(i.local for i in found) and not all(i.local for i in found)
 
 
 def test_the_store_layer_imports_nothing_above_it() -> None:
@@ -175,7 +227,24 @@ def test_the_store_layer_imports_nothing_above_it() -> None:
 def test_no_cycle_between_parts() -> None:
     found = imports()
     groups = cycles(found)
-    assert not groups, "\n".join(f"{' <-> '.join(g)}:\n" + "\n".join(_show(found, g)) for g in groups)
+    assert not groups, _shown(found, groups)
+
+
+def test_no_cycle_between_modules_at_import() -> None:
+    found = imports()
+    groups = module_cycles(found, local=False)
+    assert not groups, _shown(found, groups, str)
+
+
+def test_no_cycle_between_modules_but_the_pending_ones() -> None:
+    found = imports()
+    groups = module_cycles(found, local=True)
+    new = [g for g in groups if frozenset(g) not in PENDING_CYCLES]
+    assert not new, _shown(found, new, str)
+    gone = PENDING_CYCLES - {frozenset(g) for g in groups}
+    assert not gone, "no longer a cycle: remove from PENDING_CYCLES:\n" + "\n".join(
+        " <-> ".join(sorted(g)) for g in gone
+    )
 
 
 def test_a_cycle_would_be_found() -> None:
@@ -187,6 +256,41 @@ def test_a_cycle_would_be_found() -> None:
     ]
     assert cycles(found) == [["job", "stores"]]
     assert store_layer_violations(found) == found[:1]
+    assert module_cycles(found, local=False) == [["uniqjob.job", "uniqjob.stores.base"]]
+
+
+def test_a_module_cycle_is_found_as_python_runs_the_imports(tmp_path: Path) -> None:
+    """Within a subpackage too; ``from . import x`` is a submodule; TYPE_CHECKING imports do not count."""
+    package = tmp_path / "pkg"
+    files = {
+        "__init__.py": "from . import a\n",
+        "a.py": "from .sub import b\n",
+        "sub/__init__.py": "",
+        "sub/b.py": "from . import c\n",
+        "sub/c.py": "from typing import TYPE_CHECKING\nfrom .. import a\n"
+        "if TYPE_CHECKING:\n    from . import d\n",
+        "sub/d.py": "from .c import X\n\ndef later() -> None:\n    from pkg.sub import e\n",
+        "sub/e.py": "import pkg.sub.d\n",
+    }
+    for name, text in files.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(text)
+    found = imports(package)
+    assert {(i.source, i.target, i.typing_only, i.local) for i in found} == {
+        ("pkg", "pkg.a", False, False),
+        ("pkg.a", "pkg.sub.b", False, False),
+        ("pkg.sub.b", "pkg.sub.c", False, False),
+        ("pkg.sub.c", "pkg.a", False, False),
+        ("pkg.sub.c", "pkg.sub.d", True, False),
+        ("pkg.sub.d", "pkg.sub.c", False, False),
+        ("pkg.sub.d", "pkg.sub.e", False, True),
+        ("pkg.sub.e", "pkg.sub.d", False, False),
+    }
+    assert module_cycles(found, local=False) == [["pkg.a", "pkg.sub.b", "pkg.sub.c"]]
+    assert sorted(module_cycles(found, local=True)) == [
+        ["pkg.a", "pkg.sub.b", "pkg.sub.c"],
+        ["pkg.sub.d", "pkg.sub.e"],
+    ]
 
 
 if __name__ == "__main__":
@@ -194,6 +298,12 @@ if __name__ == "__main__":
     for i in store_layer_violations(found):
         print(f"store layer imports above it: {i.source} -> {i.target} (line {i.line})")
     for group in cycles(found):
-        print(f"cycle: {' <-> '.join(group)}")
+        print(f"cycle of parts: {' <-> '.join(group)}")
         print("\n".join(_show(found, group)))
-    sys.exit(1 if store_layer_violations(found) or cycles(found) else 0)
+    bad = bool(store_layer_violations(found) or cycles(found) or module_cycles(found, local=False))
+    for group in module_cycles(found, local=True):
+        pending = frozenset(group) in PENDING_CYCLES
+        bad = bad or not pending
+        print(f"cycle of modules{' (pending)' if pending else ''}: {' <-> '.join(group)}")
+        print("\n".join(_show(found, group, str)))
+    sys.exit(1 if bad else 0)

@@ -142,7 +142,7 @@ def test_a_misspelt_perform_is_refused_at_definition() -> None:
 
 
 def test_an_abstract_base_without_perform_stays_possible() -> None:
-    class Base(UniqueJob):
+    class Base(UniqueJob, abstract=True):
         unique_on_conflict = "raise"
 
         def helper(self) -> int:

@@ -314,13 +314,13 @@ def test_discard_parked_drops_one_keys_line_and_its_locks(backend: Backend) -> N
 
 
 def test_the_concurrency_package_re_exports_the_same_operations() -> None:
-    assert uniqjob.concurrency.release is ops.release_slots
+    assert uniqjob.concurrency.release_slots is ops.release_slots
     assert uniqjob.concurrency.discard_parked is ops.discard_parked
     assert uniqjob.concurrency.sweep is ops.sweep
     assert uniqjob.concurrency.Released is ops.Released
 
 
-# -- the old name -------------------------------------------------------------------------------
+# -- the submodule ----------------------------------------------------------------------------------
 
 
 def _run(script: str) -> object:
@@ -334,45 +334,6 @@ def _run(script: str) -> object:
         check=True,
     )
     return json.loads(done.stdout)
-
-
-@pytest.mark.parametrize(
-    "how",
-    ["import uniqjob.inspect as old", "from uniqjob import inspect as old", "old = uniqjob.inspect"],
-    ids=["import", "from", "attribute"],
-)
-def test_uniqjob_inspect_warns_once_naming_uniqjob_ops(how: str) -> None:
-    found = _run(
-        f"""
-        import json, sys, warnings
-        warnings.simplefilter("always")
-        with warnings.catch_warnings(record=True) as plain:
-            import uniqjob
-            import uniqjob.ops
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for _ in range(2):  # the second time is a cached module: no second warning
-                {how}
-        names = ["ConcurrencyReport", "KeyReport", "Totals", "concurrency", "concurrency_key", "iter_keys"]
-        print(json.dumps({{
-            "plain": [str(w.message) for w in plain],
-            "same": all(getattr(old, n) is getattr(uniqjob.ops, n) for n in names) and old.__all__ == names,
-            "warnings": [[w.category.__name__, str(w.message), w.filename] for w in caught],
-        }}))
-        """
-    )
-    assert found == {
-        "plain": [],  # a plain import of uniqjob says nothing
-        "same": True,
-        "warnings": [
-            [
-                "DeprecationWarning",
-                "uniqjob.inspect is deprecated and will be removed in the next release: "
-                "import from uniqjob.ops",
-                "<string>",  # the line that used the old name, not the library
-            ]
-        ],
-    }
 
 
 def test_uniqjob_ops_is_reached_from_a_plain_import() -> None:

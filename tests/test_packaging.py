@@ -32,7 +32,8 @@ def test_dir_shows_the_public_api_and_dunder_names_only() -> None:
 
 @pytest.mark.parametrize("where", [".", "uniqjob"])
 def test_python_m_uniqjob_runs_from_the_checkout(where: str, tmp_path: Path) -> None:
-    # Inside the package directory, its inspect.py and queue.py come first on sys.path.
+    # Inside the package directory, its modules come first on sys.path: none may be named after a
+    # standard library module (tests/test_old_names.py), and nothing rewrites sys.path.
     env = {**os.environ, "UNIQJOB_URL": f"file://{tmp_path}"}
     done = subprocess.run(
         [sys.executable, "-m", "uniqjob", "run", "--", sys.executable, "-c", "print('ran')"],
@@ -57,7 +58,11 @@ def test_python_runs_the_package_directory_as_the_command(tmp_path: Path) -> Non
         timeout=60,
         check=False,
     )
-    assert (done.returncode, done.stdout, done.stderr) == (0, "", "no locks held\n")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0,
+        "",
+        f"no locks held in FileBackend('{tmp_path}')\n",
+    )
 
 
 def _requirements(dist: str) -> dict[str, Requirement]:
@@ -106,3 +111,33 @@ def test_arq_beside_celery_is_installed_as_the_docs_say() -> None:
             assert Version(version(name)) in requirement.specifier, f"{requirement}: {version(name)}"
     # redis-py itself: the one uniqjob asks for (install_requires: redis>=5.0)
     assert redis_py in _requirements("uniqjob")["redis"].specifier
+
+
+@pytest.mark.parametrize(
+    ("module", "missing", "extra"),
+    [
+        ("uniqjob.integrations.rq", "rq", "rq"),
+        ("uniqjob.integrations.celery", "celery", "celery"),
+        ("uniqjob.integrations.arq", "arq", "arq"),
+        ("uniqjob.dashboard", "jinja2", "dashboard"),
+        ("uniqjob.dashboard", "starlette", "dashboard"),
+    ],
+)
+def test_a_missing_extra_names_the_pip_command(module: str, missing: str, extra: str) -> None:
+    """As ``uniqjob.metrics`` does: not a bare ``No module named 'rq'``."""
+    code = f"""
+import sys
+sys.modules[{missing!r}] = None  # not installed: importing it fails as a missing module does
+try:
+    import {module}
+except ModuleNotFoundError as exc:
+    print(exc.name)
+    print(exc)
+else:
+    print("imported")
+"""
+    argv = [sys.executable, "-c", code]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    name, message = done.stdout.splitlines()[:2]
+    assert name.partition(".")[0] == missing, done.stdout  # starlette.applications: starlette
+    assert f"{module} needs " in message and f"pip install 'uniqjob[{extra}]'" in message, message

@@ -114,8 +114,8 @@ def test_a_cluster_batch_goes_to_every_primary(redis_cluster_client: RedisCluste
     backend = RedisBackend(redis_cluster_client, namespace="rm-cluster")
     keys = fill(backend, 60)
     node_of = redis_cluster_client.get_node_from_key
-    nodes = {node_of(backend._keys(key)[0]).name for key in keys}  # type: ignore[no-untyped-call]
-    primaries = redis_cluster_client.get_primaries()  # type: ignore[no-untyped-call]
+    nodes = {node_of(backend._keys(key)[0]).name for key in keys}  # type: ignore[no-untyped-call, unused-ignore]
+    primaries = redis_cluster_client.get_primaries()  # type: ignore[no-untyped-call, unused-ignore]
     assert len(nodes) == len(primaries) > 1  # the batch spans them all
     assert tokens(backend.read_many(["free", *keys])) == [None] + [f"t{n}" for n in range(60)]
     store = store_for(backend)

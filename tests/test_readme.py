@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -468,3 +469,20 @@ def test_the_first_set_up_command_runs_in_a_fresh_venv(tmp_path: Path) -> None:
         pytest.skip(f"pip cannot reach a package index here: {done.stderr.strip().splitlines()[-1]}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.endswith("hello\n"), done.stdout[-2000:]
+
+
+def test_the_tour_runs_at_once(tmp_path: Path) -> None:
+    """The tour's first step shows what it says: the other account runs at once, nothing times out."""
+    tour = next(b for b in blocks_of(README) if b.lang == "python" and b.body.startswith("# tour.py\n"))
+    (tmp_path / "tour.py").write_text(tour.body)
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}  # the default file store, of its own
+    started = time.monotonic()
+    argv = [sys.executable, "tour.py"]
+    done = subprocess.run(
+        argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "None\nexported 7\nexported 42\n"
+    assert "__main__.Export dropped: __main__.Export:1:" in done.stderr
+    assert took < 8, f"the tour took {took:.1f}s: a step waited out its 10 s timeout"

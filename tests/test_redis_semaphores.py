@@ -68,7 +68,7 @@ def test_every_script_states_its_keys_argv_and_reply_at_its_head(module: ModuleT
 
 def _pooled(client: redis.Redis, **kwargs: Any) -> redis.Redis:
     kw = client.connection_pool.connection_kwargs
-    pool = redis.BlockingConnectionPool(host=kw["host"], port=kw["port"], **kwargs)  # type: ignore[no-untyped-call]
+    pool = redis.BlockingConnectionPool(host=kw["host"], port=kw["port"], **kwargs)  # type: ignore[no-untyped-call, unused-ignore]
     return redis.Redis(connection_pool=pool)
 
 

@@ -32,7 +32,7 @@ def test_repr_and_errors_name_the_service_and_its_sentinels(sentinel_group: Sent
     )
     assert first in repr(backend.semaphores())
     # A service the Sentinels do not know: MasterNotFoundError, as a BackendError naming it.
-    unknown = Sentinel(sentinels, socket_timeout=1).master_for("nope", socket_timeout=1)  # type: ignore[no-untyped-call]
+    unknown = Sentinel(sentinels, socket_timeout=1).master_for("nope", socket_timeout=1)  # type: ignore[no-untyped-call, unused-ignore]
     lost = RedisBackend(unknown, namespace="s")
     for call in (lambda: lost.claim("k", "t", meta=QueueMeta()), lambda: list(lost.scan())):
         with pytest.raises(BackendError, match="Sentinel service 'nope' via") as caught:

@@ -218,7 +218,7 @@ def test_a_job_gone_from_rq_frees_its_lock_at_the_next_enqueue(rq_redis: redis.R
     elif how == "delete":
         job.delete()
     elif how == "empty the queue":
-        queue.queue.empty()  # type: ignore[no-untyped-call]
+        queue.queue.empty()  # type: ignore[no-untyped-call, unused-ignore]
     elif how == "expire":
         rq_redis.delete(job.key)  # what a job's ttl does to a job never run
     else:

@@ -14,7 +14,7 @@ import pytest
 
 from uniqjob import ConfigurationError, JobLock, MemoryBackend, UniqueJob
 from uniqjob._steps import _awaitable
-from uniqjob.queue import Queue
+from uniqjob.queues import Queue
 
 
 class Handles(Queue):

@@ -149,7 +149,7 @@ def test_a_process_on_files_or_memory_never_imports_redis(tmp_path: Path) -> Non
     script = f"""
         import json, sys
         import uniqjob
-        from uniqjob import config
+        from uniqjob.stores.redis import REDIS_URL_OPTIONS
 
         class Job(uniqjob.UniqueJob):
             def perform(self, n):
@@ -159,7 +159,7 @@ def test_a_process_on_files_or_memory_never_imports_redis(tmp_path: Path) -> Non
         for url in ("file://{tmp_path}/locks", "memory://"):
             uniqjob.configure(url)
             ran.append(Job.enqueue(1))
-        options = sorted(config.REDIS_URL_OPTIONS)[:1]  # the Redis options read without redis-py
+        options = sorted(REDIS_URL_OPTIONS)[:1]  # the Redis options read without redis-py
         prefixes = ("redis.", "uniqjob.stores.redis.")
         loaded = sorted(m for m in sys.modules if m == "redis" or m.startswith(prefixes))
         print(json.dumps({{"ran": ran, "options": options, "loaded": loaded}}))

@@ -287,7 +287,7 @@ def test_queue_base_without_push_later_is_rejected_only_for_reschedule() -> None
     class Plain(Queue):
         pass
 
-    type("Fine", (UniqueJob,), {"unique_queue": Plain()})
+    type("Fine", (UniqueJob,), {"unique_queue": Plain(), "perform": lambda self: None})
 
 
 def test_after_dequeue_frees_one_slot(use: Backend) -> None:

@@ -6,7 +6,6 @@ class and its arguments. See the README for the guarantees.
 
 import typing as _typing
 
-from . import _syspath  # noqa: F401  first: see its docstring
 from .errors import (
     BackendError,
     ConcurrencyLimitExceeded,
@@ -76,9 +75,8 @@ _LAZY = {
 }
 
 
-# Submodules that ``import uniqjob`` alone reaches, on first use. Not in __all__: ``inspect``
-# (deprecated, it warns: now ``ops``) would shadow the stdlib's in a star import.
-_SUBMODULES = ("inspect", "ops")
+# Submodules that ``import uniqjob`` alone reaches, on first use (not in __all__).
+_SUBMODULES = ("ops",)
 
 
 def __getattr__(name: str) -> object:

@@ -22,9 +22,9 @@ Three mistakes pass a class definition silently and fail much later, or never:
   ``perform``. Rule: when no class below the mixin in the MRO defines a hook
   (``perform``, ``unique_key``, ``concurrency_key``), a function in the class's
   own body whose name (underscores at either end stripped) is within
-  :data:`NEAR_HOOK` of the hook's is refused. So an abstract intermediate class
-  (one with no ``perform`` and nothing spelt like it) stays possible, and a
-  concrete class that simply has no ``perform`` fails when it is called.
+  :data:`NEAR_HOOK` of the hook's is refused. (A class with no ``perform`` at
+  all is refused by :class:`~uniqjob.job.UniqueJob` itself, unless it is
+  declared ``abstract=True``: a base class of jobs.)
 
 Each refusal is a :class:`ConfigurationError` naming the clash and, where one
 is close, the name meant (:func:`suggest`, which ``@unique`` uses for its

@@ -4,7 +4,8 @@ The one process-wide default is explicit and replaceable: :func:`configure`,
 else the ``UNIQJOB_URL`` environment variable, else a file store in a per-user
 state directory, so a script or cron job needs no server. A URL is made into
 a store by the registry of :mod:`uniqjob.stores`; each store checks its own
-URLs (the options are re-exported here, each loaded with its store).
+URLs (``REDIS_URL_OPTIONS`` in :mod:`uniqjob.stores.redis`, ``FILE_URL_OPTIONS`` in
+:mod:`uniqjob.stores.file`, ``MEMORY_URL_OPTIONS`` in :mod:`uniqjob.stores.memory`).
 """
 
 from __future__ import annotations
@@ -12,28 +13,18 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import cast
 
 from . import stores
 from .errors import ConfigurationError
 from .stores.base import Backend
 
-if TYPE_CHECKING:
-    from .stores.file import FILE_URL_OPTIONS
-    from .stores.memory import MEMORY_URL_OPTIONS
-    from .stores.redis import REDIS_TIMEOUT, REDIS_URL_OPTIONS, redis_client_from_url
-
 __all__ = [
-    "FILE_URL_OPTIONS",
-    "MEMORY_URL_OPTIONS",
-    "REDIS_TIMEOUT",
-    "REDIS_URL_OPTIONS",
     "backend_from_url",
     "configure",
     "default_backend",
     "default_directory",
     "default_is_implicit",
-    "redis_client_from_url",
 ]
 
 ENV_URL = "UNIQJOB_URL"
@@ -43,24 +34,6 @@ _default: Backend | None = None
 _implicit = False  # the default is the per-host file store nobody chose
 _by_url: dict[str, Backend] = {}
 _backend_types: set[type[Backend]] = set()
-
-# Names that moved beside their store, loaded from it on first use (a process on files never loads redis).
-_MOVED = {
-    "FILE_URL_OPTIONS": "uniqjob.stores.file",
-    "MEMORY_URL_OPTIONS": "uniqjob.stores.memory",
-    "REDIS_TIMEOUT": "uniqjob.stores.redis",
-    "REDIS_URL_OPTIONS": "uniqjob.stores.redis",
-    "redis_client_from_url": "uniqjob.stores.redis",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _MOVED.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    return getattr(import_module(module), name)
 
 
 def default_directory() -> Path:
@@ -74,7 +47,7 @@ def backend_from_url(url: str) -> Backend:
 
     Any scheme registered with :func:`uniqjob.stores.register` too. A malformed
     URL, or a query option the scheme does not support (see
-    :data:`REDIS_URL_OPTIONS`, :data:`FILE_URL_OPTIONS`), is a
+    :data:`uniqjob.stores.redis.REDIS_URL_OPTIONS`, :data:`uniqjob.stores.file.FILE_URL_OPTIONS`), is a
     :class:`ConfigurationError` naming the problem.
     """
     return stores.from_url(url)

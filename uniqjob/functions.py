@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
+import types
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
@@ -53,6 +55,9 @@ OPTIONS: dict[str, str] = {
     if name.startswith(("unique_", "concurrency_"))
 }
 
+# What a function has beyond functools.WRAPPER_ASSIGNMENTS: inspect reads these of a function.
+_FUNCTION_ATTRS = ("__code__", "__defaults__", "__kwdefaults__", "__globals__", "__closure__", "__builtins__")
+
 # Settings that are functions of the call: kept as staticmethods (UniqueJob calls them on the class).
 _CALLABLES = frozenset({"unique_key", "concurrency_key", "unique_on_lost"})
 
@@ -74,6 +79,24 @@ class UniqueFunction(Generic[P, R]):
         self.unique_job = job
         self._function = function
         self._bound = bound  # (instance,) when reached through an instance: a bound method
+        # The rest of what makes a function, so that what reads a function's own attributes
+        # (inspect, doctest, RQ) reads the function's.
+        for attr in _FUNCTION_ATTRS:
+            if hasattr(function, attr):
+                setattr(self, attr, getattr(function, attr))
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type[Any]:
+        """A plain function's type for ``isinstance``, as a proxy's is its target's; ``type()`` is true.
+
+        Queues decide by ``inspect.isfunction`` how to refer to a callable: RQ ships
+        a function by its ``module.qualname`` and shows ``module.send_report(43)``,
+        anything else as the object and ``__call__(43)``. Reached through an
+        instance, it is a bound method, and says what it really is.
+        """
+        if inspect.isfunction(self._function) and not self._bound:
+            return types.FunctionType
+        return type(self)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R | None:
         """Lock, run the function, release; its result, or None when the call is a dropped duplicate."""
@@ -121,7 +144,24 @@ class UniqueFunction(Generic[P, R]):
 
 
 class AsyncUniqueFunction(UniqueFunction[P, Coroutine[Any, Any, R]]):
-    """An ``async def`` function decorated with :func:`unique`: awaiting a call runs it under its lock."""
+    """An ``async def`` function decorated with :func:`unique`: awaiting a call runs it under its lock.
+
+    It stays a coroutine function to ``inspect.iscoroutinefunction`` and
+    ``asyncio.iscoroutinefunction``, which frameworks check (Starlette and
+    FastAPI endpoints, arq's ``func``, pytest): it carries the function's
+    ``__code__`` (Python 3.11 reads its flags), and on 3.12+ the mark of
+    ``inspect.markcoroutinefunction``.
+    """
+
+    def __init__(
+        self,
+        function: Callable[P, Coroutine[Any, Any, R]],
+        job: type[UniqueJob],
+        bound: tuple[Any, ...] = (),
+    ) -> None:
+        super().__init__(function, job, bound)  # __code__, whose flags say "coroutine" to 3.11
+        if sys.version_info >= (3, 12):
+            inspect.markcoroutinefunction(self)
 
     def __call__(  # type: ignore[override]
         self, *args: P.args, **kwargs: P.kwargs

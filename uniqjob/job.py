@@ -24,7 +24,7 @@ from .errors import ConfigurationError, JobNotUnique
 from .joblock import JobLock, Strategy
 from .keys import KEY_VERSION, digest, make_key
 from .locks import QueueMeta
-from .queue import Queue
+from .queues import Queue
 from .settings import ConflictPolicy
 from .stores.base import Backend
 
@@ -74,9 +74,12 @@ class UniqueJob:
     #: What the class's definition decides about its keys and locks (set on every class).
     _plan: ClassVar[JobPlan] = JobPlan()
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, abstract: bool = False, **kwargs: Any) -> None:
+        """Check the class's settings; ``abstract=True``: a base class of jobs, which needs no ``perform``."""
         super().__init_subclass__(**kwargs)
         _names.check(cls, UniqueJob)  # first: a clash (backend = "s3") would break what follows
+        if not abstract:
+            _check_perform(cls)
         cls._plan = plan_of(cls, UniqueJob)
         settings.check(cls, Queue)
         _concurrency.check(cls)
@@ -439,3 +442,14 @@ def _settle_failed_start_steps(
         yield (settle, (exc, None), _NONE)
     else:
         yield from lock.release_steps()
+
+
+def _check_perform(cls: type[UniqueJob]) -> None:
+    """Refuse a job class that inherits ``UniqueJob.perform``: every call of it would fail."""
+    if getattr(cls, "perform", None) is not getattr(UniqueJob, "perform", None):
+        return
+    raise ConfigurationError(
+        f"{cls.__module__}.{cls.__qualname__} defines no perform(): define the job's work as"
+        f" perform(self, ...), or, for a base class of jobs, declare it abstract:"
+        f" class {cls.__name__}(UniqueJob, abstract=True)"
+    )

@@ -17,7 +17,6 @@ from contextlib import ContextDecorator
 from contextvars import ContextVar, Token
 from typing import Any, Literal
 
-from ._moved import renamed
 from ._steps import Steps, adrive, drive, twin_of
 from ._undo import undos
 from .errors import BackendError, CorruptRecordError, JobNotUnique, holder_text
@@ -189,11 +188,6 @@ class JobLock:
         if self._key_fixed or self.limit == 1:
             return [self.key]
         return [self._base] + [f"{self._base}#{n}" for n in range(2, self.limit + 1)]
-
-    def slots(self) -> list[str]:
-        """Deprecated: :meth:`candidate_keys` ("slot" now means only a concurrency slot)."""
-        renamed("uniqjob.JobLock.slots()", "JobLock.candidate_keys()")
-        return self.candidate_keys()
 
     # -- enqueue -----------------------------------------------------------------------
     #

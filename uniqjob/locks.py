@@ -18,8 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from ._moved import renamed
-
 __all__ = [
     "Holder",
     "LockState",
@@ -155,16 +153,11 @@ class LockState:
         self._nothing_to_reclaim = False  # only an unread state keeps what the store said
 
     @classmethod
-    def unread(
-        cls, key: str, read: Callable[[], Parts], *, nothing_to_reclaim: bool | None = None, **old: bool
-    ) -> LockState:
+    def unread(cls, key: str, read: Callable[[], Parts], *, nothing_to_reclaim: bool) -> LockState:
         """A snapshot whose parts ``read()`` returns when first asked for.
 
-        ``nothing_to_reclaim`` is :attr:`nothing_to_reclaim` as the store saw
-        it (``quiet``, its old name, is still accepted for one release).
+        ``nothing_to_reclaim`` is :attr:`nothing_to_reclaim` as the store saw it.
         """
-        if old or nothing_to_reclaim is None:
-            nothing_to_reclaim = _old_quiet(nothing_to_reclaim, old)
         state = cls.__new__(cls)
         state.key = key
         state._read = read
@@ -201,12 +194,6 @@ class LockState:
         queue = self._queue
         return self._run is None and queue is not None and queue.state == QUEUED and not queue.meta.job_id
 
-    @property
-    def quiet(self) -> bool:
-        """Deprecated: :attr:`nothing_to_reclaim`."""
-        renamed("uniqjob.locks.LockState.quiet", "LockState.nothing_to_reclaim")
-        return self.nothing_to_reclaim
-
     __match_args__ = ("key", "queue", "run", "now")
 
     def __reduce__(self) -> tuple[type[LockState], tuple[str, QueueRecord | None, RunRecord | None, float]]:
@@ -241,14 +228,6 @@ class LockState:
             facts["pid"] = self.run.holder.pid
             facts["running_for"] = round(self.now - self.run.started, 3)
         return facts
-
-
-def _old_quiet(nothing_to_reclaim: bool | None, old: dict[str, bool]) -> bool:
-    """``LockState.unread``'s keyword by its old name, ``quiet``, with its warning."""
-    if nothing_to_reclaim is not None or list(old) != ["quiet"]:
-        raise TypeError("LockState.unread() takes one keyword besides key and read: nothing_to_reclaim")
-    renamed("uniqjob.locks.LockState.unread(quiet=...)", "nothing_to_reclaim=")
-    return old["quiet"]
 
 
 def _read(path: str) -> str:

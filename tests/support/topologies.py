@@ -78,7 +78,7 @@ def _wait(what: str, ready: Callable[[], bool], timeout: float) -> None:
 
 def _cmd(client: redis.Redis, *args: Any) -> Any:
     """One command and its reply (redis-py's execute_command, untyped)."""
-    return client.execute_command(*args)  # type: ignore[no-untyped-call]
+    return client.execute_command(*args)  # type: ignore[no-untyped-call, unused-ignore]
 
 
 def _one_acknowledges(client: redis.Redis) -> bool:

@@ -8,12 +8,12 @@ import os
 import re
 import sys
 from typing import NoReturn, TypeAlias
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from .. import config
 from ..errors import ConfigurationError
 from ..settings import run_lease
-from ..stores._urls import scheme_of
+from ..stores._urls import scheme_of, with_option
 from ..stores.base import Backend
 from ..stores.redis._url import REDIS_SCHEMES
 
@@ -103,8 +103,7 @@ def store_url(url: str | None, namespace: str | None) -> str | None:
                 f"--namespace {namespace!r} and the URL's ?namespace={given[-1]} differ: give one of them"
             )
         return target
-    query = "&".join(filter(None, [parts.query, urlencode({"namespace": namespace})]))
-    return urlunsplit(parts._replace(query=query))
+    return with_option(target, "namespace", namespace)
 
 
 def open_backend(url: str | None) -> Backend:

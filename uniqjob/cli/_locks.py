@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from ..ops import CORRUPT, LockRelease, LockRow, duplicates, iter_rows, reap, release
-from ..stores._drops import WINDOW
+from ..ops import CORRUPT, LockRelease, LockRow, iter_rows, reap, release
+from ..stores.base import Backend
 from ._common import (
     EX_DATAERR,
     EX_FAILURE,
@@ -131,8 +131,8 @@ recorded when it was enqueued; "-" for a lock with none (inline, `uniqjob run`, 
 
 --json fields: key, class, args, state, job_id, host, pid, age_s, ttl_s, lease_s,
 orphaned, path, reason (the last two only set, and key may be null, for a corrupt record);
-when the store counted dropped duplicates in the last hour, the last line is
-{"duplicates": {CLASS: N}, "window_s": 3600} (see `uniqjob stats`)
+every line is a lock row (JSON Lines: `jq .key` reads them all). The dropped
+duplicates and other figures are in `uniqjob stats --json`.
 
 --concurrency lists concurrency keys instead: HELD slots / limit, their LEASE
 (fresh, stale: lapsed or its holder dead, mixed), RUN(ning), PARKED jobs and how
@@ -192,18 +192,35 @@ def locks_command(args: argparse.Namespace) -> int:
             out.write(_table_line([c.header for c in COLUMNS]) + "\n")
             header_written = True
         out.write(_table_line([c.cell(row) for c in COLUMNS]) + "\n")
-    if args.json:
-        drops = duplicates(backend, job_class=args.job_class)
-        if drops:  # the last line, when the store counted any: see the epilog
-            out.write(json.dumps({"duplicates": drops, "window_s": WINDOW}) + "\n")
-    elif not header_written and not args.quiet:
-        print("no locks held", file=sys.stderr)
+    if not args.json and not header_written and not args.quiet:
+        print(_none_held(backend, args.job_class), file=sys.stderr)
     if corrupt:
         out.flush()
         for row in corrupt:
             say(f"{_corrupt_line(row)}; it blocks its key until removed with: {_fix(row)}")
         return EX_DATAERR
     return EX_OK
+
+
+#: How many records ``locks`` looks at, at most, for other namespaces when its own holds none.
+NAMESPACES_LOOKED_AT = 100_000
+
+
+def _none_held(backend: Backend, job_class: str | None) -> str:
+    """What ``locks`` says for an empty listing: the store and namespace read, and where locks are."""
+    what = "no locks" if job_class is None else f"no locks of class {job_class!r}"
+    namespace = getattr(backend, "namespace", None)
+    if not isinstance(namespace, str):
+        return f"{what} held in {backend!r}"
+    said = f"{what} held in {backend!r}, namespace {namespace!r}"
+    others = [n for n in backend.namespaces(limit=NAMESPACES_LOOKED_AT) if n != namespace]
+    if not others:
+        return said
+    shown = ", ".join(repr(escape(n)) for n in others[:5])
+    if others[5:]:
+        shown += f" and {len(others) - 5} more"
+    option = f"--namespace {_shell_word(others[0])}"
+    return f"{said}; locks are held under namespace {shown}: add {option} to see them"
 
 
 def _stdout() -> TextIO:
@@ -328,9 +345,9 @@ again meanwhile is left alone (reclaim checks its token). A record that
 cannot be read is skipped, named on stderr with the command that removes it,
 and the exit status is then 65.
 
-Each lock reclaimed is a line on stdout, then a count on stderr; with nothing to
-reclaim (and nothing corrupt) it says nothing, and --quiet leaves out the lines and
-the count, so a cron line mails only what is wrong.
+Each lock reclaimed is a line on stdout, then a count on stderr (also when it is 0).
+--quiet prints nothing unless a lock was reclaimed or a record is corrupt: then
+the same lines and count, so a cron line mails each reclaim and nothing else.
 
 examples:
   uniqjob reap --dry-run
@@ -361,14 +378,13 @@ def reap_command(args: argparse.Namespace) -> int:
 
     def show(row: LockRow) -> None:
         if row.state != CORRUPT:
-            if not args.quiet:
-                print(f"{verb} {escape(_key(row))} ({escape(_describe(row))})")
+            print(f"{verb} {escape(_key(row))} ({escape(_describe(row))})")  # news, even with --quiet
             return
         sys.stdout.flush()  # its line after the reclaims already printed, when both go to one terminal
         say(f"skipping {_corrupt_line(row)}; remove it with {_fix(row)}")
 
     done = reap(open_backend(args.url), dry_run=args.dry_run, each=show)
     skipped = f"; skipped {len(done.corrupt)} corrupt record(s)" if done.corrupt else ""
-    if (done.reclaimed or done.corrupt) and not args.quiet:
+    if done.reclaimed or done.corrupt or not args.quiet:
         print(f"{verb} {len(done.reclaimed)} orphaned lock(s) of {done.held} held{skipped}", file=sys.stderr)
     return EX_DATAERR if done.corrupt else EX_OK

@@ -5,7 +5,7 @@ the store itself, each returning what the command line prints as JSON:
 
 - ``locks`` (``job_class``, ``limit``): ``{"locks": [row, ...], "more": bool,
   "duplicates": {CLASS: N}, "window_s": 3600}``, each row the object of
-  ``uniqjob locks --json``, and the duplicates of its last line;
+  ``uniqjob locks --json``, and the duplicates of ``uniqjob stats --json``;
 - ``concurrency`` (``top``, ``job_class``): ``{"keys": [key, ...], "totals":
   {...}, "left_out": N}``, the objects of ``uniqjob locks --concurrency --json``.
 

@@ -12,13 +12,10 @@ limits"). The slots are kept by the stores (the contract,
 - ``_job``: the hooks ``UniqueJob`` calls, and that pusher (a promoted call to its class's queue);
 - :mod:`.codec`: parked calls stored as typed JSON;
 - :func:`sweep`: reclaim dead holders' slots and push what that promotes, for every key;
-- :func:`release`, :func:`discard_parked`: an operator's escape hatches for one key.
+- :func:`release_slots`, :func:`discard_parked`: an operator's escape hatches for one key.
 
 Each operation is written once, as steps (:mod:`uniqjob._steps`), driven by the sync API
 and awaited by the asyncio one (``_stores.acall``: each store's async face).
-
-:mod:`.base`, :mod:`.local` and :mod:`.redis` still import the contract and the stores from
-their new places.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from ..stores.semaphores import (
 )
 from ._job import Parked
 from ._stores import store_for
-from .ops import Released, discard_parked, release
+from .ops import Released, discard_parked, release_slots
 from .semaphore import Semaphore, deliver, sweep_key
 
 __all__ = [
@@ -53,7 +50,7 @@ __all__ = [
     "SlotInfo",
     "deliver",
     "discard_parked",
-    "release",
+    "release_slots",
     "store_for",
     "sweep",
 ]

@@ -1,7 +1,7 @@
 """Operators' escape hatches for one concurrency key: release its slots, discard its parked jobs.
 
 Both act on one key at a time; there is deliberately no "discard everything".
-:mod:`uniqjob.ops` offers them (``release`` as ``release_slots``) beside the
+:mod:`uniqjob.ops` offers them, the same objects, beside the
 other operations, and ``uniqjob release KEY`` and ``uniqjob discard-parked KEY`` call them there.
 """
 
@@ -16,11 +16,11 @@ from .. import config
 from .._undo import undos
 from ..locks import holder_is_dead, local_holder
 from ..stores.base import Backend
+from ..stores.semaphores import SlotInfo
 from ._stores import store_for
-from .base import SlotInfo
 from .semaphore import deliver
 
-__all__ = ["Released", "discard_parked", "release", "stale"]
+__all__ = ["Released", "discard_parked", "release_slots", "stale"]
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def stale(slot: SlotInfo) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Released:
-    """What :func:`release` did to a key."""
+    """What :func:`release_slots` did to a key."""
 
     key: str
     limit: int
@@ -44,7 +44,7 @@ class Released:
     fresh: tuple[SlotInfo, ...] = ()  # the slots whose lease was fresh when read: kept, or forced out
 
 
-def release(key: str, backend: Backend | None = None, *, force: bool = False) -> Released | None:
+def release_slots(key: str, backend: Backend | None = None, *, force: bool = False) -> Released | None:
     """Free ``key``'s stale slots (with ``force``, its fresh ones too) and promote into them.
 
     Returns None if the key holds no slot and has nothing parked. Promotion

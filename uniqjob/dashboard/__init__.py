@@ -12,6 +12,15 @@ them every few seconds and opens confirmations in place.
 
 from __future__ import annotations
 
-from ._app import create_app
+try:
+    from ._app import create_app
+except ModuleNotFoundError as exc:
+    if (exc.name or "uniqjob").partition(".")[0] == "uniqjob":  # ours: a bug, not a missing extra
+        raise
+    raise ModuleNotFoundError(
+        f"uniqjob.dashboard needs Starlette and Jinja2 ({exc.name} is missing):"
+        " pip install 'uniqjob[dashboard]'",
+        name=exc.name,
+    ) from exc
 
 __all__ = ["create_app"]

@@ -42,11 +42,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from arq import ArqRedis, Retry, create_pool
-from arq.connections import RedisSettings
-from arq.constants import in_progress_key_prefix, job_key_prefix, result_key_prefix
-from arq.jobs import Job
-from arq.worker import Function, func
+try:
+    from arq import ArqRedis, Retry, create_pool
+    from arq.connections import RedisSettings
+    from arq.constants import in_progress_key_prefix, job_key_prefix, result_key_prefix
+    from arq.jobs import Job
+    from arq.worker import Function, func
+except ModuleNotFoundError as exc:  # the optional extra (beside celery: see docs/arq.md)
+    raise ModuleNotFoundError(
+        f"uniqjob.integrations.arq needs arq ({exc.name} is missing): pip install 'uniqjob[arq]'"
+        " (beside uniqjob[celery], see docs/arq.md)",
+        name=exc.name,
+    ) from exc
 
 from ..errors import BackendError, ConfigurationError
 from ..job import Queue, UniqueJob

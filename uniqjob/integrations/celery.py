@@ -36,6 +36,8 @@ from __future__ import annotations
 import inspect
 import logging
 import numbers
+import threading
+import time
 import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
@@ -43,15 +45,22 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, ClassVar, Final
 
-from celery import Task, shared_task
-from celery.exceptions import Reject, Retry
-from celery.signals import task_revoked, worker_init, worker_ready
+try:
+    from celery import Task, shared_task
+    from celery.exceptions import Reject, Retry
+    from celery.signals import task_revoked, worker_init, worker_ready
+except ModuleNotFoundError as exc:  # the optional extra
+    raise ModuleNotFoundError(
+        f"uniqjob.integrations.celery needs celery ({exc.name} is missing): pip install 'uniqjob[celery]'",
+        name=exc.name,
+    ) from exc
 
 from ..concurrency import _job as _concurrency
 from ..errors import ConfigurationError
 from ..functions import _CALLABLES
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
+from ..locks import holder_is_dead, orphaned
 from . import HEADER, KEEP, Decision, Ticket, perform, settle
 
 __all__ = ["CeleryQueue", "UniqueTask"]
@@ -76,7 +85,7 @@ _pending: ContextVar[_Call | None] = ContextVar("uniqjob_celery_call", default=N
 _running: ContextVar[Task | None] = ContextVar("uniqjob_celery_task", default=None)
 
 
-class TaskJob(UniqueJob):
+class TaskJob(UniqueJob, abstract=True):
     """Base of the :class:`UniqueJob` made for each UniqueTask class: its settings, keys and locks."""
 
     #: The UniqueTask class this job stands for.
@@ -281,6 +290,7 @@ def _job_for(task_cls: type[UniqueTask]) -> type[TaskJob]:
     run = inspect.getattr_static(task_cls, "run")
     if run is not _TASK_RUN:
         namespace["perform"] = run  # gives the key its signature; `self` of a bound run is dropped
+    # A task class with no run of its own is a base of tasks (@app.task(base=...) adds the run).
     namespace.update(
         __module__=task_cls.__module__,
         # importable by that path (a parked call names its job class, see uniqjob.concurrency)
@@ -289,7 +299,7 @@ def _job_for(task_cls: type[UniqueTask]) -> type[TaskJob]:
         task_cls=task_cls,
         unique_queue=CeleryQueue(task_cls),
     )
-    return type(task_cls.__name__, (TaskJob,), namespace)
+    return type(task_cls.__name__, (TaskJob,), namespace, abstract=run is _TASK_RUN)
 
 
 def _setting(klass: type, name: str, value: Any) -> Any:
@@ -341,11 +351,13 @@ def _seconds_until(when: Any) -> float:
 
 
 @task_revoked.connect  # type: ignore[untyped-decorator]
-def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+def _on_revoked(sender: Any = None, request: Any = None, terminated: bool = False, **_: Any) -> None:
     """A revoked (or expired) task never runs: release its lock and its concurrency slot.
 
-    A terminated one's run lock goes too; the slot is freed at once, and the
-    oldest parked call promoted into it, rather than lapsing with its lease.
+    A terminated one's run lock goes too, as soon as the pool child that held it
+    is dead, whatever the signal (the worker releases it: a child killed with
+    SIGKILL has no last word); the slot is freed at once, and the oldest parked
+    call promoted into it, rather than lapsing with its lease.
     """
     if not isinstance(sender, UniqueTask) or request is None:
         return
@@ -355,10 +367,49 @@ def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
     ticket = Ticket.load(data, f"revoked task {sender.name}[{getattr(request, 'id', '?')}]")
     job = sender.unique_job
     job.lock_from(ticket.key, ticket.token).release()
+    if terminated:
+        _release_when_dead(job, ticket.key, ticket.token)
     if job.concurrency_limit is not None:
         # the concurrency key comes from the arguments, as on a worker that runs the task
         args, kwargs = getattr(request, "args", None) or (), getattr(request, "kwargs", None) or {}
         _concurrency.free(job, ticket.token, tuple(args), dict(kwargs))
+
+
+#: How often the worker looks whether a terminated task's pool child has died yet.
+_DEATH_POLL = 0.01
+
+
+def _release_when_dead(job: type[UniqueJob], key: str, token: str) -> None:
+    """Release ``token``'s locks of ``key`` once their holder is proved dead (a terminated task's child).
+
+    The child's run lock records another attempt than this process's, so its
+    release alone leaves it; and the child may not be dead yet when the signal
+    was just sent (or may survive one it handles: then it keeps its lock, and
+    releases it itself). So a thread of the worker watches the lock until its
+    holder is dead, then reclaims it, token-checked; at most one lease long.
+    """
+
+    def watch() -> None:
+        backend = job.backend()
+        deadline = time.monotonic() + float(job.unique_run_lease)
+        try:
+            while True:
+                state = backend.read(key)
+                run = state.run
+                if run is None or run.token != token:  # released meanwhile, lapsed, or another's
+                    if state.queue is not None and state.queue.token == token and orphaned(state):
+                        backend.reclaim(key, token, None)
+                    return
+                if holder_is_dead(run.holder):
+                    backend.reclaim(key, token, token)
+                    return
+                if time.monotonic() > deadline:  # alive: it kept its task, and releases it itself
+                    return
+                time.sleep(_DEATH_POLL)
+        except Exception:  # the store failed: the lock lapses with its lease, as any dead holder's
+            log.warning("could not release the lock %r of a terminated task", key, exc_info=True)
+
+    threading.Thread(target=watch, name=f"uniqjob-revoked-{key}", daemon=True).start()
 
 
 # worker_ready too: a worker may import this module only while worker_init is being sent

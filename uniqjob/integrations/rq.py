@@ -37,9 +37,15 @@ from datetime import timedelta
 from typing import Any
 
 import redis
-from rq import Queue as RQ
-from rq import Retry, get_current_job
-from rq.job import Job
+
+try:
+    from rq import Queue as RQ
+    from rq import Retry, get_current_job
+    from rq.job import Job
+except ModuleNotFoundError as exc:  # the optional extra
+    raise ModuleNotFoundError(
+        f"uniqjob.integrations.rq needs rq ({exc.name} is missing): pip install 'uniqjob[rq]'", name=exc.name
+    ) from exc
 
 from ..errors import ConfigurationError
 from ..job import Queue, UniqueJob

@@ -18,8 +18,7 @@ objects), offered here beside the rest.
 
 from __future__ import annotations
 
-from ..concurrency import Released, discard_parked, sweep
-from ..concurrency import release as release_slots
+from ..concurrency import Released, discard_parked, release_slots, sweep
 from ..concurrency.ops import stale
 from ._drops import Stats, duplicates, stats
 from ._figures import ConcurrencyReport, KeyReport, Totals, concurrency, concurrency_key, iter_keys

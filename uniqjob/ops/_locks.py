@@ -7,8 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from .. import config
-from ..concurrency import Released
-from ..concurrency import release as release_slots
+from ..concurrency import Released, release_slots
 from ..errors import ConfigurationError, CorruptRecordError
 from ..locks import QUEUED, RUNNING, LockState, holder_is_dead, orphaned
 from ..stores.base import Backend

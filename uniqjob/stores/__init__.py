@@ -21,12 +21,11 @@ from collections.abc import Callable
 from importlib import import_module
 
 from ..errors import ConfigurationError
-from . import _records
 from ._machine import Machine
 from ._machine_store import MachineStore
 from ._records import LockMachine, LockMachineBackend
 from ._urls import scheme_of, shown
-from .base import Backend, Store
+from .base import Backend
 from .redis._url import REDIS_SCHEMES  # the names only: redis-py loads with a Redis URL's first store
 from .semaphores import SemaphoreStore
 
@@ -39,20 +38,12 @@ __all__ = [
     "Machine",
     "MachineStore",
     "SemaphoreStore",
-    "Store",
     "StoreFactory",
     "from_url",
     "register",
     "schemes",
     "unregister",
 ]
-
-
-def __getattr__(name: str) -> type:
-    """``Slot`` and ``SlotBackend``, the old names of :class:`LockMachine` and :class:`LockMachineBackend`."""
-    if name in _records._OLD_NAMES:
-        return getattr(_records, name)  # type: ignore[no-any-return]  # it warns
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 #: Makes a store from a URL of its scheme; a malformed URL is a ConfigurationError naming the problem.

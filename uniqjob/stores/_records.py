@@ -13,7 +13,6 @@ from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
 
-from .._moved import renamed
 from ..errors import ConfigurationError
 from ..locks import (
     QUEUED,
@@ -374,30 +373,3 @@ class LockMachineBackend(Backend):
     def read(self, key: str) -> LockState:
         with self._lock_machine(key) as m:
             return m.state()
-
-
-class _SlotBackend(LockMachineBackend):
-    """``SlotBackend``, the old name of :class:`LockMachineBackend`: its hook is ``_slot``."""
-
-    @abstractmethod
-    def _slot(self, key: str) -> AbstractContextManager[LockMachine]: ...
-
-    def _lock_machine(self, key: str) -> AbstractContextManager[LockMachine]:
-        return self._slot(key)
-
-
-_SlotBackend.__name__ = _SlotBackend.__qualname__ = "SlotBackend"
-
-#: The old names, importable for one release: the lock machine was a "slot", a word kept for concurrency.
-_OLD_NAMES: dict[str, tuple[str, type]] = {
-    "Slot": ("LockMachine", LockMachine),
-    "SlotBackend": ("LockMachineBackend (its hook: _lock_machine)", _SlotBackend),
-}
-
-
-def __getattr__(name: str) -> type:
-    if name not in _OLD_NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    new, value = _OLD_NAMES[name]
-    renamed(f"uniqjob.stores.{name}", f"uniqjob.stores.{new}")
-    return value

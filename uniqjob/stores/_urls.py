@@ -12,7 +12,7 @@ import ipaddress
 import math
 import re
 from collections.abc import Mapping
-from urllib.parse import SplitResult, unquote, unquote_plus, urlsplit
+from urllib.parse import SplitResult, unquote, unquote_plus, urlencode, urlsplit
 
 from ..errors import ConfigurationError
 
@@ -29,6 +29,7 @@ __all__ = [
     "split",
     "split_hosts",
     "whole",
+    "with_option",
 ]
 
 # user:pass@ after the scheme, and after a comma (credentials wrongly given per node of a list)
@@ -135,6 +136,15 @@ def _node(entry: str, number: int, default_port: int) -> tuple[str, int]:
     if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
         raise Invalid(f"{where}, {entry!r}: the port must be a number 1-65535")
     return host, int(port)
+
+
+def with_option(url: str, name: str, value: str) -> str:
+    """``url`` with ``name=value`` added to its query, and everything before the query kept as written.
+
+    (Not rebuilt by ``urlunsplit``, which writes ``unix:///path.sock`` as ``unix:/path.sock``.)
+    """
+    base, _, query = url.partition("?")
+    return f"{base}?" + "&".join(filter(None, [query, urlencode({name: value})]))
 
 
 def options(parts: SplitResult, allowed: Mapping[str, str]) -> dict[str, str]:

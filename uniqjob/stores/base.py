@@ -14,20 +14,17 @@ Every backend passes the shared contract suite in ``tests/test_backend_contract.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal
+from collections.abc import Iterator, Sequence
+from typing import Literal
 
-from .._moved import renamed
 from ..errors import ConfigurationError, CorruptRecordError
 from ..locks import LockState, QueueMeta, RunClaim
 from ._batches import read_each
 from ._drops import check_window
 from .semaphores import SemaphoreStore
 
-__all__ = ["Backend", "QueueMode", "SemaphoreStore", "Store"]
+__all__ = ["Backend", "QueueMode", "SemaphoreStore"]
 
 #: What taking the run lock does to the queue lock: see :meth:`Backend.start`.
 QueueMode = Literal["run", "release", "keep"]
@@ -38,12 +35,6 @@ class Backend(ABC):
 
     #: Short name used in errors and logs.
     name = "backend"
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        start = cls.__dict__.get("start")
-        if start is not None:
-            cls.start = _old_queue_keyword(cls, start)  # type: ignore[method-assign]
 
     @abstractmethod
     def claim(
@@ -111,10 +102,6 @@ class Backend(ABC):
         stepping back by more than a day could repeat one). A re-take of the
         run lock by the same token and attempt (a retry after a lost reply)
         gets the fence it already holds.
-
-        ``queue``, the old name of ``queue_lock``, is still accepted for one
-        release, with a :class:`DeprecationWarning`; so is a store whose
-        ``start`` still takes ``queue``.
 
         ``count`` and ``counted``: see :meth:`duplicates`.
         """
@@ -235,6 +222,14 @@ class Backend(ABC):
         """
         return iter(())
 
+    def namespaces(self, limit: int = 100_000) -> list[str]:
+        """The namespaces holding locks beside this store's own (Redis: on its server), sorted.
+
+        A bounded look (about ``limit`` records), for ``uniqjob locks`` to point
+        at locks it was not asked for. A store without namespaces returns ``[]``.
+        """
+        return []
+
     def semaphores(self) -> SemaphoreStore:
         """Return a new semaphore store kept beside these locks: the same place, a key space of its own.
 
@@ -252,35 +247,3 @@ class Backend(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional: most backends hold nothing
         """Release connections and files held by the backend."""
-
-
-def _old_queue_keyword(cls: type[Backend], start: Callable[..., Any]) -> Callable[..., Any]:
-    """``cls.start``, also taking ``queue=`` (``queue_lock``'s old name) from a caller, with a warning.
-
-    A ``start`` written to the old contract (a ``queue`` parameter, no
-    ``queue_lock``) is given ``queue`` in place of ``queue_lock``, and its class
-    is warned about once, when it is defined.
-    """
-    params = inspect.signature(start).parameters
-    if "queue" in params and "queue_lock" not in params:
-        renamed(f"{cls.__qualname__}.start(queue=...)", "queue_lock= (uniqjob.stores.Backend.start)")
-        new, old = "queue", "queue_lock"
-    else:
-        new, old = "queue_lock", "queue"
-
-    @functools.wraps(start)
-    def taking_old_names(self: Backend, *args: Any, **kwargs: Any) -> Any:
-        if old in kwargs:
-            if new in kwargs:
-                raise TypeError(f"{cls.__qualname__}.start() got both queue= and queue_lock=")
-            if old == "queue":
-                renamed("uniqjob.stores.Backend.start(queue=...)", "queue_lock=")
-            kwargs[new] = kwargs.pop(old)
-        return start(self, *args, **kwargs)
-
-    return taking_old_names
-
-
-#: A store: the lock contract (:class:`Backend`'s primitives), the semaphore contract (the
-#: :class:`SemaphoreStore` that :meth:`Backend.semaphores` returns), and ``close()``.
-Store = Backend

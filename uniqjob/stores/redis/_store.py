@@ -673,6 +673,25 @@ class RedisBackend(Backend):
                 if cls and total:
                     out[cls] = out.get(cls, 0) + total
 
+    def namespaces(self, limit: int = 100_000) -> list[str]:
+        """The namespaces holding locks on this server and database (this one too), sorted.
+
+        A bounded look, for ``uniqjob locks`` to say where locks are when this
+        namespace has none: SCAN stops once about ``limit`` keys were looked at.
+        """
+        pages = self._call(partial(scan_pages, self.client, "*:[{~]*:[qr]", _SCAN_PAGE))
+        found: set[str] = set()
+        for _ in range(max(0, -(-limit // _SCAN_PAGE))):
+            page = self._call(partial(next, pages, None))
+            if page is None:
+                break
+            for name in page:
+                head = name[: max(0, name.find("{"))]  # a namespace holds no '{': it ends before one
+                namespace = head.removesuffix("~").removesuffix(":")
+                if namespace and key_of(namespace + ":", name, name[-1:]) is not None:
+                    found.add(namespace)
+        return sorted(found)
+
     def _hashes(self, names: list[str]) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
         for name in names:
