@@ -96,7 +96,7 @@ def flaky(self: UniqueTask, name: str, failures: int, gated: bool = True) -> int
     return attempt
 
 
-@task_prerun.connect
+@task_prerun.connect  # type: ignore[untyped-decorator]
 def _hold_a_gated_retry(task: Any = None, args: Any = (), **_: Any) -> None:
     """A retry of a gated ``flaky`` waits at gate ``NAME:retry``, before its run lock is taken.
 

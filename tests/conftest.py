@@ -118,7 +118,7 @@ def cluster_client(cluster: Cluster, **kwargs: Any) -> RedisCluster:
 
 def sentinel_client(group: SentinelGroup, **kwargs: Any) -> redis.Redis:
     """A redis-py client of the current master of ``group``'s service, found through its Sentinels."""
-    sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]  (typed from redis-py 8)
+    sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         [("127.0.0.1", s.port) for s in group.sentinels], socket_timeout=2
     )
     client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
