@@ -340,6 +340,7 @@ def test_the_examples_run_as_a_user_who_is_not_root(
             "-p",
             "no:randomly",
             f"--rootdir={environment.tree}",
+            "--all-tiers",  # every file's examples, those of the slow tier too
             "-k",
             "test_the_examples_of_each_file_run",
             "tests/test_readme.py",
