@@ -143,6 +143,9 @@ class Cluster(_Group):
         args = (
             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0",
+            # A master pings its replicas each second (not 10): an idle replica's offset leaves 0
+            # soon, and only then do the nodes' slot maps list it (start() waits for that).
+            "--repl-ping-replica-period", "1",
             *_QUICK_SYNC,
         )  # fmt: skip
         self.servers: list[RedisServer] = [
