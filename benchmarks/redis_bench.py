@@ -14,7 +14,6 @@ from benchmarks.sampling import Op, Paired, interleaved
 from benchmarks.workload import Workload, job_class
 from uniqjob.locks import RunClaim, local_holder
 from uniqjob.stores.redis import RedisBackend
-from uniqjob.stores.redis._transport import pack
 
 __all__ = ["ACKED", "LABELS", "LAYERS", "load_locks", "run_redis", "run_replicas", "run_scale"]
 
@@ -127,8 +126,8 @@ def _empty_script(client: redis.Redis) -> tuple[Any, ...]:
     )
 
 
-def _floors(client: redis.Redis, backend: RedisBackend) -> list[tuple[str, str, Op]]:
-    """PING and the empty script through redis-py, and through the connection the backend keeps."""
+def _floors(client: redis.Redis) -> list[tuple[str, str, Op]]:
+    """PING and the empty script through redis-py: what the backend's calls go through too."""
     request = _empty_script(client)
 
     def evalsha() -> None:
@@ -138,17 +137,6 @@ def _floors(client: redis.Redis, backend: RedisBackend) -> list[tuple[str, str, 
         ("redis.ping", "Redis · PING (the floor, timed against itself)", client.ping),
         ("redis.evalsha", "Redis · EVALSHA of an empty script, a claim's keys and arguments", evalsha),
     ]
-    lanes = backend._lanes  # the short path the backend's calls take (see uniqjob/stores/redis/_transport.py)
-    if lanes is not None:
-        ping, empty = pack(["PING"]), pack(request)
-        rows += [
-            ("redis.kept.ping", "Redis · PING on the backend's kept connection", lambda: lanes.call(ping)),
-            (
-                "redis.kept.evalsha",
-                "Redis · EVALSHA of an empty script on the backend's kept connection",
-                lambda: lanes.call(empty),
-            ),
-        ]
     return rows
 
 
@@ -156,7 +144,7 @@ def run_redis(report: Report, client: redis.Redis, iterations: int, warmup: int)
     """Time uniqjob's operations and its peers', all round-robin, each alternately with PING."""
     ping = client.ping
     backend = RedisBackend(client, namespace="bench")
-    series = _floors(client, backend)
+    series = _floors(client)
     for name, op in Workload(backend).ops().items():
         series.append((f"redis.{name}", f"Redis · {LABELS[name]}", op))
     skipped: list[Row] = []

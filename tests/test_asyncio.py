@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from tests.redis_server import RedisServer
-from tests.support import StallFirst
+from tests.support import StallFirst, route
 from uniqjob import (
     BackendError,
     ConfigurationError,
@@ -361,7 +361,7 @@ def test_a_release_cancelled_before_it_was_sent_is_made_before_the_cancellation_
     async def main() -> list[str]:
         face = async_backend(backend)
         stall = StallFirst(face.call, "finish")
-        monkeypatch.setattr(face, "call", stall)
+        route(monkeypatch, face, stall, "finish")
         task = asyncio.create_task(job.arun(1))
         await stall.stalled.wait()
         assert job.is_locked(1)
@@ -387,7 +387,7 @@ def test_a_release_interrupted_by_an_anyio_cancel_scope_is_made_all_the_same(
     async def main() -> list[str]:
         face = async_backend(backend)
         stall = StallFirst(face.call, "finish", delay=0.01)
-        monkeypatch.setattr(face, "call", stall)
+        route(monkeypatch, face, stall, "finish")
         async with anyio.create_task_group() as group:
             group.start_soon(job.arun, 1)
             await stall.stalled.wait()
@@ -418,7 +418,7 @@ def test_a_late_grant_whose_confirming_renewal_is_cancelled_releases_its_locks(
                 now[0] += lock.lease  # the reply arrives past the holder's deadline
             return reply
 
-        monkeypatch.setattr(face, "call", late)
+        route(monkeypatch, face, late, "claim", "renew")
 
         async def hold() -> None:
             async with lock:
@@ -619,3 +619,14 @@ def test_an_async_generator_perform_is_refused_when_the_class_is_defined() -> No
 
     with pytest.raises(ConfigurationError, match=r"Stream\.perform is an async generator"):
         type("Stream", (UniqueJob,), {"perform": perform})
+
+
+def test_the_async_face_reads_many_keys_as_the_store_does(backend: Backend) -> None:
+    lock = JobLock(backend, "many-1")
+    assert lock.acquire()
+    face = async_backend(backend)
+    states = asyncio.run(face.read_many(["many-1", "many-2"]))
+    assert [(s.key, s.queue and s.queue.token) for s in states if not isinstance(s, Exception)] == [
+        ("many-1", lock.token),
+        ("many-2", None),
+    ]

@@ -443,11 +443,10 @@ def test_a_killed_cluster_primary_fails_the_async_call_then_its_replica_serves()
             assert await job.arun(1) == "fetched 1"
             victim = own.master_of(store._keys(key)[0])
             own.kill(victim)
-            with pytest.raises(BackendError) as caught:
-                await job.arun(1)
-            assert isinstance(caught.value.__cause__, redis.RedisError), repr(caught.value.__cause__)
-            assert "cluster [" in str(caught.value)
+            # The async client's own retries (slot map read again) may reach the promoted replica
+            # at once; else the call fails with a BackendError naming the cluster, then is served.
             errors, _took = await _until_served(partial(job.arun, 1), 30)
+            assert all("cluster [" in str(error) for error in errors)
             assert own.master_of(store._keys(key)[0]).port != victim.port  # the replica took over
             for error in errors:
                 assert isinstance(error.__cause__, redis.RedisError | redis.exceptions.RedisClusterException)

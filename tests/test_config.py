@@ -62,5 +62,26 @@ def test_bad_urls(url: str, message: str) -> None:
 
 
 def test_configure_rejects_other_objects() -> None:
-    with pytest.raises(ConfigurationError, match="expected a Backend or a URL string, got int"):
+    with pytest.raises(ConfigurationError, match="a redis-py client or a URL string, got int"):
         uniqjob.configure(42)  # type: ignore[arg-type]
+
+
+def test_configure_takes_a_redis_py_client_with_its_defaults(redis_server: RedisServer) -> None:
+    import redis
+
+    client = redis.Redis(port=redis_server.port)  # redis-py's defaults (RESP3 on redis-py 8)
+    store = uniqjob.configure(client)
+    assert isinstance(store, RedisBackend)
+    assert uniqjob.default_backend() is store
+    lock = uniqjob.JobLock(store, "configure-client")
+    assert lock.acquire()
+    assert not uniqjob.JobLock(store, "configure-client").acquire()
+    lock.release()
+    client.close()
+
+
+def test_configure_refuses_an_asyncio_client_by_name(redis_server: RedisServer) -> None:
+    import redis.asyncio
+
+    with pytest.raises(ConfigurationError, match="asyncio"):
+        uniqjob.configure(redis.asyncio.Redis.from_url(redis_server.url))  # type: ignore[arg-type]

@@ -56,11 +56,11 @@ def stalled(server: RedisServer) -> Iterator[Callable[[], None]]:
 
 
 def _client(server: RedisServer, kind: str, retry: Retry) -> redis.Redis:
-    """A client of ``kind``: "lane" (a plain pool: the backend keeps a connection per thread) or "pool"."""
+    """A client of ``kind``: "pool" (redis-py's default pool) or "blocking" (a ``BlockingConnectionPool``)."""
     options: dict[str, Any] = {"socket_timeout": TIMEOUT, "socket_connect_timeout": TIMEOUT, "retry": retry}
     # redis-py 5 retries only the errors named here; from 6 on, the Retry's own (these same two)
     options["retry_on_error"] = [redis.ConnectionError, redis.TimeoutError]
-    if kind == "lane":
+    if kind == "pool":
         return redis.Redis.from_url(server.url, **options)
     return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(server.url, **options))
 
@@ -69,7 +69,6 @@ def _backend(server: RedisServer, kind: str, retry: Retry) -> RedisBackend:
     client = _client(server, kind, retry)
     client.flushall()
     backend = RedisBackend(client, namespace="faults")
-    assert (backend._lanes is not None) == (kind == "lane")
     # Connected and every script loaded: the stall hits the call, not its setup (a NOSCRIPT reply).
     assert backend.claim("warm", "w", meta=META) is None
     backend.finish("warm", "w")
@@ -99,7 +98,7 @@ CALLS: dict[str, Callable[[RedisBackend, RunClaim], LockState | None]] = {
 }
 
 
-@pytest.mark.parametrize("kind", ["lane", "pool"])
+@pytest.mark.parametrize("kind", ["pool", "blocking"])
 @pytest.mark.parametrize("call", list(CALLS))
 @pytest.mark.slow
 def test_a_call_whose_reply_was_lost_succeeds_when_retried_with_its_token(
@@ -125,7 +124,7 @@ def test_a_call_whose_reply_was_lost_succeeds_when_retried_with_its_token(
     backend.close()
 
 
-@pytest.mark.parametrize("kind", ["lane", "pool"])
+@pytest.mark.parametrize("kind", ["pool", "blocking"])
 @pytest.mark.slow
 def test_redis_pys_own_retry_across_a_stall_finds_the_claim_it_sent(server: RedisServer, kind: str) -> None:
     # The client's retry policy resends the claim after a timeout; the server,
@@ -147,7 +146,7 @@ def test_redis_pys_own_retry_across_a_stall_finds_the_claim_it_sent(server: Redi
 
 @pytest.mark.slow
 def test_a_renew_or_finish_retried_after_a_lost_reply_is_harmless(server: RedisServer) -> None:
-    backend = _backend(server, "lane", Retry(NoBackoff(), 0))
+    backend = _backend(server, "pool", Retry(NoBackoff(), 0))
     run = RunClaim(HOLDER, 30.0, "a1")
     assert backend.claim("k", "t1", meta=META, run=run) is None
     with stalled(server), pytest.raises(BackendError):

@@ -33,21 +33,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "uniqjob"
 STORES = "stores"
 LEAVES = frozenset({"errors", "keys", "locks", "heartbeat"})
 
-#: The module cycles still allowed, each closed by an import inside a function. The Redis store's
-#: rewrite (issue 21 §1) removes them: then this list is emptied, as the test insists.
-PENDING_CYCLES: frozenset[frozenset[str]] = frozenset(
-    {
-        frozenset(
-            {
-                "uniqjob.stores.redis._clients",
-                "uniqjob.stores.redis._semaphores",
-                "uniqjob.stores.redis._store",
-                "uniqjob.stores.redis._url",
-            }
-        ),
-        frozenset({"uniqjob.stores.aio", "uniqjob.stores.redis._async"}),
-    }
-)
+#: The module cycles still allowed, each closed by an import inside a function: none since the
+#: Redis store's rewrite (issue 21 §1) removed the last two.
+PENDING_CYCLES: frozenset[frozenset[str]] = frozenset()
 
 
 @dataclass(frozen=True)

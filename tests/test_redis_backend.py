@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import socket
 import time
 from typing import Any
@@ -15,6 +16,7 @@ from uniqjob import BackendError, UniqueJob
 from uniqjob.errors import ConfigurationError, CorruptRecordError
 from uniqjob.locks import LockState, QueueMeta, RunClaim, local_holder
 from uniqjob.stores.redis import RedisBackend
+from uniqjob.stores.redis._wire import plain
 
 
 class Job(UniqueJob):
@@ -127,7 +129,7 @@ def test_outage_then_recovery(redis_server: RedisServer, redis_client: redis.Red
 @pytest.mark.parametrize("reply", [b"not json", b"\xff\xfe", b'["1", false]'])
 def test_an_unreadable_lock_state_is_a_backend_error(redis_backend: RedisBackend, reply: bytes) -> None:
     with pytest.raises(BackendError, match="unreadable lock state"):
-        redis_backend._state("k", reply)
+        redis_backend._state("k", plain(reply))  # as the wire hands every reply on
 
 
 def test_the_usual_duplicate_is_left_unread_until_used(redis_backend: RedisBackend) -> None:
@@ -154,7 +156,7 @@ def test_the_usual_duplicate_is_left_unread_until_used(redis_backend: RedisBacke
 
 
 def test_an_unread_state_that_is_unreadable_says_so_on_first_use(redis_backend: RedisBackend) -> None:
-    state = redis_backend._state("k", b"Qnot json")
+    state = redis_backend._state("k", "Qnot json")
     assert state.nothing_to_reclaim
     with pytest.raises(BackendError, match="unreadable lock state"):
         _ = state.queue
@@ -360,3 +362,40 @@ def test_a_retried_run_claim_renews_the_lease_it_finds(
     assert redis_backend.claim("k", "t", meta=QueueMeta("Job", "(1,)"), run=again) is None
     assert redis_client.pttl(run_name) > 29_000
     assert again.fence == int(redis_client.hget(run_name, "f") or 0) > 0
+
+
+# The asyncio faces: one typed coroutine per primitive, named and shaped as the sync one.
+
+_LOCK_PRIMITIVES = ("claim", "start", "attach", "requeue", "renew", "finish", "dequeue", "reclaim", "read")
+_SLOT_PRIMITIVES = (
+    "acquire", "start", "renew", "release", "requeue", "handed", "withdraw", "reap",
+    "discard_parked", "drop", "read",
+)  # fmt: skip
+
+
+def _shape(function: Any) -> tuple[list[tuple[str, Any, Any, Any]], Any]:
+    """A function's parameters (name, kind, default, annotation's text) and its return annotation."""
+    signature = inspect.signature(function)
+    params = [(p.name, p.kind, p.default, p.annotation) for p in signature.parameters.values()]
+    return params, signature.return_annotation
+
+
+@pytest.mark.parametrize(
+    ("face", "store", "primitives"),
+    [
+        ("RedisAsync", "Backend", (*_LOCK_PRIMITIVES, "read_many")),
+        ("RedisAsyncSemaphores", "SemaphoreStore", _SLOT_PRIMITIVES),
+    ],
+)
+def test_each_async_primitive_is_a_coroutine_shaped_as_the_sync_one(
+    face: str, store: str, primitives: tuple[str, ...]
+) -> None:
+    from uniqjob.stores import base, semaphores
+    from uniqjob.stores.redis import _async, _async_semaphores
+
+    async_class = getattr(_async, face, None) or getattr(_async_semaphores, face)
+    sync_class = getattr(base, store, None) or getattr(semaphores, store)
+    for name in primitives:
+        method = vars(async_class)[name]  # its own, not a bridge it inherits
+        assert inspect.iscoroutinefunction(method), name
+        assert _shape(method) == _shape(getattr(sync_class, name)), name

@@ -7,6 +7,7 @@ hash tags, a reshard, scripts flushed on every node, a client of valkey-py.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -26,7 +27,9 @@ from tests.support.topologies import Cluster, _client, _cmd
 from uniqjob import BackendError, ops
 from uniqjob.concurrency import store_for, sweep
 from uniqjob.locks import QueueMeta, RunClaim, local_holder
+from uniqjob.stores.aio import async_backend
 from uniqjob.stores.redis import RedisBackend
+from uniqjob.stores.redis._async import RedisAsync
 from uniqjob.stores.redis._client import key_of, names
 from uniqjob.stores.redis._semaphores import RedisSemaphores
 from uniqjob.stores.semaphores import SemaphoreStore
@@ -214,6 +217,28 @@ def test_scripts_flushed_on_every_node_are_loaded_again(backend: RedisBackend, c
     _take(backend, "after")
     assert backend.read("after").queue is not None
     _acquire(semaphores, "s")
+
+
+def test_read_many_reads_keys_of_every_slot_sync_and_awaited(backend: RedisBackend) -> None:
+    keys = [f"many{n}" for n in range(12)]  # their slots spread over every primary
+    for key in keys[::2]:
+        _take(backend, key)
+
+    def held(states: list[Any]) -> list[bool]:
+        return [not isinstance(s, Exception) and s.queue is not None for s in states]
+
+    expected = [n % 2 == 0 for n in range(12)]
+    assert held(backend.read_many(keys)) == expected
+    face = async_backend(backend)
+    assert isinstance(face, RedisAsync)
+
+    async def main() -> list[bool]:
+        try:
+            return held(await face.read_many(keys))  # one pipeline: each READ to its slot's primary
+        finally:
+            await face.aclose()
+
+    assert asyncio.run(main()) == expected
 
 
 def test_a_valkey_py_cluster_client_keeps_the_lock_cycle(cluster: Cluster) -> None:

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from uniqjob.locks import Holder
-from uniqjob.stores.redis import RedisBackend, _lua, _semaphore_lua, _semaphores, _store
+from uniqjob.stores.redis import RedisBackend, _lua, _semaphore_lua, _semaphore_replies, _snapshots
 from uniqjob.stores.redis._prelude import CLOCK
 from uniqjob.stores.redis._semaphores import RedisSemaphores
 
@@ -72,20 +72,18 @@ def _pooled(client: redis.Redis, **kwargs: Any) -> redis.Redis:
     return redis.Redis(connection_pool=pool)
 
 
-@pytest.mark.parametrize("path", ["kept", "pooled", "decoded"])
+@pytest.mark.parametrize("path", ["plain", "pooled", "decoded"])
 def test_the_semaphore_scripts_go_the_lock_stores_way_and_survive_a_script_flush(
     redis_client: redis.Redis, path: str
 ) -> None:
     ns = f"sem{uuid.uuid4().hex[:8]}"
     client = redis_client
-    if path != "kept":
+    if path != "plain":
         client = _pooled(redis_client, decode_responses=path == "decoded")
     backend = RedisBackend(client, namespace=ns)
     store = backend.semaphores()
     assert isinstance(store, RedisSemaphores)
-    lanes = store._scripts.lanes
-    assert (lanes is not None) == (path == "kept")
-    assert lanes is backend._lanes  # one set of kept connections per client
+    assert store.client is backend.client  # one client, its one pool
     caller = Holder("h", "n", 1, 1)
     for n in range(3):
         if n == 1:
@@ -120,7 +118,7 @@ def test_the_lock_scripts_argv_and_snapshot_are_read_by_the_names_of_one_table()
         listed = listed.partition("\n")[0] if name == "REQUEUE" else listed
         names = _names(listed.split("flags:")[0].split("Returns")[0])
         assert names == argv, name
-    store = inspect.getsource(_store)
+    store = inspect.getsource(_snapshots)
     assert ", ".join(_lua.QUEUE_FIELDS) + " = fields" in store
     assert ", ".join(_lua.RUN_FIELDS) + " = fields" in store
     assert ", ".join(_lua.SNAPSHOT) + " = _scan_json(" in store
@@ -162,12 +160,12 @@ def test_the_semaphore_scripts_replies_are_read_by_the_names_their_heads_state()
         replied = re.search(r"Returns \{(.*?)\}", re.sub(r"\n#\s*", " ", head), re.S)
         if replied is not None:
             stated[name] = _names(replied.group(1))
-    assert stated == {name: reply._fields for name, reply in _semaphores.REPLIES.items()}  # type: ignore[attr-defined]
+    assert stated == {name: reply._fields for name, reply in _semaphore_replies.REPLIES.items()}  # type: ignore[attr-defined]
     for name, fields in stated.items():  # and each script returns that many fields, wherever it returns
         body = getattr(_semaphore_lua, name)[len(_semaphore_lua.PRELUDE) :]
         returns = _tables(body, "return {")
         assert returns and {_elements(t) for t in returns} == {len(fields)}, name
     promotion = re.search(r"a promotion is \{(.*?)\}", source)
-    assert promotion is not None and _names(promotion.group(1)) == _semaphores._Promoted._fields
+    assert promotion is not None and _names(promotion.group(1)) == _semaphore_replies._Promoted._fields
     made = _tables(_semaphore_lua.PRELUDE, "promos[#promos + 1] = {")
-    assert len(made) == 2 and {_elements(t) for t in made} == {len(_semaphores._Promoted._fields)}
+    assert len(made) == 2 and {_elements(t) for t in made} == {len(_semaphore_replies._Promoted._fields)}

@@ -1,7 +1,7 @@
 """Replica acknowledgement (``replicas=N``): every grant waits for N replicas, or is undone and fails closed.
 
 Against real servers started here: a master with one replica (for both the
-kept-connection path and the pooled one), and a Redis Cluster of 3 masters
+client's default pool and a blocking one), and a Redis Cluster of 3 masters
 with a replica each. A replica is stopped (SIGSTOP) to make a grant go
 unacknowledged: ``WAIT`` then counts 0 of 1 until ``replica_timeout``.
 """
@@ -73,13 +73,13 @@ def pair() -> Iterator[Pair]:
 
 
 # (ids that are not tests/conftest.py STORES kinds: a "valkey-py" id would be deselected here)
-@pytest.fixture(params=["kept", "pooled", "valkey.Valkey"])
+@pytest.fixture(params=["plain", "blocking", "valkey.Valkey"])
 def store(request: pytest.FixtureRequest, pair: Pair) -> Iterator[RedisBackend]:
-    """A backend with ``replicas=1`` on the master: kept connections, a blocking pool, or valkey-py."""
+    """A backend with ``replicas=1`` on the master: redis-py's default pool, a blocking pool, or valkey-py."""
     pair.admin.flushall()
     pair.synced()
     client: Any
-    if request.param == "kept":
+    if request.param == "plain":
         client = redis.Redis(port=pair.master.port, socket_timeout=5)
     elif request.param == "valkey.Valkey":
         valkey = pytest.importorskip("valkey")
@@ -89,7 +89,6 @@ def store(request: pytest.FixtureRequest, pair: Pair) -> Iterator[RedisBackend]:
             connection_pool=redis.BlockingConnectionPool(port=pair.master.port, socket_timeout=5)  # type: ignore[no-untyped-call]
         )
     backend = RedisBackend(client, replicas=1, replica_timeout=TIMEOUT, namespace="acks")
-    assert (backend._lanes is not None) == (request.param == "kept")
     undos.clear()
     yield backend
     undos.clear()
@@ -196,6 +195,7 @@ def test_the_job_does_not_run_and_a_failed_undo_is_retried(store: RedisBackend, 
         admin.execute_command("ACL", "SETUSER", "default", "-evalsha")  # type: ignore[no-untyped-call]
 
     refusing = threading.Thread(target=refuse_scripts_once_waiting)
+    assert store.claim("warm", "w", meta=META) is None  # the script loaded: the claim's WAIT is its grant's
     lock = JobLock(store, "k", meta=META)
     token = lock.token
     try:
@@ -209,10 +209,12 @@ def test_the_job_does_not_run_and_a_failed_undo_is_retried(store: RedisBackend, 
                     ran.append(True)
             refusing.join()
             assert admin.hget("acks:{k}:q", "t") == token.encode()  # left, as the error says
+            # JobLock's undo of an ambiguous claim takes it from here (it cannot succeed before the
+            # scripts are allowed again, below: its first background try may come after that)
+            assert undos.pending
     finally:
         admin.execute_command("ACL", "SETUSER", "default", "+evalsha")  # type: ignore[no-untyped-call]
     assert not ran
-    assert undos.pending  # JobLock's undo of an ambiguous claim takes it from here
     wait_until(lambda: store.read("k").queue is None, "the background undo of the claim")
 
 

@@ -10,8 +10,7 @@ import pytest
 import uniqjob
 from tests.conftest import FakeClock
 from tests.test_job import RecordingQueue
-from uniqjob import ConfigurationError, JobNotUnique, Queue, UniqueJob
-from uniqjob import job as job_module
+from uniqjob import ConfigurationError, JobNotUnique, Queue, UniqueJob, _job_base
 from uniqjob.locks import QueueMeta, RunClaim, local_holder
 from uniqjob.stores.base import Backend
 from uniqjob.stores.memory import MemoryBackend
@@ -239,7 +238,7 @@ def test_reschedule_inline_waits_and_retries(use: Backend, monkeypatch: pytest.M
         if len(waits) == 3:
             holder.release()
 
-    monkeypatch.setattr(job_module, "_sleep", fake_sleep)
+    monkeypatch.setattr(_job_base, "_sleep", fake_sleep)
     assert Inline.run(1) == "ran"
     assert waits == [2, 2, 2]
 

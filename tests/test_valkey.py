@@ -1,8 +1,7 @@
 """The Redis stores on a Valkey server, through valkey-py's own client (``valkey.Valkey``).
 
-valkey-py is redis-py's fork: the same commands, but exception classes of its
-own (not redis-py's) and a connection pool the kept-connection path does not
-take. The contract suites run through it too (``valkey-py`` in
+valkey-py is redis-py's fork: the same commands and public API, but exception
+classes of its own (not redis-py's). The contract suites run through it too (``valkey-py`` in
 tests/conftest.py's STORES); these are the cases that differ: scripts the
 server lost, the client's own errors on every path, a record of the wrong kind,
 and a Valkey Cluster (3 masters, 3 replicas of valkey-server) through ``ValkeyCluster``.

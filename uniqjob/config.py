@@ -13,11 +13,17 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from . import stores
 from .errors import ConfigurationError
 from .stores.base import Backend
+
+if TYPE_CHECKING:
+    import redis
+
+    #: What :func:`configure` takes besides a Backend and a URL: a redis-py client, made into a RedisBackend.
+    RedisClient = redis.Redis | redis.RedisCluster
 
 __all__ = [
     "backend_from_url",
@@ -53,15 +59,28 @@ def backend_from_url(url: str) -> Backend:
     return stores.from_url(url)
 
 
-def resolve(target: str | Backend) -> Backend:
-    """Return ``target`` if it is a backend, else the backend of its URL (one per distinct URL)."""
+def resolve(target: str | Backend | RedisClient) -> Backend:
+    """Return ``target`` if it is a backend, a RedisBackend on it if it is a redis-py (or valkey-py)
+    client, else the backend of its URL (one per distinct URL)."""
     if type(target) in _backend_types:  # what isinstance() has said yes to: an ABC's check is slow
         return cast(Backend, target)
     if isinstance(target, Backend):
         _backend_types.add(type(target))
         return target
+    module = type(target).__module__
+    if module.partition(".")[0] in ("redis", "valkey"):
+        if ".asyncio" in module:
+            raise ConfigurationError(
+                f"{module}.{type(target).__name__} is an asyncio client: configure a sync one "
+                "(redis.Redis); the asyncio API makes its own async client from it"
+            )
+        from .stores.redis import RedisBackend  # the client's own module is loaded: so is redis-py
+
+        return RedisBackend(target)
     if not isinstance(target, str):
-        raise ConfigurationError(f"expected a Backend or a URL string, got {type(target).__name__}")
+        raise ConfigurationError(
+            f"expected a Backend, a redis-py client or a URL string, got {type(target).__name__}"
+        )
     with _mutex:
         backend = _by_url.get(target)
         if backend is None:
@@ -69,8 +88,9 @@ def resolve(target: str | Backend) -> Backend:
         return backend
 
 
-def configure(target: str | Backend | None) -> Backend | None:
-    """Set the process-wide default backend (a URL or a Backend); None goes back to the environment."""
+def configure(target: str | Backend | RedisClient | None) -> Backend | None:
+    """Set the process-wide default backend (a URL, a Backend or a redis-py client); None goes back to
+    the environment."""
     global _default, _implicit
     backend = None if target is None else resolve(target)
     with _mutex:

@@ -45,7 +45,19 @@ def holder_text(facts: Mapping[str, Any]) -> str:
         text += f", taken {_secs(facts.pop('since'))} ago"
     if "job_id" in facts:
         text += f", job id {facts.pop('job_id')}"
+    if "clears_in" in facts:
+        text += f", clears in {_clears(facts.pop('clears_in'), facts.pop('clears_by', ''))}"
+    facts.pop("clears_by", None)
     return ", ".join([text, *(f"{k}={v}" for k, v in facts.items())])
+
+
+def _clears(seconds: object, by: object) -> str:
+    """``12.3s (autoexpire)``; a lease is renewed while its holder lives, and the phrase says so."""
+    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+    text = f"{seconds:.1f}s" if number else f"{seconds}s"
+    if by == "lease":
+        return f"{text} (lease, unless its holder renews it)"
+    return f"{text} ({by})" if by else text
 
 
 def _secs(value: object) -> str:
@@ -57,7 +69,13 @@ class UniqJobError(Exception):
 
 
 class JobNotUnique(UniqJobError):
-    """The lock key is already held: the job is queued or running elsewhere."""
+    """The lock key is already held: the job is queued or running elsewhere.
+
+    ``holder`` holds the holder's facts (``LockState.describe()``); among them
+    ``clears_in``, the seconds until the locks that refused the call end as the
+    store recorded them (autoexpire and/or the run lock's lease, whichever ends
+    them, named by ``clears_by``), or None when nothing ends them but their holder.
+    """
 
     def __init__(self, key: str, holder: Mapping[str, Any] | None = None) -> None:
         self.key = key

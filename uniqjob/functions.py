@@ -33,8 +33,9 @@ import inspect
 import sys
 import types
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, Self, TypeVar, overload
 
+from . import _percall
 from ._names import did_you_mean
 from .errors import ConfigurationError
 from .job import UniqueJob
@@ -106,6 +107,15 @@ class UniqueFunction(Generic[P, R]):
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Any:
         """Take the queue lock and hand the call to the ``queue`` option's queue (none: run it now)."""
         return self.unique_job.enqueue(*self._bound, *args, **kwargs)
+
+    def using(self, **settings: Any) -> Self:
+        """This function with other settings for one call: ``send_report.using(on_conflict="raise")(42)``.
+
+        The settings are the options without ``unique_`` that a call may give
+        (``on_conflict``, ``lock_autoexpire``, ``reschedule_delay``), checked as the decorator's are.
+        """
+        where = f"{self.unique_job.job_name()}.using()"
+        return type(self)(self._function, _percall.using(self.unique_job, settings, where=where), self._bound)
 
     def lock_key(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """Return the lock key of a call with these arguments."""

@@ -7,34 +7,26 @@ builder, are in :mod:`uniqjob._plan`; what a duplicate becomes, in
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
-from . import _conflicts, _names, config, settings
+from . import _conflicts, _job_async, _job_sync, _names, _percall, config, settings
+from ._job_base import refuse_sync
 from ._plan import JobPlan, build_lock, plan_of, planned_values
-from ._steps import Steps, adrive, drive, sleep_of
 from .concurrency import _job as _concurrency
 from .concurrency._settings import ConcurrencyPolicy
 from .concurrency.semaphore import Semaphore
-from .errors import ConfigurationError, JobNotUnique
+from .errors import ConfigurationError
 from .joblock import JobLock, Strategy
 from .keys import KEY_VERSION, digest, make_key
-from .locks import QueueMeta
 from .queues import Queue
 from .settings import ConflictPolicy
+from .stores.aio import async_backend
 from .stores.base import Backend
 
 __all__ = ["ConflictPolicy", "Queue", "UniqueJob"]
-
-log = logging.getLogger(__name__)
-
-_sleep = time.sleep  # replaced by tests
-
-_NONE: dict[str, Any] = {}  # a step's keyword arguments: none
 
 
 class UniqueJob:
@@ -159,10 +151,22 @@ class UniqueJob:
         """Rebuild a job's lock from the key and token that travelled with it (worker side)."""
         return build_lock(cls, (), {}, key=key, token=token, adopt=adopt)
 
+    @classmethod
+    def using(cls, **settings: Any) -> type[Self]:
+        """This class with other settings for one call: ``Export.using(on_conflict="raise").enqueue(42)``.
+
+        ``settings`` are ``unique_*`` settings without their prefix, those the
+        calling side applies (``on_conflict``, ``lock_autoexpire``,
+        ``reschedule_delay``; see :mod:`uniqjob._percall`), checked as the
+        class's are. The class returned has this class's name, keys and queue.
+        """
+        return _percall.using(cls, settings)
+
     # -- the user's entry points -------------------------------------------------------
     #
-    # Each is written once, as steps (uniqjob._steps): the sync entry point drives them by
-    # calling the store and perform, the asyncio one (arun, aenqueue) by awaiting them.
+    # Each is one path, written once in uniqjob/_job_async.py (the asyncio entry points call it
+    # with the store's async face); the sync ones call its generated twin, uniqjob/_job_sync.py.
+    # See docs/internals.md.
 
     @classmethod
     def enqueue(cls, *args: Any, **kwargs: Any) -> Any:
@@ -172,43 +176,16 @@ class UniqueJob:
         when the call is a duplicate and the policy drops or reschedules it.
         """
         if cls._plan.asynchronous and cls.unique_queue is None:
-            _refuse_sync(cls, "enqueue")
+            refuse_sync(cls, "enqueue")
         # (lock() is not overridden when plain: straight to its body, the call not packed again)
         lock = build_lock(cls, args, kwargs) if cls._plan.plain else cls.lock(*args, **kwargs)
-        return drive(lock.backend, cls._enqueue_steps(lock, args, kwargs))
+        return _job_sync.enqueue(cls, lock, lock.backend, args, kwargs)
 
     @classmethod
     async def aenqueue(cls, *args: Any, **kwargs: Any) -> Any:
         """:meth:`enqueue`, awaited: inline, ``perform`` (async or not) runs in this event loop."""
         lock = build_lock(cls, args, kwargs) if cls._plan.plain else cls.lock(*args, **kwargs)
-        return await adrive(lock.backend, cls._enqueue_steps(lock, args, kwargs))
-
-    @classmethod
-    def _enqueue_steps(cls, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]) -> Steps[Any]:
-        queue = cls.unique_queue
-        if queue is None:
-            return (yield from cls._run_steps(lock, args, kwargs))
-        settings.check_store(cls)
-        # An until_expired lock outlives its job on purpose: its job being gone proves nothing.
-        gone = None if lock.strategy == "until_expired" else queue.job_gone
-        if cls.unique_strategy != "while_executing" and not (yield from lock.acquire_steps(gone=gone)):
-            return (yield (_conflicts.apply, (cls, lock, args, kwargs), _NONE))
-        try:
-            # Made once the lock is ours: a duplicate needs no id, and acquire() records none.
-            job_id = _concurrency.job_id(cls, queue)
-            if job_id:
-                meta = lock.meta
-                lock.meta = QueueMeta(meta.cls, meta.args, job_id)
-            if cls.concurrency_limit is None:  # no slot to take: straight to the queue
-                handle = yield (queue.push, (cls, lock, tuple(args), dict(kwargs)), _NONE)
-            else:
-                handle = yield from _concurrency.push_steps(cls, queue, lock, args, kwargs)
-        except BaseException:
-            yield from lock.dequeue_steps()
-            raise
-        if lock.meta.job_id:
-            yield from lock.attach_steps()  # the job exists now: its queue may prove it gone from here on
-        return handle
+        return await _job_async.enqueue(cls, lock, async_backend(lock.backend), args, kwargs)
 
     @classmethod
     def run(cls, *args: Any, **kwargs: Any) -> Any:
@@ -217,9 +194,9 @@ class UniqueJob:
         Returns ``perform``'s result, or None when the key is held and the policy drops the call.
         """
         if cls._plan.asynchronous:
-            _refuse_sync(cls, "run")
+            refuse_sync(cls, "run")
         lock = build_lock(cls, args, kwargs) if cls._plan.plain else cls.lock(*args, **kwargs)
-        return cls._run(lock, args, kwargs)
+        return _job_sync.run(cls, lock, lock.backend, args, kwargs)
 
     @classmethod
     async def arun(cls, *args: Any, **kwargs: Any) -> Any:
@@ -229,7 +206,7 @@ class UniqueJob:
         run lock's heartbeat renews on its own thread, whatever else the loop is doing.
         """
         lock = build_lock(cls, args, kwargs) if cls._plan.plain else cls.lock(*args, **kwargs)
-        return await adrive(lock.backend, cls._run_steps(lock, args, kwargs))
+        return await _job_async.run(cls, lock, async_backend(lock.backend), args, kwargs)
 
     @classmethod
     def execute(
@@ -251,8 +228,8 @@ class UniqueJob:
         before any concurrency slot is given up.
         """
         if cls._plan.asynchronous:
-            _refuse_sync(cls, "execute")
-        return drive(lock.backend, cls._execute_steps(lock, args, kwargs, settle))
+            refuse_sync(cls, "execute")
+        return _job_sync.execute(cls, lock, lock.backend, args, kwargs, settle=settle)
 
     @classmethod
     async def aexecute(
@@ -264,69 +241,7 @@ class UniqueJob:
         settle: Callable[[BaseException | None, Any], Any] | None = None,
     ) -> Any:
         """:meth:`execute`, awaited (an async worker's side); ``settle`` may be async."""
-        return await adrive(lock.backend, cls._execute_steps(lock, args, kwargs, settle))
-
-    @classmethod
-    def _execute_steps(
-        cls,
-        lock: JobLock,
-        args: Sequence[Any],
-        kwargs: dict[str, Any],
-        settle: Callable[[BaseException | None, Any], Any] | None = None,
-    ) -> Steps[Any]:
-        if cls.concurrency_limit is not None and not _concurrency.holding(lock):
-            # a concurrency slot first; it wraps this very call (the slot is always released after)
-            body = cls._execute_steps(lock, args, kwargs, settle)
-            return (yield from _concurrency.execute_steps(cls, lock, args, kwargs, body, settle=settle))
-        try:
-            yield from lock.start_steps()
-        except JobNotUnique:
-            run = lock.conflict.run if lock.conflict is not None else None
-            if run is not None and run.token == lock.token:
-                # This very job is running elsewhere (a broker delivered it twice): not
-                # a duplicate call to reschedule or report, just a copy to skip.
-                log.warning("%s: skipped a second delivery of %s, still running", cls.job_name(), lock.key)
-                return None
-            yield from lock.dequeue_steps()
-            return (yield (_conflicts.apply, (cls, lock, args, kwargs), _NONE))
-        except Exception as exc:  # the store failed: give back what the call holds, then say so
-            yield from _settle_failed_start_steps(lock, settle, exc)
-            raise
-        except BaseException:  # cancelled with the start sent: it may be applied
-            if _concurrency.is_inline(lock):
-                lock.undo_start()
-            raise
-        if settle is None:
-            return (yield from _perform_steps(cls, lock, args, kwargs, release=True))
-        try:
-            result = yield from _perform_steps(cls, lock, args, kwargs, release=False)
-        except BaseException as exc:
-            yield (settle, (exc, None), _NONE)
-            raise
-        yield (settle, (None, result), _NONE)
-        return result
-
-    @classmethod
-    def _run(cls, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-        return drive(lock.backend, cls._run_steps(lock, args, kwargs))
-
-    @classmethod
-    def _run_steps(cls, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]) -> Steps[Any]:
-        _concurrency.mark_inline(lock)  # a concurrency "block" waits in this process
-        while True:
-            if lock.strategy == "until_executed" and cls.concurrency_limit is None:
-                # the common case in one step: both locks at once
-                if (yield from lock.acquire_steps(run=True)):
-                    return (yield from _perform_steps(cls, lock, args, kwargs, release=True))
-                result = yield (_conflicts.apply, (cls, lock, args, kwargs), _NONE)
-            elif cls.unique_strategy != "while_executing" and not (yield from lock.acquire_steps()):
-                result = yield (_conflicts.apply, (cls, lock, args, kwargs), _NONE)
-            else:
-                result = yield from cls._execute_steps(lock, args, kwargs)
-            if result is not _conflicts.RESCHEDULED:
-                return result
-            # inline, "reschedule" waits in this process and tries again
-            yield sleep_of(cls.unique_reschedule_delay, _pause)
+        return await _job_async.execute(cls, lock, async_backend(lock.backend), args, kwargs, settle=settle)
 
     # -- hooks for queues --------------------------------------------------------------
 
@@ -402,46 +317,6 @@ class UniqueJob:
     def semaphore(cls, *args: Any, **kwargs: Any) -> Semaphore:
         """Return the concurrency semaphore a call with these arguments counts against."""
         return _concurrency.semaphore_of(cls, args, kwargs)
-
-
-def _perform_steps(
-    cls: type[UniqueJob], lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any], *, release: bool
-) -> Steps[Any]:
-    """Perform under the locks already taken (as ``with lock.running(started=True, release=...)``)."""
-    yield from lock.hold_steps(started=True, release=release)
-    try:
-        result = yield (cls.invoke, (args, kwargs), _NONE)
-    finally:
-        yield from lock.unhold_steps(release=release)
-    return result
-
-
-def _pause(seconds: float) -> None:
-    _sleep(seconds)  # looked up at each call: tests replace the module's _sleep
-
-
-def _refuse_sync(cls: type[UniqueJob], entry: str) -> None:
-    raise ConfigurationError(
-        f"{cls.__qualname__}.perform is an async function: call it through the asyncio API "
-        f"(await {cls.__qualname__}.a{entry}(...)); {entry}() would not await it"
-    )
-
-
-def _settle_failed_start_steps(
-    lock: JobLock, settle: Callable[[BaseException | None, Any], Any] | None, exc: Exception
-) -> Steps[None]:
-    """``lock.start()`` failed: drop an inline call's queued lock; settle a delivery as a failed one.
-
-    Left behind, an inline call's queued lock (no queue can prove it gone, no
-    expiry unless autoexpire) would refuse its key for good. As steps: on the
-    asyncio path the store is awaited and an async queue's ``settle`` too.
-    """
-    if _concurrency.is_inline(lock):
-        yield from _concurrency.undo_inline_steps(None, lock)
-    elif settle is not None:
-        yield (settle, (exc, None), _NONE)
-    else:
-        yield from lock.release_steps()
 
 
 def _check_perform(cls: type[UniqueJob]) -> None:

@@ -11,64 +11,21 @@ them (``job_cls.lock_from(key, token)``) and runs the job with
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from contextlib import ContextDecorator
-from contextvars import ContextVar, Token
-from typing import Any, Literal
+from contextvars import Token
+from typing import Any
 
-from ._steps import Steps, adrive, drive, twin_of
+from . import _joblock_async, _joblock_sync
+from ._joblock_base import STRATEGIES, Strategy, current
+from ._steps import Steps, twin_of
 from ._undo import undos
-from .errors import BackendError, CorruptRecordError, JobNotUnique, holder_text
-from .heartbeat import Beat, deadline, heartbeat
-from .locks import (
-    QUEUED,
-    RUNNING,
-    LockState,
-    QueueMeta,
-    RunClaim,
-    holder_is_dead,
-    local_holder,
-    new_token,
-)
-from .stores.aio import made
-from .stores.base import Backend, QueueMode
+from .heartbeat import Beat
+from .locks import LockState, QueueMeta, new_token
+from .stores.aio import async_backend
+from .stores.base import Backend
 
 __all__ = ["STRATEGIES", "JobLock", "Strategy", "current_lock"]
-
-log = logging.getLogger(__name__)
-
-Strategy = Literal[
-    "until_executed",
-    "until_executing",
-    "while_executing",
-    "until_and_while_executing",
-    "until_expired",
-]
-STRATEGIES: tuple[Strategy, ...] = (
-    "until_executed",
-    "until_executing",
-    "while_executing",
-    "until_and_while_executing",
-    "until_expired",
-)
-
-# What each strategy does when perform starts: whether it holds a run lock, and
-# what taking it does to the queue lock (see Backend.start).
-_AT_START: dict[Strategy, QueueMode | None] = {
-    "until_executed": "run",
-    "until_executing": None,  # no run lock: the queue lock is simply released
-    "while_executing": "keep",
-    "until_and_while_executing": "release",
-    "until_expired": "keep",
-}
-
-_NONE: dict[str, Any] = {}  # a step's keyword arguments: none
-
-_ATTEMPTS = 3  # a reclaimed orphan is retried; a lock that keeps changing hands is a conflict
-
-# The lock of the perform running in this thread (or task): see current_lock().
-_current: ContextVar[JobLock | None] = ContextVar("uniqjob_current_lock", default=None)
 
 
 def current_lock() -> JobLock | None:
@@ -77,7 +34,7 @@ def current_lock() -> JobLock | None:
     A job passes ``current_lock().fence`` to the resource it writes, so that
     the resource can refuse a late write of a holder that lost its lock.
     """
-    return _current.get()
+    return current.get()
 
 
 class JobLock:
@@ -191,9 +148,9 @@ class JobLock:
 
     # -- enqueue -----------------------------------------------------------------------
     #
-    # Each transition is written once, as steps (see uniqjob._steps): the sync method drives
-    # them by calling the store, the asyncio API (aacquire(), ``async with``, Job.arun()) by
-    # awaiting it.
+    # Each operation is one path, written once in uniqjob/_joblock_async.py (the asyncio API
+    # calls it with the store's async face); the sync API calls its generated twin in
+    # uniqjob/_joblock_sync.py. See docs/internals.md.
 
     def acquire(self, *, run: bool = False, gone: Callable[[str], bool] | None = None) -> bool:
         """Take the queue lock; with ``run``, the run lock too, in one step. False on conflict.
@@ -202,72 +159,11 @@ class JobLock:
         is reclaimed only if ``gone(job_id)`` (the queue) proves its job will
         never run; autoexpire is the other way out. When in doubt, never delete.
         """
-        return drive(self.backend, self.acquire_steps(run=run, gone=gone))
+        return _joblock_sync.acquire(self, self.backend, run=run, gone=gone)
 
     async def aacquire(self, *, run: bool = False, gone: Callable[[str], Any] | None = None) -> bool:
         """:meth:`acquire`, awaited (``gone`` may be async)."""
-        return await adrive(self.backend, self.acquire_steps(run=run, gone=gone))
-
-    def acquire_steps(self, *, run: bool = False, gone: Callable[[str], Any] | None = None) -> Steps[bool]:
-        """The steps of :meth:`acquire`."""
-        claim = RunClaim(local_holder(), self.lease, self._attempt) if run else None
-        # The job id is recorded by attach() once the queue holds the job: a
-        # lock naming a job its queue has not yet seen would look "gone".
-        meta = self.meta
-        if meta.job_id:
-            meta = QueueMeta(meta.cls, meta.args)  # replace(meta, job_id=""), minus its introspection
-        candidates = self.candidate_keys()
-        for candidate in candidates:
-            # Only the last candidate key's refusal is a duplicate (see Backend.duplicates), counted once.
-            count, counted = candidate == candidates[-1], None
-            for _ in range(_ATTEMPTS):
-                self._granted_at = heartbeat.clock()
-                try:
-                    state = yield (
-                        "claim",
-                        (candidate, self.token),
-                        {"meta": meta, "ttl": self.ttl, "run": claim, "count": count, "counted": counted},
-                    )
-                except CorruptRecordError:
-                    raise  # the store answered: nothing was applied
-                except BaseException:  # the store failed, or the caller was cancelled: it may be applied
-                    self._undo_claim(candidate)
-                    raise
-                if state is None:
-                    self.key, self.conflict, self._key_fixed = candidate, None, True
-                    if claim is not None:
-                        self.fence = claim.fence
-                    return True
-                self.conflict = state
-                if state.nothing_to_reclaim and not undos.pending:
-                    break  # the usual duplicate: queued, nothing running, no job a queue could prove gone
-                if not (
-                    (yield from self._reclaim_ours(state))
-                    or (yield from self._reclaim_dead(state))
-                    or (yield from self._reclaim_gone(state, gone))
-                ):
-                    break
-                counted = self._counted(state, count, counted)
-        return False
-
-    def _counted(self, refused: LockState, count: bool, counted: float | None) -> float | None:
-        """When the store counted this call's refusal ``refused`` as a duplicate, for a retry to take back."""
-        if not count or counted is not None:
-            return counted
-        run = refused.run
-        if not self.meta.cls or (run is not None and run.token == self.token):
-            return None  # not counted: no class, or a second delivery of this job
-        return refused.now
-
-    def _undo_claim(self, key: str) -> None:
-        """A claim failed but may have been applied: undo it, token-checked, once the store answers.
-
-        The lock then draws a new token, so nothing it takes later carries
-        the one being undone.
-        """
-        backend, token = self.backend, self.token
-        undos.add(lambda: backend.reclaim(key, token, token), f"the lock {key!r} of token {token}", (token,))
-        self.token = new_token()
+        return await _joblock_async.acquire(self, async_backend(self.backend), run=run, gone=gone)
 
     def undo_start(self) -> None:
         """A start of this call's own (inline: ``run``, ``with``) failed or was cancelled with its request
@@ -281,48 +177,6 @@ class JobLock:
         what = f"the locks {keys[0]!r} of token {token}"
         undos.add(lambda: any([backend.reclaim(key, token, token) for key in keys]), what, (token,))
 
-    def _reclaim_ours(self, state: LockState) -> Steps[bool]:
-        """Remove a lock left by one of this process's own failed steps (see uniqjob._undo); True if any."""
-        queue, run = state.queue, state.run
-        queue_token = queue.token if queue is not None and undos.owns(queue.token) else None
-        run_token = run.token if run is not None and undos.owns(run.token) else None
-        if queue_token is None and run_token is None:
-            return False
-        return bool((yield ("reclaim", (state.key, queue_token, run_token), _NONE)))
-
-    def _reclaim_gone(self, state: LockState, gone: Callable[[str], Any] | None) -> Steps[bool]:
-        queue = state.queue
-        if gone is None or queue is None or queue.state != QUEUED or not queue.meta.job_id:
-            return False
-        if not (yield (gone, (queue.meta.job_id,), _NONE)):
-            return False
-        log.warning("reclaiming lock %s: its job %s is gone from the queue", state.key, queue.meta.job_id)
-        if not (yield ("dequeue", (state.key, queue.token), _NONE)):
-            return False
-        self.gone_tokens.append(queue.token)
-        return True
-
-    def _reclaim_dead(self, state: LockState) -> Steps[bool]:
-        """Reclaim the locks of a holder that is provably dead; True if worth retrying."""
-        queue, run = state.queue, state.run
-        if run is not None:
-            if not holder_is_dead(run.holder):
-                return False
-            # The queue lock goes with a dead holder only if it says "running";
-            # a queued lock belongs to a job still waiting in its queue.
-            queue_token = queue.token if queue is not None and queue.state == RUNNING else None
-            run_token: str | None = run.token
-        elif queue is not None and queue.state == RUNNING:
-            queue_token, run_token = queue.token, None  # its lease lapsed a moment ago
-        else:
-            return False
-        why = "its holder is dead" if run is not None else "its run lock's lease lapsed"
-        log.warning(
-            "reclaiming orphaned lock %s: %s (it was %s)", state.key, why, holder_text(state.describe())
-        )
-        yield ("reclaim", (state.key, queue_token, run_token), _NONE)
-        return True
-
     # -- perform -----------------------------------------------------------------------
 
     def start(self) -> None:
@@ -330,47 +184,7 @@ class JobLock:
 
         ``until_executing`` holds nothing: its queue lock is released here.
         """
-        drive(self.backend, self.start_steps())
-
-    def start_steps(self) -> Steps[None]:
-        """The steps of :meth:`start`."""
-        mode = _AT_START[self.strategy]
-        if mode is None:
-            yield ("dequeue", (self.key, None if self.adopt else self.token), _NONE)
-            return
-        claim = RunClaim(local_holder(), self.lease, self._attempt)
-        candidates = self.candidate_keys()
-        for candidate in candidates:
-            count, counted = candidate == candidates[-1], None
-            for _ in range(_ATTEMPTS):
-                self._granted_at = heartbeat.clock()
-                # A start that fails is not undone here: the token is its job's, and a second
-                # delivery may re-take the run lock with it. If it was applied, the lease lapses
-                # and its queue lock is then an orphan; the job layer drops an inline call's
-                # queued lock.
-                state = yield (
-                    "start",
-                    (candidate, self.token),
-                    {
-                        "run": claim,
-                        "meta": self.meta,
-                        "ttl": self.ttl,
-                        "adopt": self.adopt,
-                        "queue_lock": mode,
-                        "count": count,
-                        "counted": counted,
-                    },
-                )
-                if state is None:
-                    self.key, self.conflict, self._key_fixed = candidate, None, True
-                    self.fence = claim.fence
-                    return
-                self.conflict = state
-                if not (yield from self._reclaim_dead(state)):
-                    break
-                counted = self._counted(state, count, counted)
-        assert self.conflict is not None
-        raise JobNotUnique(self.key, self.conflict.describe())
+        _joblock_sync.start(self, self.backend)
 
     def running(self, *, started: bool = False, release: bool = True) -> _Running:
         """Hold the strategy's locks for the body, the run lock renewed by the heartbeat; release after.
@@ -383,71 +197,6 @@ class JobLock:
         """
         return _Running(self, started, release)
 
-    def hold_steps(self, *, started: bool = False, release: bool = True) -> Steps[None]:
-        """The steps that begin :meth:`running`: start, and the heartbeat; ``unhold_steps`` end it."""
-        if not started:
-            yield from self.start_steps()
-        if _AT_START[self.strategy] is None:
-            return
-        backend, key, token, lease = self.backend, self.key, self.token, self.lease
-        attempt = self._attempt  # a second delivery of this job (same token) is another attempt's
-
-        def renew() -> bool:
-            return backend.renew(key, token, lease, attempt)
-
-        granted = self._granted_at
-        if granted is not None and heartbeat.clock() >= deadline(granted, lease):
-            yield from self._confirm(release)
-        # The heartbeat renews through the sync backend on its own threads, for async holders
-        # too: an event loop kept busy by other tasks cannot starve it.
-        self._beat = heartbeat.start(
-            renew,
-            lease / 3,
-            key,
-            lease=lease,
-            confirmed=self._granted_at,
-            on_lost=self._lost,
-            group=backend,
-        )
-        self._outer = _current.set(self)
-
-    def unhold_steps(self, *, release: bool = True) -> Steps[None]:
-        """The steps that end :meth:`running`: the heartbeat stops and (with ``release``) the locks go."""
-        outer, self._outer = self._outer, None
-        if outer is not None:
-            _current.reset(outer)
-        if self._beat is not None:
-            self._beat.cancel()
-        if release:
-            yield from self.release_steps()
-
-    def _confirm(self, release: bool) -> Steps[None]:
-        """The grant's reply came too late to count on its lease: renew once before perform, or give up.
-
-        (A claim sent just before a stall is granted when the store wakes, and
-        its reply may arrive after the holder's own deadline.) If the renewal
-        is not confirmed, the locks go (unless the caller settles them) and
-        :class:`BackendError` says why: perform does not start.
-        """
-        sent = heartbeat.clock()
-        try:
-            mine = yield ("renew", (self.key, self.token, self.lease, self._attempt), _NONE)
-        except GeneratorExit:
-            raise
-        except BaseException:  # the store failed, or the caller was cancelled: perform does not start
-            if release:
-                yield from self.release_steps()
-            raise
-        if not mine:
-            if release:
-                yield from self.release_steps()
-            raise BackendError(
-                f"the lock {self.key!r} was granted too late to rely on and was gone when renewed; "
-                "the job did not run",
-                self.backend.name,
-            )
-        self._granted_at = sent
-
     def _lost(self) -> None:
         on_lost = self.on_lost
         if on_lost is not None:
@@ -455,43 +204,22 @@ class JobLock:
 
     # -- as a context manager: ``with Job.lock(...)`` / ``async with Job.lock(...)`` -----------
 
-    def enter_steps(self) -> Steps[JobLock]:
-        """Take what the strategy holds while its job runs, as ``Job.run()`` does; JobNotUnique if held."""
-        if self.strategy == "until_executed":
-            if not (yield from self.acquire_steps(run=True)):
-                assert self.conflict is not None
-                raise JobNotUnique(self.key, self.conflict.describe())
-            yield from self.hold_steps(started=True)
-            return self
-        if self.strategy != "while_executing" and not (yield from self.acquire_steps()):
-            assert self.conflict is not None
-            raise JobNotUnique(self.key, self.conflict.describe())
-        try:
-            yield from self.start_steps()
-        except JobNotUnique:
-            yield ("dequeue", (self.key, self.token), _NONE)
-            raise
-        except GeneratorExit:
-            raise
-        except BaseException:  # the start failed or was cancelled with its request sent: it may be applied
-            self.undo_start()
-            raise
-        yield from self.hold_steps(started=True)  # (a late grant it cannot confirm releases the locks)
-        return self
-
     def __enter__(self) -> JobLock:
-        """Hold this call's locks for the ``with`` body (see :meth:`enter_steps`); released after."""
-        return drive(self.backend, self.enter_steps())
+        """Hold this call's locks for the ``with`` body, as ``Job.run()`` does; JobNotUnique if held.
+
+        Released after the body.
+        """
+        return _joblock_sync.enter(self, self.backend)
 
     def __exit__(self, *exc_info: object) -> None:
-        drive(self.backend, self.unhold_steps())
+        _joblock_sync.unhold(self, self.backend)
 
     async def __aenter__(self) -> JobLock:
         """:meth:`__enter__`, awaited: ``async with Job.lock(...) as lock:``."""
-        return await adrive(self.backend, self.enter_steps())
+        return await _joblock_async.enter(self, async_backend(self.backend))
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await adrive(self.backend, self.unhold_steps())
+        await _joblock_async.unhold(self, async_backend(self.backend))
 
     # -- after perform -------------------------------------------------------------------
 
@@ -507,40 +235,11 @@ class JobLock:
         once, before the cancellation goes on, which then waits for the store (at
         most its socket timeout).
         """
-        drive(self.backend, self.release_steps())
+        _joblock_sync.release(self, self.backend)
 
     async def arelease(self) -> None:
         """:meth:`release`, awaited."""
-        await adrive(self.backend, self.release_steps())
-
-    def release_steps(self) -> Steps[None]:
-        """The steps of :meth:`release`."""
-        key, token, keep, attempt = self.key, self.token, self.strategy == "until_expired", self._attempt
-        try:
-            yield ("finish", (key, token), {"keep_queue": keep, "attempt": attempt})
-        except Exception as exc:  # whatever the client raised: see release()
-            self._unreleased(exc)
-        except GeneratorExit:
-            raise
-        except BaseException:
-            # Cancelled (asyncio) or interrupted while the release was under way: it may not
-            # have been sent, and then its locks would refuse the key for a whole lease. So it
-            # is made to its end before the cancellation goes on, however often the task is
-            # cancelled meanwhile; made twice, it changes nothing more (token- and
-            # attempt-checked: a live delivery of the same job is left alone).
-            backend = self.backend
-            try:
-                yield twin_of(
-                    backend.finish, made(backend, "finish"), key, token, keep_queue=keep, attempt=attempt
-                )
-            except Exception as exc:
-                self._unreleased(exc)
-            raise
-
-    def _unreleased(self, exc: Exception) -> None:
-        # A running lock lapses with its lease; a queued one (while_executing never
-        # has one) needs its queue or autoexpire, as any queued lock does.
-        log.error("could not release %s (%s); its run lock lapses one lease from now", self.key, exc)
+        await _joblock_async.release(self, async_backend(self.backend))
 
     def requeue(self, *, delay: float = 0.0) -> bool:
         """Keep the key for a job that will run again (a retry); False if it is no longer ours.
@@ -550,44 +249,27 @@ class JobLock:
         conflict while the retry waits; its autoexpire counts afresh from now
         plus ``delay`` (the wait before the retry).
         """
-        return drive(self.backend, self.requeue_steps(delay=delay))
+        return _joblock_sync.requeue(self, self.backend, delay=delay)
 
     async def arequeue(self, *, delay: float = 0.0) -> bool:
         """:meth:`requeue`, awaited."""
-        return await adrive(self.backend, self.requeue_steps(delay=delay))
-
-    def requeue_steps(self, *, delay: float = 0.0) -> Steps[bool]:
-        """The steps of :meth:`requeue`."""
-        if self._beat is not None:
-            self._beat.cancel()
-        if self.strategy in ("while_executing", "until_expired"):
-            # nothing to hold while waiting / a queue lock that perform never touches
-            yield ("finish", (self.key, self.token), {"keep_queue": True, "attempt": self._attempt})
-            return True
-        ttl = None if self.ttl is None else self.ttl + delay
-        kwargs = {"meta": self.meta, "ttl": ttl, "attempt": self._attempt}
-        if (yield ("requeue", (self.key, self.token), kwargs)):
-            return True
-        log.warning("%s was taken by another enqueue while its job waited for a retry", self.key)
-        return False
+        return await _joblock_async.requeue(self, async_backend(self.backend), delay=delay)
 
     def attach(self) -> bool:
         """Record ``meta.job_id`` in the queue lock, once the queue holds the job; False if not ours."""
-        return drive(self.backend, self.attach_steps())
+        return _joblock_sync.attach(self, self.backend)
 
-    def attach_steps(self) -> Steps[bool]:
-        """The steps of :meth:`attach`."""
-        if not self.meta.job_id:
-            return False
-        return bool((yield ("attach", (self.key, self.token, self.meta.job_id), _NONE)))
+    async def aattach(self) -> bool:
+        """:meth:`attach`, awaited."""
+        return await _joblock_async.attach(self, async_backend(self.backend))
 
     def dequeue(self) -> bool:
         """Drop the queue lock while it is still queued and ours (its job left the queue)."""
-        return self.backend.dequeue(self.key, self.token)
+        return _joblock_sync.dequeue(self, self.backend)
 
-    def dequeue_steps(self) -> Steps[bool]:
-        """The steps of :meth:`dequeue`."""
-        return bool((yield ("dequeue", (self.key, self.token), _NONE)))
+    async def adequeue(self) -> bool:
+        """:meth:`dequeue`, awaited."""
+        return await _joblock_async.dequeue(self, async_backend(self.backend))
 
     def held(self, *, run_conflicts: bool = False) -> bool:
         """Would a claim of this key conflict now? Orphans don't count; every one of its keys must be held.
@@ -595,22 +277,31 @@ class JobLock:
         ``run_conflicts``: a live run lock alone conflicts too (a claim that runs
         at once, as an inline enqueue does).
         """
-        return drive(self.backend, self.held_steps(run_conflicts=run_conflicts))
+        return _joblock_sync.held(self, self.backend, run_conflicts=run_conflicts)
 
     async def aheld(self, *, run_conflicts: bool = False) -> bool:
         """:meth:`held`, awaited."""
-        return await adrive(self.backend, self.held_steps(run_conflicts=run_conflicts))
+        return await _joblock_async.held(self, async_backend(self.backend), run_conflicts=run_conflicts)
 
-    def held_steps(self, *, run_conflicts: bool = False) -> Steps[bool]:
-        """The steps of :meth:`held`."""
-        for candidate in self.candidate_keys():
-            if not _held((yield ("read", (candidate,), _NONE)), run_conflicts):
-                return False
-        return True
+    # -- steps for uniqjob.concurrency, which composes uniqjob._steps until it has twins of its own
+    # (temporary: each is one step, the sync method called or the async one awaited)
+
+    def release_steps(self) -> Steps[None]:
+        """:meth:`release` as a step of :mod:`uniqjob._steps`."""
+        yield twin_of(self.release, self.arelease)
+
+    def attach_steps(self) -> Steps[bool]:
+        """:meth:`attach` as a step of :mod:`uniqjob._steps`."""
+        return bool((yield twin_of(self.attach, self.aattach)))
+
+    def dequeue_steps(self) -> Steps[bool]:
+        """:meth:`dequeue` as a step of :mod:`uniqjob._steps`."""
+        return bool((yield twin_of(self.dequeue, self.adequeue)))
 
 
 class _Running(ContextDecorator):
-    """What :meth:`JobLock.running` returns: ``hold_steps`` driven on entry, ``unhold_steps`` on exit.
+    """What :meth:`JobLock.running` returns: the locks held and the heartbeat started on entry,
+    stopped (and released) on exit.
 
     (A class rather than ``@contextmanager``: a full cycle enters one, and a
     generator's context manager costs three more calls and a generator.)
@@ -623,19 +314,9 @@ class _Running(ContextDecorator):
 
     def __enter__(self) -> JobLock:
         lock = self.lock
-        drive(lock.backend, lock.hold_steps(started=self.started, release=self.release))
+        _joblock_sync.hold(lock, lock.backend, started=self.started, releasing=self.release)
         return lock
 
     def __exit__(self, *exc_info: object) -> None:
         lock = self.lock
-        drive(lock.backend, lock.unhold_steps(release=self.release))
-
-
-def _held(state: LockState, run_conflicts: bool) -> bool:
-    queue, run = state.queue, state.run
-    run_alive = run is not None and not holder_is_dead(run.holder)
-    if queue is not None and queue.state == QUEUED:
-        return True
-    if queue is not None:
-        return run_alive
-    return run_conflicts and run_alive
+        _joblock_sync.unhold(lock, lock.backend, releasing=self.release)

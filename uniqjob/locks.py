@@ -129,6 +129,9 @@ class RunRecord:
     fence: int = 0  # the fence issued when this run lock was granted; 0 if the store kept none
 
 
+#: What a refused call asked for (see :attr:`LockState.refused`).
+Refused = Literal["", "queue", "both", "run"]
+
 #: What an unread LockState is read with: its queue lock, run lock and clock.
 Parts = tuple[QueueRecord | None, RunRecord | None, float]
 
@@ -142,10 +145,14 @@ class LockState:
     docs/performance.md).
     """
 
-    __slots__ = ("_nothing_to_reclaim", "_now", "_queue", "_read", "_run", "key")
+    __slots__ = ("_nothing_to_reclaim", "_now", "_queue", "_read", "_run", "key", "refused")
 
     def __init__(self, key: str, queue: QueueRecord | None, run: RunRecord | None, now: float) -> None:
         self.key = key
+        #: What the call this state refused asked for, set by the JobLock it refused: "queue" (an
+        #: enqueue's queue lock), "both" (an inline run's queue and run locks) or "run" (a start);
+        #: "" when not known. It tells which of the locks must end for that call (:meth:`clears`).
+        self.refused: Refused = ""
         self._queue = queue
         self._run = run
         self._now = now  # the store's clock when the snapshot was taken
@@ -160,6 +167,7 @@ class LockState:
         """
         state = cls.__new__(cls)
         state.key = key
+        state.refused = ""
         state._read = read
         state._nothing_to_reclaim = nothing_to_reclaim
         return state
@@ -227,7 +235,37 @@ class LockState:
             facts["host"] = self.run.holder.host
             facts["pid"] = self.run.holder.pid
             facts["running_for"] = round(self.now - self.run.started, 3)
+        if self.refused:
+            facts["clears_in"], by = self.clears()
+            if by:
+                facts["clears_by"] = by
         return facts
+
+    def clears(self) -> tuple[float | None, str]:
+        """Seconds until the locks that refused the call end as the store recorded them, and what ends them.
+
+        What ends them is ``"autoexpire"`` (the queue lock's ``unique_lock_autoexpire``)
+        or ``"lease"`` (the run lock's lease, which its live holder renews: the
+        lease ends it only if the holder stops). A queue lock ``running`` ends
+        with its run lock's lease too (it is then an orphan). Seconds are the
+        store's (its clock, the TTLs it holds), as of this snapshot; ``(None, "")``
+        when nothing ends them but their holder (a queued lock without autoexpire).
+        """
+        queue, run, _ = self._parts()
+        wanted = self.refused
+        ends: list[tuple[float | None, str]] = []
+        if queue is not None and wanted in ("queue", "both"):
+            end: tuple[float | None, str] = (queue.ttl, "autoexpire" if queue.ttl is not None else "")
+            lapses = queue.state == RUNNING and run is not None and run.token == queue.token
+            if lapses and run is not None and (end[0] is None or run.lease_left < end[0]):
+                end = (run.lease_left, "lease")
+            ends.append(end)
+        if run is not None and wanted in ("run", "both"):
+            ends.append((run.lease_left, "lease"))
+        if not ends or any(seconds is None for seconds, _ in ends):
+            return None, ""
+        seconds, by = max(ends, key=lambda end: end[0] or 0.0)
+        return round(max(seconds or 0.0, 0.0), 3), by
 
 
 def _read(path: str) -> str:

@@ -161,6 +161,8 @@ _store_checked: set[type] = set()  # classes whose store check_store() has looke
 
 def check_store(cls: type[UniqueJob]) -> None:
     """At a class's first enqueue onto a queue: warn if its locks are in the per-host store nobody chose."""
+    # a class with settings for one call (Job.using()) is its class here: warned about once
+    cls = vars(cls).get("_percall_origin", cls)
     if cls in _store_checked:
         return
     _store_checked.add(cls)

@@ -13,7 +13,7 @@ import pytest
 
 from tests.redis_server import RedisServer
 
-__all__ = ["StallFirst", "module_redis_server", "sigstop"]
+__all__ = ["StallFirst", "module_redis_server", "route", "sigstop"]
 
 
 @pytest.fixture(scope="module", name="server")
@@ -64,3 +64,14 @@ class StallFirst:
             await asyncio.sleep(self.delay)
         self.sent.append(name)
         return await self.real(name, args, kwargs)
+
+
+def route(monkeypatch: pytest.MonkeyPatch, face: Any, through: Face, *names: str) -> None:
+    """Make the typed primitives ``names`` of a store's async face (``face.finish(...)``) go through
+    ``through(name, args, kwargs)``, a test's stand-in such as a :class:`StallFirst` of ``face.call``."""
+    for name in names:
+
+        async def primitive(*args: Any, _name: str = name, **kwargs: Any) -> Any:
+            return await through(_name, args, kwargs)
+
+        monkeypatch.setattr(face, name, primitive)

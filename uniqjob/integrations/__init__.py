@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Any, Final, Literal
 
-from .._steps import Steps, adrive, drive
-from ..concurrency import _job as _concurrency
-from ..errors import BackendError, ConfigurationError
+from .. import _job_async, _job_sync
+from ..errors import ConfigurationError
 from ..job import UniqueJob
 from ..joblock import JobLock
+from ..stores.aio import async_backend
 
 __all__ = [
     "HEADER",
@@ -39,7 +39,6 @@ __all__ = [
     "perform",
     "resolve_job",
     "settle",
-    "settle_steps",
 ]
 
 log = logging.getLogger(__name__)
@@ -145,7 +144,7 @@ async def aperform(
     """:func:`perform`, awaited (an async worker's side: arq)."""
 
     def settle_async(exc: BaseException | None, result: Any) -> Awaitable[None]:
-        return adrive(lock.backend, settle_steps(lock, decide(exc, result)))
+        return _job_async.settle(lock, async_backend(lock.backend), decide(exc, result))
 
     return await job_cls.aexecute(lock, args, kwargs, settle=settle_async)
 
@@ -157,22 +156,4 @@ def settle(lock: JobLock, decision: Decision) -> None:
     kept, reserved, for the retry (whose token is the same). Call this before
     the retry is sent, so that the retry never finds either still running.
     """
-    drive(lock.backend, settle_steps(lock, decision))
-
-
-def settle_steps(lock: JobLock, decision: Decision) -> Steps[None]:
-    """The steps of :func:`settle`."""
-    if decision == KEEP:
-        return
-    if decision is None:
-        yield from lock.release_steps()  # logs its own store failures
-        yield from _concurrency.settle_slot_steps(lock, None)
-        return
-    delay = float(decision)
-    try:
-        yield from lock.requeue_steps(delay=delay)
-    except BackendError:
-        # Raising here would hide the job's own outcome; the lock lapses as an orphan instead.
-        log.error("could not keep %s for its retry", lock.key, exc_info=True)
-    # The retry comes whatever became of the lock: it runs in this slot.
-    yield from _concurrency.settle_slot_steps(lock, delay)
+    _job_sync.settle(lock, lock.backend, decision)

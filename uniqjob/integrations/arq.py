@@ -55,12 +55,13 @@ except ModuleNotFoundError as exc:  # the optional extra (beside celery: see doc
         name=exc.name,
     ) from exc
 
+from .. import _percall
 from ..errors import BackendError, ConfigurationError
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
 from . import HEADER, Decision, Ticket, aperform, job_ref, resolve_job
 
-__all__ = ["AGAIN", "FUNCTIONS", "RUN", "ArqQueue", "enqueue_again", "run_job"]
+__all__ = ["AGAIN", "FUNCTIONS", "RUN", "ArqQueue", "enqueue_again", "enqueue_call", "run_job"]
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +183,26 @@ async def run_job(ctx: dict[str, Any], data: Any, args: Sequence[Any], kwargs: d
     lock = job_cls.lock_from(ticket.key, ticket.token)
     lock.meta = replace(lock.meta, job_id=job_id)
     return await aperform(job_cls, lock, list(args), dict(kwargs), decide)
+
+
+async def enqueue_call(
+    job_cls: type[UniqueJob],
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    **settings: Any,
+) -> Any:
+    """``await job_cls.aenqueue(*args, **kwargs)`` with uniqjob settings for this call.
+
+    ``settings`` are given as Celery's ``apply_async`` and RQ's ``enqueue_call`` take
+    them: ``unique_on_conflict``, ``unique_lock_autoexpire``, ``unique_reschedule_delay``
+    (``job_cls.using(...)``'s, with the prefix); any other is a ConfigurationError
+    naming it. The job's own arguments are ``args`` and ``kwargs``.
+    """
+    queue = job_cls.unique_queue
+    if not isinstance(queue, ArqQueue):
+        raise ConfigurationError(f"{job_cls.job_name()}.unique_queue is {queue!r}, not an ArqQueue")
+    job = _percall.using(job_cls, settings, prefix="unique_", where="enqueue_call()")
+    return await job.aenqueue(*args, **dict(kwargs or {}))
 
 
 async def enqueue_again(

@@ -55,6 +55,7 @@ except ModuleNotFoundError as exc:  # the optional extra
         name=exc.name,
     ) from exc
 
+from .. import _percall
 from ..concurrency import _job as _concurrency
 from ..errors import ConfigurationError
 from ..functions import _CALLABLES
@@ -139,7 +140,7 @@ class CeleryQueue(Queue):
     def _call(self) -> _Call | None:
         """The ``apply_async`` of this task being enqueued in this context, if any."""
         call = _pending.get()
-        return call if call is not None and call.job is self.task_cls.unique_job else None
+        return call if call is not None and _percall.origin(call.job) is self.task_cls.unique_job else None
 
     def new_job_id(self) -> str:
         """The Celery task id the message will have (the caller's ``task_id``, if it gave one)."""
@@ -207,16 +208,25 @@ class UniqueTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         task_id: str | None = None,
         **options: Any,
     ) -> Any:
-        """Take the queue lock, then publish the task; None for a duplicate the policy drops."""
+        """Take the queue lock, then publish the task; None for a duplicate the policy drops.
+
+        ``unique_*`` options are uniqjob settings for this call (``unique_on_conflict``,
+        ``unique_lock_autoexpire``, ``unique_reschedule_delay``; see
+        :meth:`UniqueJob.using <uniqjob.job.UniqueJob.using>`), checked, applied, and not
+        handed to Celery; any other ``unique_*`` option is a ConfigurationError naming it.
+        """
         args = tuple(args or ())
         kwargs = dict(kwargs or {})
+        job = _percall.using(
+            self.unique_job, _pop_settings(options), prefix="unique_", where=f"{self.name}.apply_async()"
+        )
         headers = options.get("headers") or {}
         if HEADER in headers:  # a message that already holds its lock: self.retry()
             return self._resend(args, kwargs, task_id, options)
-        call = _Call(self.unique_job, task_id or str(uuid.uuid4()), options, _delay(options))
+        call = _Call(job, task_id or str(uuid.uuid4()), options, _delay(options))
         reset = _pending.set(call)
         try:
-            return self.unique_job.enqueue(*args, **kwargs)
+            return job.enqueue(*args, **kwargs)
         finally:
             _pending.reset(reset)
 
@@ -265,6 +275,11 @@ class UniqueTask(Task):  # type: ignore[misc]  # celery ships no type informatio
     def is_locked(self, *args: Any, **kwargs: Any) -> bool:
         """True when ``delay(*args, **kwargs)`` would conflict now."""
         return self.unique_job.is_locked(*args, **kwargs)
+
+
+def _pop_settings(options: dict[str, Any]) -> dict[str, Any]:
+    """Take the ``unique_*`` options (uniqjob settings for one call) out of ``apply_async``'s options."""
+    return {name: options.pop(name) for name in [n for n in options if n.startswith("unique_")]}
 
 
 _TASK_RUN = inspect.getattr_static(Task, "run")

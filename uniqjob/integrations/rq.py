@@ -47,6 +47,7 @@ except ModuleNotFoundError as exc:  # the optional extra
         f"uniqjob.integrations.rq needs rq ({exc.name} is missing): pip install 'uniqjob[rq]'", name=exc.name
     ) from exc
 
+from .. import _percall
 from ..errors import ConfigurationError
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
@@ -251,7 +252,10 @@ def enqueue_call(
 
     ``options`` are those of :class:`RQQueue` (:data:`OPTIONS`: ``timeout``,
     ``at_front``, ``retry``, ...) plus ``job_id``, and override the queue's
-    for this job only; the job's own arguments are ``args`` and ``kwargs``,
+    for this job only; ``unique_*`` ones are uniqjob settings for this call
+    (``unique_on_conflict``, ``unique_lock_autoexpire``, ``unique_reschedule_delay``,
+    as ``job_cls.using(...)`` takes them without the prefix; any other
+    ``unique_*`` is a ConfigurationError). The job's own arguments are ``args`` and ``kwargs``,
     so a job may well have a parameter named ``timeout``. A call that parks
     behind a concurrency limit is pushed, when its turn comes, with the
     queue's options.
@@ -259,6 +263,8 @@ def enqueue_call(
     queue = job_cls.unique_queue
     if not isinstance(queue, RQQueue):
         raise ConfigurationError(f"{job_cls.job_name()}.unique_queue is {queue!r}, not an RQQueue")
+    settings = {name: options.pop(name) for name in [n for n in options if n.startswith("unique_")]}
+    job_cls = _percall.using(job_cls, settings, prefix="unique_", where="enqueue_call()")
     _check_options(options, CALL_OPTIONS, "enqueue_call")
     kwargs = dict(kwargs or {})
     reset = _calls.set(_Call(job_cls, tuple(args), kwargs, options))

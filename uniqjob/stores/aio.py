@@ -18,9 +18,9 @@ heartbeat's own threads: a busy event loop cannot starve them.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
+from ._async_base import AsyncBackend, completed, in_thread
 from .base import Backend
 
 __all__ = [
@@ -30,84 +30,88 @@ __all__ = [
     "async_backend",
     "completed",
     "in_thread",
-    "made",
     "register",
 ]
 
-T = TypeVar("T")
-
-
-class AsyncBackend:
-    """Awaits the primitives of ``sync`` (see :class:`~uniqjob.stores.base.Backend` for each)."""
-
-    def __init__(self, sync: Backend) -> None:
-        #: The sync backend this one acts on: the same store and records.
-        self.sync = sync
-
-    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Await primitive ``name`` of the contract with these arguments; its answer."""
-        raise NotImplementedError
-
-    async def aclose(self) -> None:
-        """Close what this object holds of its own (the sync backend is closed on its own)."""
-
 
 class DirectAsync(AsyncBackend):
-    """A store whose primitives never wait (memory): called in the event loop itself."""
+    """A store whose primitives never wait (memory): called in the event loop itself.
+
+    (Each primitive takes and returns what :class:`AsyncBackend`'s does: the sync one's.)
+    """
 
     async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return getattr(self.sync, name)(*args, **kwargs)
 
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.claim(*args, **kwargs)
+
+    async def start(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.start(*args, **kwargs)
+
+    async def attach(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.attach(*args, **kwargs)
+
+    async def requeue(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.requeue(*args, **kwargs)
+
+    async def renew(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.renew(*args, **kwargs)
+
+    async def finish(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.finish(*args, **kwargs)
+
+    async def dequeue(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.dequeue(*args, **kwargs)
+
+    async def reclaim(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.reclaim(*args, **kwargs)
+
+    async def read(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.read(*args, **kwargs)
+
+    async def read_many(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.read_many(*args, **kwargs)
+
 
 class ThreadAsync(AsyncBackend):
-    """A store whose primitives may wait (files, any other): each called in a worker thread."""
+    """A store whose primitives may wait (files, any other): each called in a worker thread.
+
+    (Each primitive takes and returns what :class:`AsyncBackend`'s does: the sync one's.)
+    """
 
     async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return await in_thread(getattr(self.sync, name), *args, **kwargs)
 
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.claim, *args, **kwargs)
 
-async def in_thread(function: Any, *args: Any, **kwargs: Any) -> Any:
-    """``await asyncio.to_thread(function, ...)``, made even if the task is cancelled meanwhile.
+    async def start(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.start, *args, **kwargs)
 
-    A cancelled ``to_thread`` drops a call still waiting for a worker thread, and one
-    already running goes on: a release dropped would leave its lock or slot for a lease,
-    an acquire going on could land after the undo that follows. So the call is always
-    made, and the cancellation is raised once it has ended (what it took is then undone).
-    """
-    import asyncio  # in the functions: the sync API never loads it (tests/test_imports.py)
+    async def attach(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.attach, *args, **kwargs)
 
-    return await completed(asyncio.to_thread(function, *args, **kwargs))
+    async def requeue(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.requeue, *args, **kwargs)
 
+    async def renew(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.renew, *args, **kwargs)
 
-async def completed(awaitable: Awaitable[T]) -> T:
-    """Await ``awaitable`` to its end even if the task is cancelled meanwhile; then raise the cancellation.
+    async def finish(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.finish, *args, **kwargs)
 
-    However often it is cancelled: anyio's cancel scopes (Starlette, FastAPI) cancel
-    every await inside them again until the scope exits, so a single shield would not do.
-    """
-    import asyncio
+    async def dequeue(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.dequeue, *args, **kwargs)
 
-    task = asyncio.ensure_future(awaitable)
-    cancelled: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.wait((task,))
-        except asyncio.CancelledError as exc:
-            cancelled = exc
-    if cancelled is not None:
-        if not task.cancelled():
-            task.exception()  # retrieved: the cancellation is the news, not a failure of the call
-        raise cancelled
-    return task.result()
+    async def reclaim(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.reclaim, *args, **kwargs)
 
+    async def read(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.read, *args, **kwargs)
 
-def made(backend: Backend, name: str) -> Callable[..., Awaitable[Any]]:
-    """Primitive ``name`` of ``backend`` awaited (on its async face) through :func:`completed`."""
-
-    async def call(*args: Any, **kwargs: Any) -> Any:
-        return await completed(async_backend(backend).call(name, args, kwargs))
-
-    return call
+    async def read_many(self, *args: Any, **kwargs: Any) -> Any:
+        return await in_thread(self.sync.read_many, *args, **kwargs)
 
 
 # A store class's async face (a subclass first: the most derived registered class wins).

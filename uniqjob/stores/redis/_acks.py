@@ -1,12 +1,13 @@
 """Replica acknowledgement of grants, shared by both Redis stores (``replicas=N``).
 
 A step that grants a lock or a slot is sent with ``WAIT N timeout_ms`` behind
-it on the same connection (:meth:`Scripts.acked`). Redis replicates
-asynchronously: a grant the master has not yet passed on is lost if the
-master dies and a replica takes its place, and the key is then free for a
-second holder. A grant acknowledged by ``N`` replicas survives the promotion
-of any of them. One that too few acknowledged within ``replica_timeout`` is
-undone on the master, token-checked, and the call fails closed with
+it on the same connection, one pipeline (:meth:`Wire.acked
+<uniqjob.stores.redis._wire.Wire.acked>`). Redis replicates asynchronously:
+a grant the master has not yet passed on is lost if the master dies and a
+replica takes its place, and the key is then free for a second holder. A
+grant acknowledged by ``N`` replicas survives the promotion of any of them.
+One that too few acknowledged within ``replica_timeout`` is undone on the
+master, token-checked, and the call fails closed with
 :class:`~uniqjob.errors.BackendError`.
 
 What waits: the lock store's claim and start, the semaphore store's acquire
@@ -27,108 +28,61 @@ confirms a write to the append-only file (Redis 7.2 and later, and only where
 ``appendonly`` is on), which protects against a restart, not a failover, and
 adds an fsync to every grant.
 
-The rules (what counts as acknowledged, what is undone, what the error says)
-are written once, as generators of steps (:meth:`Acks.granting`,
-:meth:`Acks.judging`) that *yield* what they need done: ``(RUN, call)`` (send
-the call's script with ``WAIT`` behind it; sent back: its reply and the
-count), ``(COUNT, name)`` (how many replicas the master of ``name`` has
-connected; sent back: an int or None) and ``(UNDO, undo)`` (take the grant
-back; an error is thrown in). :meth:`Acks.drive` does each step by calling
-it (the sync stores); the asyncio face (``_async.RedisAsync``) awaits it.
-Only the sending differs between the two.
+:meth:`Acks.confirm` applies the rules with plain calls (the sync stores);
+the asyncio face (``_async.RedisAsync``) awaits the same two steps, the count
+of replicas and the undo, and words its error with the same methods.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from redis.commands.core import Script
+from ...errors import BackendError, ConfigurationError
+from ._wire import Wire
 
-from ...errors import BackendError
-from ._transport import Scripts, pack
-
-__all__ = ["COUNT", "RUN", "UNDO", "Acks", "Judging", "connected_in"]
-
-#: The steps of an acknowledged grant: send it with WAIT, count the master's replicas, undo it.
-RUN, COUNT, UNDO = "run", "count", "undo"
-
-#: Steps of one acknowledged call (``(what, argument)``), sent each answer; returns the call's reply.
-Judging = Generator[tuple[str, Any], Any, Any]
+__all__ = ["WAIT_HEADROOM", "Acks", "check_wait"]
 
 
 class Acks:
-    """Run grant scripts with ``WAIT`` behind them, and judge the count of replicas that acknowledged."""
+    """The replicas a grant must reach (``replicas``, within ``timeout`` seconds) and how to judge a count."""
 
-    def __init__(self, scripts: Scripts, replicas: int, timeout: float) -> None:
-        self.scripts = scripts
+    def __init__(self, wire: Wire, replicas: int, timeout: float) -> None:
+        self.wire = wire
         self.replicas = replicas
         self.timeout = timeout
-        self._wait = (replicas, max(1, round(timeout * 1000)))  # WAIT's timeout 0 would block for ever
-        #: ``WAIT replicas timeout_ms``, packed: what goes behind a grant's script on its connection.
-        self.wait_command = pack(["WAIT", *self._wait])
+        #: ``WAIT replicas timeout_ms``'s arguments (WAIT's timeout 0 would block for ever).
+        self.wait = (replicas, max(1, round(timeout * 1000)))
 
-    def run(self, script: Script, numkeys: int, items: Sequence[Any]) -> tuple[Any, int | Exception]:
-        """The script's reply and how many replicas acknowledged it (and every earlier write)."""
-        return self.scripts.acked(script, numkeys, items, self._wait)
+    def short(self, acked: int | Exception) -> bool:
+        """Whether ``acked`` (``WAIT``'s count, or its error) falls short of ``replicas``."""
+        return isinstance(acked, Exception) or acked < self.replicas
 
-    def granting(
-        self, call: Any, owner: object, store: str, failure: Callable[[Exception, list[Any]], Exception]
-    ) -> Judging:
-        """The steps of one grant call (``_store.Call``) of ``owner`` to acknowledge; its raw reply.
+    def told(self, acked: int | Exception, what: str, connected: int | None = None) -> str:
+        """What happened to ``what`` (a grant ``acked`` fell short for): the start of the error's text.
 
-        ``(RUN, call)`` sends it with ``WAIT`` behind (an error the send raised becomes
-        ``failure(exc, keys)``); what the reply granted (``call.grant``), if anything,
-        is judged as :meth:`judging` does, with ``call.undo`` (what makes the undo's call).
-        """
-        try:
-            reply, acked = yield RUN, call
-        except Exception as exc:
-            raise failure(exc, call.items[: call.numkeys]) from exc
-        what = call.grant(reply)
-        if what:
-            yield from self.judging(acked, what, call.undo, owner, store, name=call.items[0])
-        return reply
-
-    def judging(
-        self,
-        acked: int | Exception,
-        what: str,
-        undo: Any,
-        owner: object,
-        store: str,
-        *,
-        name: Any = None,
-    ) -> Judging:
-        """Raise BackendError (naming ``owner``, the store) if fewer than ``replicas`` acknowledged ``what``.
-
-        Before it is raised, ``undo`` (if any; done by an ``(UNDO, undo)`` step) removes,
-        token-checked, only what this call granted. If it fails too, the error says so: what
-        was granted then stays on the master until it is undone later or lapses. With
-        ``name`` (the first Redis key the script touched), a count too low also says how
-        many replicas the master that holds it has connected (a ``(COUNT, name)`` step:
-        ``INFO replication``, asked only then): 0 after a failover that left the new
-        master without one.
+        ``connected``: how many replicas the master has connected (``INFO replication``,
+        asked only for a count too low), 0 after a failover that left it without one.
         """
         if isinstance(acked, Exception):
-            told = f"{what} on the master but the wait for {self.replicas} replicas failed ({acked})"
-        elif acked >= self.replicas:
-            return
-        else:
-            master = "the master" if name is None else _master((yield COUNT, name))
-            told = f"{what} on {master} but acknowledged by {acked} of {self.replicas} replicas "
-            told += f"within {self.timeout}s"
-        if undo is None:
-            raise BackendError(f"{told}; not confirmed ({owner!r})", store)
-        try:
-            yield UNDO, undo
-        except Exception as exc:
-            told += f", and undoing it failed too ({exc.__cause__ or exc}): "
-            told += "it stays on the master until undone or lapsed"
-            raise BackendError(f"{told} ({owner!r})", store) from exc
-        raise BackendError(f"{told}; undone ({owner!r})", store)
+            return f"{what} on the master but the wait for {self.replicas} replicas failed ({acked})"
+        master = "the master"
+        if connected is not None:
+            master += f" (which has {connected} replica{'' if connected == 1 else 's'} connected)"
+        told = f"{what} on {master} but acknowledged by {acked} of {self.replicas} replicas"
+        return f"{told} within {self.timeout}s"
 
-    def check(
+    @staticmethod
+    def refused(
+        told: str, owner: object, store: str, undo: Exception | None = None, *, undone: bool
+    ) -> BackendError:
+        """The error a short grant fails with: not confirmed (nothing to undo), undone, or its undo failed."""
+        if undo is not None:
+            told += f", and undoing it failed too ({undo.__cause__ or undo}): "
+            return BackendError(f"{told}it stays on the master until undone or lapsed ({owner!r})", store)
+        return BackendError(f"{told}; {'undone' if undone else 'not confirmed'} ({owner!r})", store)
+
+    def confirm(
         self,
         acked: int | Exception,
         what: str,
@@ -138,47 +92,44 @@ class Acks:
         *,
         name: Any = None,
     ) -> None:
-        """:meth:`judging`, its steps done here: ``undo`` called, the replicas counted by ``scripts``."""
-        self.drive(self.judging(acked, what, undo, owner, store, name=name), _called)
+        """Raise BackendError (naming ``owner``, the store) if fewer than ``replicas`` acknowledged ``what``.
 
-    def drive(self, steps: Judging, undo: Callable[[Any], object]) -> Any:
-        """Do ``steps`` (the module's docstring) by calling each (an undo: ``undo(arg)``); its result."""
-        reply: Any = None
-        error: Exception | None = None
-        while True:
-            try:
-                what, arg = steps.send(reply) if error is None else steps.throw(error)
-            except StopIteration as done:
-                return done.value
-            try:
-                if what == RUN:
-                    reply = self.run(arg.script, arg.numkeys, arg.items)
-                elif what == COUNT:
-                    reply = self.scripts.connected_replicas(arg)
-                else:
-                    reply = undo(arg)
-                error = None
-            except Exception as exc:  # thrown into the steps, where the rules handle it
-                reply, error = None, exc
+        Before it is raised, ``undo`` (if any) removes, token-checked, only what the call
+        granted; if it fails too, the error says so: what was granted then stays on the
+        master until it is undone later or lapses. With ``name`` (the first Redis key the
+        script touched), a count too low also says how many replicas its master has connected.
+        """
+        if not self.short(acked):
+            return
+        counted = name is not None and not isinstance(acked, Exception)
+        told = self.told(acked, what, self.wire.connected_replicas(name) if counted else None)
+        if undo is None:
+            raise self.refused(told, owner, store, undone=False)
+        try:
+            undo()
+        except Exception as exc:
+            raise self.refused(told, owner, store, exc, undone=False) from exc
+        raise self.refused(told, owner, store, undone=True)
 
 
-def connected_in(info: Any) -> int | None:
-    """How many replicas an ``INFO replication`` reply (its text, or redis-py's dict) says are connected."""
-    try:
-        if isinstance(info, dict):
-            return int(info["connected_slaves"])
-        text = info.decode() if isinstance(info, bytes) else str(info)
-        line = next(line for line in text.splitlines() if line.startswith("connected_slaves:"))
-        return int(line.partition(":")[2])
-    except Exception:  # only for a message: None, "cannot be told"
-        return None
+#: How much longer than ``replica_timeout`` the socket timeout must be: WAIT replies once its
+#: timeout is up, and the reply must then still cross the network in time.
+WAIT_HEADROOM = 0.5
 
 
-def _called(undo: Callable[[], object]) -> object:
-    return undo()
+def check_wait(client: Any, replica_timeout: float) -> None:
+    """Refuse a ``replica_timeout`` the client's socket timeout would cut short (WAIT replies after it).
 
-
-def _master(connected: int | None) -> str:
-    if connected is None:
-        return "the master"
-    return f"the master (which has {connected} replica{'' if connected == 1 else 's'} connected)"
+    The socket timeout is the pool's (one server, a Sentinel master) or the one every
+    cluster node's connections get (a cluster client's nodes manager); it must exceed
+    ``replica_timeout`` by :data:`WAIT_HEADROOM`.
+    """
+    pool = getattr(client, "connection_pool", None) or getattr(client, "nodes_manager", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    limit = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
+    if isinstance(limit, int | float) and limit < replica_timeout + WAIT_HEADROOM:
+        raise ConfigurationError(
+            f"replica_timeout ({replica_timeout}s) must be shorter than the client's socket timeout "
+            f"({limit}s) by at least {WAIT_HEADROOM}s: the wait for replicas would time out the "
+            "connection instead"
+        )

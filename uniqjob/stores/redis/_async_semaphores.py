@@ -1,23 +1,27 @@
 """RedisAsyncSemaphores: the Redis semaphore store's primitives awaited through ``redis.asyncio``.
 
-Each primitive is the very script call the sync store makes
-(:meth:`RedisSemaphores.call <uniqjob.stores.redis._semaphores.RedisSemaphores.call>`:
-the same script, keys and arguments) sent on the lock store's async
-connections (:meth:`RedisAsync.evalsha <uniqjob.stores.redis._async.RedisAsync.evalsha>`),
-and its reply read by the same reader. An error reply is explained as the sync
-store explains it (a corrupt record by name), in a thread: explaining may ask
-the server which structure holds the wrong type. With ``replicas`` > 0 each
-primitive is the sync store's own, in a thread (its WAIT and undo rules).
+Each primitive is a typed coroutine of the same name and signature as the sync
+store's. It is the very script call the sync store makes (its
+``_<name>_call``: the same script, keys and arguments) sent on the lock
+store's async client (:meth:`AsyncWire.call
+<uniqjob.stores.redis._async.AsyncWire.call>`), and its reply read by the same
+reader. An error reply is explained as the sync store explains it (a corrupt
+record by name), in a thread: explaining may ask the server which structure
+holds the wrong type. With ``replicas`` > 0 each primitive is the sync
+store's own, in a thread (its WAIT and undo rules).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
-from ..aio import in_thread
+from ...locks import Holder
+from .._async_base import in_thread
+from ..semaphores import HANDOFF, Outcome, Park, SemaphoreState
 from ._async import RedisAsync
-from ._semaphores import _PARTS, RedisSemaphores
+from ._semaphores import _PARTS, RedisSemaphores, SemCall
 
 __all__ = ["RedisAsyncSemaphores"]
 
@@ -29,14 +33,114 @@ class RedisAsyncSemaphores:
         self.store = store
         self.face = face
 
-    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Await primitive ``name`` of the semaphore contract with these arguments; its answer."""
+    async def _done(self, call: SemCall) -> Any:
         store = self.store
         if store._acks is not None:  # replicas > 0: the sync store's acknowledged grants, in a thread
-            return await in_thread(getattr(store, name), *args, **kwargs)
-        call = store.call(name, *args, **kwargs)
+            return await in_thread(store._done, call)
         try:
-            reply = await self.face.evalsha(call.script, len(_PARTS), [*store._keys(call.key), *call.argv])
+            reply = await self.face.wire().call(
+                call.script, len(_PARTS), [*store._keys(call.key), *call.argv]
+            )
         except Exception as exc:
             raise (await asyncio.to_thread(store._script_error, call.key, exc)) from exc
         return store.decoded(call, reply)
+
+    async def acquire(
+        self,
+        key: str,
+        token: str,
+        *,
+        limit: int,
+        lease: float,
+        running: bool,
+        holder: Holder | None,
+        park: Park | None,
+        job_class: str,
+        args: str,
+        caller: Holder,
+        handoff: float = HANDOFF,
+    ) -> Outcome:
+        call = self.store._acquire_call(
+            key, token, limit=limit, lease=lease, running=running, holder=holder, park=park,
+            job_class=job_class, args=args, caller=caller, handoff=handoff,
+        )  # fmt: skip
+        outcome: Outcome = await self._done(call)
+        return outcome
+
+    async def start(
+        self,
+        key: str,
+        token: str,
+        *,
+        holder: Holder,
+        lease: float,
+        takeover: Holder | None,
+        caller: Holder,
+        handoff: float = HANDOFF,
+    ) -> Outcome:
+        call = self.store._start_call(
+            key, token, holder=holder, lease=lease, takeover=takeover, caller=caller, handoff=handoff
+        )
+        outcome: Outcome = await self._done(call)
+        return outcome
+
+    async def renew(
+        self, key: str, token: str, lease: float, *, caller: Holder, handoff: float = HANDOFF
+    ) -> Outcome:
+        outcome: Outcome = await self._done(
+            self.store._renew_call(key, token, lease, caller=caller, handoff=handoff)
+        )
+        return outcome
+
+    async def release(self, key: str, token: str, *, caller: Holder, handoff: float = HANDOFF) -> Outcome:
+        outcome: Outcome = await self._done(
+            self.store._release_call(key, token, caller=caller, handoff=handoff)
+        )
+        return outcome
+
+    async def requeue(
+        self,
+        key: str,
+        token: str,
+        lease: float,
+        *,
+        holder: Holder,
+        caller: Holder,
+        handoff: float = HANDOFF,
+    ) -> Outcome:
+        call = self.store._requeue_call(key, token, lease, holder=holder, caller=caller, handoff=handoff)
+        outcome: Outcome = await self._done(call)
+        return outcome
+
+    async def handed(self, key: str, token: str, promoter: Holder) -> bool:
+        return bool(await self._done(self.store._handed_call(key, token, promoter)))
+
+    async def withdraw(self, key: str, token: str) -> Outcome:
+        outcome: Outcome = await self._done(self.store._withdraw_call(key, token))
+        return outcome
+
+    async def reap(
+        self, key: str, dead: Sequence[tuple[str, Holder]], *, caller: Holder, handoff: float = HANDOFF
+    ) -> Outcome:
+        outcome: Outcome = await self._done(self.store._reap_call(key, dead, caller=caller, handoff=handoff))
+        return outcome
+
+    async def discard_parked(self, key: str) -> list[tuple[str, str]]:
+        pairs: list[tuple[str, str]] = await self._done(self.store._discard_parked_call(key))
+        return pairs
+
+    async def drop(
+        self, key: str, tokens: Sequence[str], *, caller: Holder, handoff: float = HANDOFF
+    ) -> Outcome:
+        outcome: Outcome = await self._done(
+            self.store._drop_call(key, tokens, caller=caller, handoff=handoff)
+        )
+        return outcome
+
+    async def read(self, key: str, *, head: int = 5) -> SemaphoreState:
+        state: SemaphoreState = await self._done(self.store._read_call(key, head=head))
+        return state
+
+    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Await primitive ``name`` of the semaphore contract with these arguments: the typed method."""
+        return await getattr(self, name)(*args, **kwargs)

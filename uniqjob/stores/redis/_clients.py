@@ -1,4 +1,4 @@
-"""The redis-py clients and stores a checked Redis URL (``_url.RedisURL``) describes.
+"""The redis-py clients a checked Redis URL (``_url.RedisURL``) describes.
 
 One server is a ``redis.Redis`` on a plain pool of the scheme's connections;
 a cluster a ``redis.cluster.RedisCluster`` seeded from the URL's nodes; a
@@ -14,15 +14,38 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...errors import BackendError
-from ._url import RedisURL
+from .._urls import bad
+from ._url import RedisURL, parse
 
 if TYPE_CHECKING:
     import redis
     from redis.cluster import RedisCluster
 
-    from ._store import RedisBackend
+__all__ = ["client_for", "redis_client_from_url"]
 
-__all__ = ["backend_for", "client_for"]
+
+def redis_client_from_url(url: str, *, timeout: float) -> redis.Redis:
+    """Return a redis-py client for a URL of one server or a Sentinel service, checked first.
+
+    The forms: ``redis://``, ``rediss://``, ``unix://``, ``valkey://``,
+    ``valkeys://`` and their ``+sentinel`` forms (a ``+cluster`` URL makes a
+    cluster client: use :func:`uniqjob.stores.from_url`). Both socket timeouts
+    default to ``timeout`` seconds, so a call to an unreachable server fails in
+    bounded time. The URL may carry the query options of
+    :data:`REDIS_URL_OPTIONS` that set connections (``namespace``,
+    ``replicas`` and ``replica_timeout`` set the store, and are refused here).
+    Anything malformed (a bad host, port or database, an unknown option or a
+    bad value, a unix URL with no socket path, a NUL byte) is a
+    :class:`ConfigurationError` naming it, with any password in the URL
+    masked. Nothing connects yet.
+    """
+    spec = parse(url, timeout=timeout)
+    if spec.topology == "cluster":
+        raise bad(spec.kind, url, "a cluster URL makes a cluster client: use uniqjob.stores.from_url(url)")
+    for name in spec.store_options:
+        raise bad(spec.kind, url, f"option {name!r} sets the store, not the client: "
+                  f"pass the URL to uniqjob.stores.from_url, or {name}= to RedisBackend")  # fmt: skip
+    return client_for(spec)  # type: ignore[return-value]  # not a cluster: a redis.Redis
 
 
 def client_for(spec: RedisURL) -> redis.Redis | RedisCluster:
@@ -64,8 +87,8 @@ def _sentinel(spec: RedisURL) -> redis.Redis:
     # Each Sentinel is asked once: the client asks the next one when one fails, and redis-py's
     # default retry (with backoff) on each would stretch a lookup far past the timeout.
     once = {**spec.sentinel, "retry": Retry(NoBackoff(), 0)}
-    sentinels = Sentinel(spec.nodes, sentinel_kwargs=once)  # type: ignore[no-untyped-call]
-    master: redis.Redis = sentinels.master_for(spec.service, **spec.connection)  # type: ignore[no-untyped-call]
+    sentinels = Sentinel(spec.nodes, sentinel_kwargs=once)  # type: ignore[no-untyped-call, unused-ignore]
+    master: redis.Redis = sentinels.master_for(spec.service, **spec.connection)  # type: ignore[no-untyped-call, unused-ignore]
     return master
 
 
@@ -84,18 +107,3 @@ def _cluster(spec: RedisURL) -> RedisCluster:
 
 def _name(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def backend_for(spec: RedisURL) -> RedisBackend:
-    """A new RedisBackend on the client ``spec`` describes, with its namespace and replica settings."""
-    from ._store import RedisBackend
-
-    backend = RedisBackend(
-        client_for(spec),  # RedisBackend takes a cluster client too
-        namespace=spec.namespace,
-        timeout=spec.connection["socket_timeout"],
-        replicas=spec.replicas,
-        replica_timeout=spec.replica_timeout,
-    )
-    backend.name = spec.flavor  # "valkey" in the messages of a Valkey URL's store
-    return backend

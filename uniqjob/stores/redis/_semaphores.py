@@ -24,8 +24,6 @@ client, a valkey client, a bug in a wire path) is a
 
 from __future__ import annotations
 
-import json
-from collections import namedtuple
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -41,21 +39,32 @@ from ..semaphores import (
     TOMBSTONE,
     Outcome,
     Park,
-    ParkedInfo,
-    Promotion,
     SemaphoreState,
     SemaphoreStore,
-    SlotInfo,
-    Via,
-    decode_holder,
     encode_holder,
 )
 from . import _semaphore_lua as lua
 from ._acks import Acks
 from ._client import backend_error, is_response_error, key_of, match, names, scan_pages, where
 from ._prelude import CORRUPT
-from ._transport import Lanes, Scripts
+from ._semaphore_replies import (
+    _Acquired,
+    _acquired,
+    _Counted,
+    _counted,
+    _Malformed,
+    _pairs,
+    _parked,
+    _Read,
+    _Settled,
+    _settled,
+    _slots,
+    _Started,
+    _started,
+    _withdrawn,
+)
 from ._url import check_store_options
+from ._wire import Wire, text
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -67,91 +76,12 @@ T = TypeVar("T")
 
 _PARTS = ("slots", "parked", "entries", "waiters", "meta", "done")
 _TYPES = ("hash", "list", "hash", "zset", "hash", "zset")  # what each of _PARTS must be
-_STATES = frozenset({"reserved", "promoted", "running"})
-_VIAS = frozenset({"queue", "inline"})
-_NUMBER = (int, float)
 # The statuses by which a step granted its own token a slot (see RedisSemaphores._granting).
 _TAKEN, _RUN, _OK, _NONE = frozenset({"taken"}), frozenset({"run"}), frozenset({"ok"}), frozenset[str]()
 
 
-class _Malformed(Exception):
-    """A record read back from Redis has the wrong shape; turned into a CorruptRecordError naming it."""
-
-    def __init__(self, part: int, reason: str) -> None:
-        super().__init__(reason)
-        self.part = part  # index into _PARTS
-        self.reason = reason
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
-
-
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
-
-
-# The scripts' replies, by name: each is the array its script's head in _semaphore_lua states
-# ("Returns {...}", and "a promotion is {...}"), field for field (tests/test_redis_semaphores.py
-# holds the two in step).
-_Promoted = namedtuple("_Promoted", "token via payload redo")
-_Acquired = namedtuple("_Acquired", "status promotions position slots now_ms")
-_Started = namedtuple("_Started", "status promotions position busy")
-_Settled = namedtuple("_Settled", "status promotions")
-_Counted = namedtuple("_Counted", "count promotions")
-_Read = namedtuple("_Read", "now_ms meta slots parked head entries")
-
-#: The reply of each script that answers with an array, read by these names.
-REPLIES: dict[str, type[tuple[Any, ...]]] = {
-    "ACQUIRE": _Acquired, "START": _Started, "RENEW": _Settled, "RELEASE": _Settled,
-    "REQUEUE": _Settled, "REAP": _Counted, "DROP": _Counted, "READ": _Read,
-}  # fmt: skip
-
-
-def _promotions(flat: Sequence[Any]) -> tuple[Promotion, ...]:
-    out = []
-    for p in map(_Promoted._make, flat):
-        via: Via = "inline" if _text(p.via) == "inline" else "queue"
-        out.append(Promotion(_text(p.token), via, _text(p.payload), int(p.redo)))
-    return tuple(out)
-
-
-def _settled(raw: Any) -> Outcome:
-    reply = _Settled._make(raw)
-    return Outcome(_text(reply.status), _promotions(reply.promotions))  # type: ignore[arg-type]
-
-
-def _counted(raw: Any) -> Outcome:
-    reply = _Counted._make(raw)
-    return Outcome("ok", _promotions(reply.promotions), count=int(reply.count))
-
-
-def _acquired(raw: Any) -> Outcome:
-    reply = _Acquired._make(raw)
-    return Outcome(
-        _text(reply.status),  # type: ignore[arg-type]
-        _promotions(reply.promotions),
-        position=int(reply.position),
-        slots=_slots(reply.slots, int(reply.now_ms)),
-    )
-
-
-def _started(token: str, raw: Any) -> Outcome:
-    reply = _Started._make(raw)
-    return Outcome(
-        _text(reply.status),  # type: ignore[arg-type]
-        _promotions(reply.promotions),
-        position=int(reply.position),
-        holder=_holder(0, f"slot {token}", _text(reply.busy)),
-    )
-
-
-def _withdrawn(raw: Any) -> Outcome:
-    return Outcome(_text(raw))  # type: ignore[arg-type]
-
-
-def _pairs(flat: Sequence[Any]) -> list[tuple[str, str]]:
-    return [(_text(flat[i]), _text(flat[i + 1])) for i in range(0, len(flat), 2)]
 
 
 class SemCall(NamedTuple):
@@ -172,71 +102,11 @@ class SemCall(NamedTuple):
     renew: bool = False
 
 
-def _record(part: int, what: str, raw: Any, texts: Sequence[str], numbers: Sequence[str]) -> dict[str, Any]:
-    """Parse one JSON record of ``_PARTS[part]``, checking that its fields have their types."""
-    try:
-        data = json.loads(_text(raw))
-    except ValueError:
-        raise _Malformed(part, f"{what} is not JSON") from None
-    if not isinstance(data, dict):
-        raise _Malformed(part, f"{what} is not a JSON object")
-    for name in texts:
-        if not isinstance(data.get(name), str):
-            raise _Malformed(part, f"{what}: field {name} is missing or not text")
-    for name in numbers:
-        value = data.get(name)
-        if not isinstance(value, _NUMBER) or isinstance(value, bool):
-            raise _Malformed(part, f"{what}: field {name} is missing or not a number")
-    if data.get("via") not in _VIAS:
-        raise _Malformed(part, f"{what}: unknown via {data.get('via')!r}")
-    return data
-
-
-def _holder(part: int, what: str, text: str) -> Holder | None:
-    try:
-        return decode_holder(text)
-    except (ValueError, TypeError):
-        raise _Malformed(part, f"{what}: holder {text!r} is not a holder") from None
-
-
-def _slots(flat: Sequence[Any], now_ms: int) -> tuple[SlotInfo, ...]:
-    out = []
-    for i in range(0, len(flat), 2):
-        token = _text(flat[i])
-        what = f"slot {token}"
-        s = _record(0, what, flat[i + 1], ("st", "via", "h", "args"), ("dl", "ls", "since", "redo"))
-        if s["st"] not in _STATES:
-            raise _Malformed(0, f"{what}: unknown status {s['st']!r}")
-        if s["redo"] != int(s["redo"]):
-            raise _Malformed(0, f"{what}: field redo is not whole")
-        out.append(
-            SlotInfo(
-                token=token,
-                status=s["st"],
-                via=s["via"],
-                holder=_holder(0, what, s["h"]),
-                since=s["since"] / 1000,
-                lease=s["ls"] / 1000,
-                lease_left=(s["dl"] - now_ms) / 1000,
-                redo=int(s["redo"]),
-                args=s["args"],
-            )
-        )
-    return tuple(out)
-
-
-def _parked(token: str, raw: Any) -> ParkedInfo:
-    what = f"parked call {token}"
-    e = _record(2, what, raw, ("via", "h", "args"), ("since",))
-    return ParkedInfo(token, e["via"], _holder(2, what, e["h"]), e["since"] / 1000, e["args"])
-
-
 class RedisSemaphores(SemaphoreStore):
     """Semaphores in Redis under ``<namespace>:c:``; ``client`` is a redis-py client.
 
-    The scripts are called through ``_transport.Scripts``: on ``lanes`` (the
-    kept connections of the lock store on the same client) if given, else on
-    the client's own if it fits, else through the client.
+    The scripts are called through ``_wire.Wire``: the client's ``evalsha``
+    and pipelines.
     """
 
     name = "redis"
@@ -246,7 +116,6 @@ class RedisSemaphores(SemaphoreStore):
         client: Client,
         *,
         namespace: str = "uniqjob",
-        lanes: Lanes | None = None,
         replicas: int = 0,
         replica_timeout: float = 1.0,
     ) -> None:
@@ -254,9 +123,9 @@ class RedisSemaphores(SemaphoreStore):
         self.client = cast("redis.Redis", client)  # a cluster client answers the same commands
         self.namespace = namespace
         self._prefix = f"{namespace}:c:"
-        self._scripts = Scripts(client, lanes)
+        self._wire = Wire(client)
         # replicas > 0: every grant of a slot waits for that many replicas (see _acks), as the lock store's
-        self._acks = Acks(self._scripts, replicas, replica_timeout) if replicas else None
+        self._acks = Acks(self._wire, replicas, replica_timeout) if replicas else None
         register = client.register_script
         self._acquire = register(lua.ACQUIRE)
         self._start = register(lua.START)
@@ -310,7 +179,7 @@ class RedisSemaphores(SemaphoreStore):
             pipe = self.client.pipeline(transaction=False)
             for name in names:
                 pipe.type(name)
-            kinds = [_text(kind) for kind in pipe.execute()]
+            kinds = [text(kind) for kind in pipe.execute()]
         except Exception:
             return None
         for part, (kind, expected) in enumerate(zip(kinds, _TYPES, strict=True)):
@@ -328,7 +197,7 @@ class RedisSemaphores(SemaphoreStore):
 
     def _eval(self, script: Script, key: str, args: Sequence[Any]) -> Any:
         try:
-            return self._scripts.call(script, len(_PARTS), [*self._keys(key), *args])
+            return self._wire.call(script, len(_PARTS), [*self._keys(key), *args])
         except Exception as exc:
             raise self._script_error(key, exc) from exc
 
@@ -352,11 +221,13 @@ class RedisSemaphores(SemaphoreStore):
         if acks is None or call.own is None or caller is None:
             return self._eval(call.script, key, call.argv)
         try:
-            reply, acked = acks.run(call.script, len(_PARTS), [*self._keys(key), *call.argv])
+            reply, acked = acks.wire.acked(
+                call.script, len(_PARTS), [*self._keys(key), *call.argv], acks.wait
+            )
         except Exception as exc:
             raise self._script_error(key, exc) from exc
         named: Any = call.shape._make(reply)  # type: ignore[attr-defined]
-        mine = _text(named.status) in call.own
+        mine = text(named.status) in call.own
         promoted = len(named.promotions)
         if mine or promoted:
             token, renew = call.argv[0], call.renew
@@ -364,7 +235,7 @@ class RedisSemaphores(SemaphoreStore):
             granted += [f"{promoted} promoted call{'s' if promoted > 1 else ''}"] if promoted else []
             undo = partial(self._release_token, key, token, caller) if mine and not renew else None
             what = f"{' and '.join(granted)} of {key!r}, granted"
-            acks.check(acked, what, undo, self, self.name, name=self._keys(key)[0])
+            acks.confirm(acked, what, undo, self, self.name, name=self._keys(key)[0])
         return reply
 
     def _release_token(self, key: str, token: str, caller: Holder) -> None:
@@ -373,11 +244,6 @@ class RedisSemaphores(SemaphoreStore):
 
     # Each primitive is a script call (:class:`SemCall`: what to send, and how to read the reply)
     # and its sending; the calls are the async face's too (_async_semaphores), only the sending differs.
-
-    def call(self, name: str, *args: Any, **kwargs: Any) -> SemCall:
-        """The script call that primitive ``name`` makes with these arguments (not sent)."""
-        make: Callable[..., SemCall] = getattr(self, f"_{name}_call")
-        return make(*args, **kwargs)
 
     def decoded(self, call: SemCall, reply: Any) -> Any:
         """``call``'s reply read, a malformed record in it a CorruptRecordError naming it."""
@@ -569,7 +435,7 @@ class RedisSemaphores(SemaphoreStore):
         return state
 
     def read_many(self, keys: Sequence[str], *, head: int = 5) -> list[SemaphoreState | CorruptRecordError]:
-        """Read ``keys`` as :meth:`read` does, their READ scripts sent together (``_transport.Scripts.many``).
+        """Read ``keys`` as :meth:`read` does, their READ scripts sent together (``_wire.Wire.many``).
 
         A ``read`` of a subclass's own (or one set on the object) is honoured:
         then each key is read by it, one by one.
@@ -577,7 +443,7 @@ class RedisSemaphores(SemaphoreStore):
         if getattr(self.read, "__func__", None) is not RedisSemaphores.read:
             return super().read_many(keys, head=head)
         batch = [[*self._keys(key), head] for key in keys]
-        replies = self._call(partial(self._scripts.many, self._read, len(_PARTS), batch))
+        replies = self._call(partial(self._wire.many, self._read, len(_PARTS), batch))
         states: list[SemaphoreState | CorruptRecordError] = []
         for key, reply in zip(keys, replies, strict=True):
             try:
@@ -592,15 +458,13 @@ class RedisSemaphores(SemaphoreStore):
         """The state a READ reply describes, each record checked."""
         reply = _Read._make(raw)
         flat = reply.meta
-        meta = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+        meta = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)}
         with self._reading(key):
             limit = meta.get("limit", "1")
             if not limit.isdigit():
                 raise _Malformed(4, f"field limit is {limit!r}, not a whole number")
             infos = [
-                _parked(_text(token), raw)
-                for token, raw in zip(reply.head, reply.entries, strict=True)
-                if raw
+                _parked(text(token), raw) for token, raw in zip(reply.head, reply.entries, strict=True) if raw
             ]
             slots = _slots(reply.slots, int(reply.now_ms))
         return SemaphoreState(

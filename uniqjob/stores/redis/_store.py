@@ -6,11 +6,10 @@ one lock key share a hash tag, ``<namespace>:{<key>}:q`` (queue lock),
 ``...:r`` (run lock) and ``...:f`` (its last fence), so every script touches
 one cluster slot (a key that starts with ``}`` is named another way:
 ``_client.names``). Listing uses ``SCAN``, never ``KEYS``, on every primary
-of a cluster.
+of a cluster (``_listing``).
 
-The scripts are called through ``_transport.Scripts``, on a connection each thread keeps;
-a success is an integer (1, or the fence of a run lock). See
-docs/performance.md for why.
+The scripts are called through ``_wire.Wire`` (the client's ``evalsha``, its
+pipelines); a success is an integer (1, or the fence of a run lock).
 
 Whatever the client raises (redis-py's errors, a cluster or valkey client's
 own, a bug in a wire path) reaches the caller as :class:`BackendError` with
@@ -20,8 +19,6 @@ the cause chained; a record of the wrong shape or type as
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
@@ -30,122 +27,31 @@ import redis
 from redis.commands.core import Script
 
 from ...errors import BackendError, ConfigurationError, CorruptRecordError
-from ...locks import QUEUED, RUNNING, Holder, LockState, Parts, QueueMeta, QueueRecord, RunClaim, RunRecord
-from .._drops import WINDOW, check_window, first_minute, minute
+from ...locks import Holder, LockState, Parts, QueueMeta, RunClaim
+from .._drops import WINDOW, minute
 from ..base import Backend, QueueMode
 from ..semaphores import SemaphoreStore
+from . import _listing
 from . import _lua as lua
-from ._acks import Acks
-from ._client import backend_error, key_of, match, names, scan_pages, where
+from ._acks import Acks, check_wait
+from ._client import backend_error, key_of, names, where
+from ._clients import client_for, redis_client_from_url
 from ._semaphores import RedisSemaphores
-from ._transport import Scripts
-from ._url import check_store_options, redis_client_from_url
+from ._snapshots import parts
+from ._url import check_store_options, parse
+from ._wire import Wire, text
 
 if TYPE_CHECKING:
     from ._client import Client
 
-__all__ = ["RedisBackend"]
+__all__ = ["RedisBackend", "from_url"]
 
 T = TypeVar("T")
 
-log = logging.getLogger(__name__)
-
 _QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k"}
-_QUIET = (b"Q", "Q")  # the mark of a snapshot that need not be read: see _lua's snapshot()
-_SCAN_PAGE = 1000
+_QUIET = "Q"  # the mark of a snapshot that need not be read: see _lua's snapshot()
 _PARTS = ("q", "r", "f")  # queue lock, run lock, last fence
 _TALLIED = (*_PARTS, "d")  # and the dropped duplicates
-
-
-# The C scanner itself: JSONDecoder.decode adds two Python calls and a regex for whitespace.
-_scan_json: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
-
-
-class _Shape(ValueError):
-    """A field of a record that is not what the scripts write: why, for CorruptRecordError."""
-
-
-def _word(value: object, field: str) -> str:
-    """A field that must be set: a non-empty string."""
-    if type(value) is str and value:
-        return value
-    raise _Shape(f"field {field} is {'missing' if value is False else repr(value)}, not a non-empty string")
-
-
-def _string(value: object, field: str) -> str:
-    """A field that must be set, and may be empty."""
-    if type(value) is str:
-        return value
-    raise _Shape(f"field {field} is {'missing' if value is False else repr(value)[:40]}, not a string")
-
-
-def _maybe(value: object, field: str) -> str:
-    """A field that may be missing (false in a snapshot): a string, or ""."""
-    if value is False:
-        return ""
-    if type(value) is str:
-        return value
-    raise _Shape(f"field {field} is {value!r}, not a string")
-
-
-def _count(value: object, field: str) -> int:
-    """A field that must hold a whole number >= 0, written in ASCII digits."""
-    if type(value) is str and value.isdigit() and value.isascii() and len(value) <= 20:
-        return int(value)
-    raise _Shape(f"field {field} is {'missing' if value is False else repr(value)[:40]}, not a whole number")
-
-
-# How many fields a snapshot holds of each lock (the scripts read _lua.QUEUE_FIELDS / RUN_FIELDS).
-_QUEUE_COUNT = len(lua.QUEUE_FIELDS)
-_RUN_COUNT = len(lua.RUN_FIELDS)
-
-
-def _queue_record(key: str, fields: list[Any], ttl: int) -> QueueRecord:
-    """The queue lock the snapshot's fields (_lua.QUEUE_FIELDS) describe; _Shape if they are damaged."""
-    if type(fields) is not list or len(fields) != _QUEUE_COUNT:
-        raise _Shape(f"fields are {fields!r:.60}, not the {_QUEUE_COUNT} the scripts read")
-    # by name: the names and order of _lua.QUEUE_FIELDS (a test holds them to it); an unpack
-    # is the quickest way to name a list's items
-    token, state, since, cls, cls_len, args, job_id = fields
-    if state not in ("q", "r"):
-        shown = "missing" if state is False else repr(state)[:40]
-        raise _Shape(f"field s (state) is {shown}, not 'q' or 'r'")
-    if cls_len is not False:
-        length = _count(cls_len, "n (class length)")
-        if length > len(key):
-            raise _Shape(f"field n (class length) is {length}, longer than the key")
-        cls = key[:length]
-    return QueueRecord(
-        _word(token, "t (token)"),
-        RUNNING if state == "r" else QUEUED,
-        _count(since, "a (since)") / 1_000_000,
-        QueueMeta(_maybe(cls, "c (class)"), _maybe(args, "p (arguments)"), _maybe(job_id, "j (job id)")),
-        ttl / 1000 if ttl >= 0 else None,
-    )
-
-
-def _run_record(fields: list[Any], ttl: int) -> RunRecord:
-    """The run lock the snapshot's fields (_lua.RUN_FIELDS) describe; _Shape if they are damaged."""
-    if type(fields) is not list or len(fields) != _RUN_COUNT:
-        raise _Shape(f"fields are {fields!r:.60}, not the {_RUN_COUNT} the scripts read")
-    token, host, node, pid, pstart, started, lease, fence = fields  # by name: _lua.RUN_FIELDS
-    return RunRecord(
-        _word(token, "t (token)"),
-        Holder(
-            _string(host, "h (host)"),
-            _string(node, "o (node)"),
-            _count(pid, "i (pid)"),
-            _count(pstart, "b (process start)"),
-        ),
-        _count(started, "a (started)") / 1_000_000,
-        _count(lease, "l (lease)") / 1000,
-        max(ttl, 0) / 1000,
-        0 if fence is False else _count(fence, "f (fence)"),  # a lock taken before fences: none
-    )
 
 
 class Call(NamedTuple):
@@ -175,9 +81,9 @@ class RedisBackend(Backend):
     timeouts (``timeout`` seconds), so an unreachable server fails the call
     with :class:`BackendError` in bounded time; the job is then not run.
 
-    Each thread that uses the backend keeps one connection of the client's
-    kind and settings (a plain ``ConnectionPool``; other pools are used as
-    they are); :meth:`close` closes them with the client's pool.
+    Its calls go through the client's public API (``evalsha``, pipelines), on
+    its own pool with its own retry policy and health checks; :meth:`close`
+    closes the client.
     """
 
     name = "redis"
@@ -205,15 +111,14 @@ class RedisBackend(Backend):
         # A cluster client answers the same commands (its own way): one type for the code below.
         self.client = cast("redis.Redis", client)
         if replicas:
-            _check_wait(client, self.replica_timeout)
+            check_wait(client, self.replica_timeout)
         self.namespace = namespace
         self._prefix = namespace + ":"
         self._holder: tuple[Holder | None, list[str]] = (None, [])
         try:
             client.execute_command  # noqa: B018  (not a client at all: a ConfigurationError now)
-            self._scripts = Scripts(client)
-            self._lanes = self._scripts.lanes
-            self._run = self._scripts.call
+            self._wire = Wire(client)
+            self._run = self._wire.call
             self._claim = self._script(lua.CLAIM)
             self._start = self._script(lua.START)
             self._renew = self._script(lua.RENEW)
@@ -224,7 +129,7 @@ class RedisBackend(Backend):
             self._reclaim = self._script(lua.RECLAIM)
             self._read = self._script(lua.READ)
             self._purge = self._script(lua.PURGE)
-            self._acks = Acks(self._scripts, replicas, self.replica_timeout) if replicas else None
+            self._acks = Acks(self._wire, replicas, self.replica_timeout) if replicas else None
         except Exception as exc:
             raise ConfigurationError(f"cannot use {where(client)} as a Redis client: {exc!r}") from exc
 
@@ -233,7 +138,6 @@ class RedisBackend(Backend):
         return RedisSemaphores(
             self.client,
             namespace=self.namespace,
-            lanes=self._scripts.lanes,
             replicas=self.replicas,
             replica_timeout=self.replica_timeout,
         )
@@ -272,67 +176,44 @@ class RedisBackend(Backend):
         return self._fail(exc)
 
     def _acked(self, call: Call) -> Any:
-        """Run ``call``, acknowledged by ``replicas`` (see _acks); its raw reply.
+        """Run ``call`` with ``WAIT`` behind it, acknowledged by ``replicas`` (see _acks); its reply.
 
         A grant too few replicas acknowledged is undone by ``call.undo`` and fails closed.
         """
         acks = self._acks
         assert acks is not None and call.grant is not None
-        # the rules are _acks' (shared with the asyncio face): here each step is called
-        return acks.drive(acks.granting(call, self, self.name, self._failure), self._undo)
-
-    def _undo(self, undo: Callable[[], Call]) -> Any:
-        """Send the undo's call (``Call.undo``) of a grant too few replicas acknowledged."""
-        return self._done(undo())
+        try:
+            reply, acked = acks.wire.acked(call.script, call.numkeys, call.items, acks.wait)
+        except Exception as exc:
+            raise self._failure(exc, call.items[: call.numkeys]) from exc
+        what = call.grant(reply)
+        if what:
+            undo = call.undo
+            acks.confirm(
+                acked, what, undo and (lambda: self._done(undo())), self, self.name, name=call.items[0]
+            )
+        return reply
 
     def _corrupt(self, exc: Exception, names: list[Any]) -> None:
         """Raise the CorruptRecordError a script's ``UNIQJOB_CORRUPT <i> <reason>`` reply stands for."""
         index, _, reason = str(exc)[len(lua.CORRUPT) :].partition(" ")
         if index.isdigit() and 0 < int(index) <= len(names):  # else not ours after all: a BackendError
-            name = _text(names[int(index) - 1])
+            name = text(names[int(index) - 1])
             raise CorruptRecordError(name, reason, key=self._key_of(name), backend=self.name) from exc
 
     def _key_of(self, name: str) -> str:
         """The lock key a Redis key name of this namespace belongs to."""
         return key_of(self._prefix, name, name[-1:]) or name
 
-    def _state(self, key: str, reply: str | bytes) -> LockState:
+    def _state(self, key: str, reply: str) -> LockState:
         """The state a script's snapshot reply describes; the usual duplicate's ("Q"), unread until used."""
-        if reply[:1] in _QUIET:
+        if reply[:1] == _QUIET:
             return LockState.unread(key, partial(self._parts, key, reply), nothing_to_reclaim=True)
         return LockState(key, *self._parts(key, reply))
 
-    def _parts(self, key: str, reply: str | bytes) -> Parts:
-        """The queue lock, run lock and clock a snapshot holds, each field checked.
-
-        A snapshot the client cannot parse at all is a BackendError (a reply
-        mangled on its way); a record with a field of the wrong shape is a
-        CorruptRecordError naming its Redis key: it stays in the store.
-        """
-        # (bytes decoded as json.loads would, minus its sniffing for UTF-16 and -32)
-        try:
-            text = reply.decode("utf-8", "surrogatepass") if isinstance(reply, bytes) else reply
-            if text[:1] not in ("Q", "S"):
-                raise ValueError("no mark")
-            now, queue, queue_ttl, run, run_ttl = _scan_json(text, 1)[0]  # by name: _lua.SNAPSHOT
-            clock = int(now) / 1_000_000
-            if type(queue_ttl) is not int or type(run_ttl) is not int:
-                raise ValueError("ttl")
-        except (StopIteration, ValueError, TypeError) as exc:  # StopIteration: the scanner's "not JSON"
-            raise BackendError(f"unreadable lock state from the server: {reply[:80]!r}", self.name) from exc
-        # A lock that is not there comes as false; each that is, is checked field by field.
-        queue_lock = run_lock = None
-        index = 0
-        try:
-            if queue is not False:
-                queue_lock = _queue_record(key, queue, queue_ttl)
-            index = 1
-            if run is not False:
-                run_lock = _run_record(run, run_ttl)
-        except _Shape as exc:
-            name = self._keys(key)[index]
-            raise CorruptRecordError(name, str(exc), key=key, backend=self.name) from None
-        return queue_lock, run_lock, clock
+    def _parts(self, key: str, reply: str) -> Parts:
+        """The queue lock, run lock and clock a snapshot holds, each field checked (``_snapshots``)."""
+        return parts(key, reply, self._keys(key), self.name)
 
     def _items(
         self,
@@ -369,11 +250,6 @@ class RedisBackend(Backend):
     # Each primitive is a script call (:class:`Call`: what to send, and how to read the reply) and
     # its sending; the calls are the async store's too (_async.RedisAsync), only the sending differs.
 
-    def call(self, name: str, *args: Any, **kwargs: Any) -> Call:
-        """The script call that primitive ``name`` makes with these arguments (not sent)."""
-        make: Callable[..., Call] = getattr(self, f"_{name}_call")
-        return make(*args, **kwargs)
-
     def _done(self, call: Call) -> Any:
         if self._acks is None or call.grant is None:
             return call.decode(self._eval(call.script, call.numkeys, call.items))
@@ -382,7 +258,7 @@ class RedisBackend(Backend):
     def _eval(self, script: Script, numkeys: int, items: list[Any]) -> Any:
         """Run ``script`` with ``items``: its ``numkeys`` keys, then its arguments; its raw reply.
 
-        (_transport.Scripts sends it; a failure is raised as :meth:`_failure` says.)
+        (_wire.Wire sends it; a failure is raised as :meth:`_failure` says.)
         """
         try:
             return self._run(script, numkeys, items)
@@ -517,7 +393,7 @@ class RedisBackend(Backend):
         # Read at once, every field checked: a damaged record fails this call, not a later use.
         return Call(self._read, 2, self._keys(key)[:2], partial(self._snapshot, key))
 
-    def _snapshot(self, key: str, reply: str | bytes) -> LockState:
+    def _snapshot(self, key: str, reply: str) -> LockState:
         return LockState(key, *self._parts(key, reply))
 
     def claim(
@@ -589,7 +465,7 @@ class RedisBackend(Backend):
         return state
 
     def read_many(self, keys: Sequence[str]) -> list[LockState | CorruptRecordError]:
-        """Read ``keys`` as :meth:`read` does, their READ scripts sent together (``_transport.Scripts.many``).
+        """Read ``keys`` as :meth:`read` does, their READ scripts sent together (``_wire.Wire.many``).
 
         A ``read`` of a subclass's own (or one set on the object) is honoured:
         then each key is read by it, one by one.
@@ -597,7 +473,11 @@ class RedisBackend(Backend):
         if getattr(self.read, "__func__", None) is not RedisBackend.read:
             return super().read_many(keys)
         calls = [self._read_call(key) for key in keys]  # the calls read() makes, sent together
-        replies = self._call(partial(self._scripts.many, self._read, 2, [call.items for call in calls]))
+        replies = self._call(partial(self._wire.many, self._read, 2, [call.items for call in calls]))
+        return self._states(calls, replies)
+
+    def _states(self, calls: list[Call], replies: list[Any]) -> list[LockState | CorruptRecordError]:
+        """The states READ ``replies`` to ``calls`` describe; a damaged record's error in its place."""
         states: list[LockState | CorruptRecordError] = []
         for call, reply in zip(calls, replies, strict=True):
             try:
@@ -618,60 +498,11 @@ class RedisBackend(Backend):
         return [name for bit, name in ((1, names[0]), (2, names[1])) if gone & bit]
 
     def scan(self) -> Iterator[str]:
-        # By name, never by content: a key whose record is damaged is listed too. Every
-        # primary of a cluster, a page at a time; a key is listed once, however often it is met.
-        prefix = self._prefix
-        pages = self._call(partial(scan_pages, self.client, match(prefix, "[qr]"), _SCAN_PAGE))
-        seen: set[str] = set()
-        while True:
-            page = self._call(partial(next, pages, None))
-            if page is None:
-                return
-            held = [(key, name[-1]) for name in page if (key := key_of(prefix, name, name[-1:])) is not None]
-            queued = {key for key, part in held if part == "q"}
-            # A run lock whose queue lock autoexpired is still a held key.
-            lone = [key for key, part in held if part == "r" and key not in queued and key not in seen]
-            if lone:
-                exists = self._call(partial(self._exist, [self._keys(key)[0] for key in lone]))
-                queued.update(key for key, e in zip(lone, exists, strict=True) if not e)
-            for key in queued - seen:
-                seen.add(key)
-                yield key
+        return _listing.lock_keys(self.client, self._prefix, self._call)
 
     def duplicates(self, window: float = WINDOW) -> dict[str, int]:
         """Sum the keys' ``<namespace>:{<key>}:d`` hashes (see ``_lua.count_drop``), found with ``SCAN``."""
-        check_window(window)
-        prefix = self._prefix
-        pages = self._call(partial(scan_pages, self.client, match(prefix, "d"), _SCAN_PAGE))
-        out: dict[str, int] = {}
-        first: int | None = None
-        seen: set[str] = set()  # a key met twice (a cluster mid-reshard) is counted once
-        while True:
-            page = self._call(partial(next, pages, None))
-            if page is None:
-                return out
-            page = [name for name in page if name not in seen]
-            seen.update(page)
-            if first is None:  # the window ends at the server's clock, as the counts began on it
-                seconds, micros = self._call(self.client.time)
-                first = first_minute(seconds + micros / 1_000_000, window)
-            for name, fields in zip(page, self._call(partial(self._hashes, page)), strict=True):
-                key = key_of(prefix, name, "d")
-                if key is None:
-                    continue
-                if not isinstance(fields, dict):  # another type: counts are for people, never an outage
-                    log.warning("skipping %s: not a hash of dropped duplicates (%s)", name, fields)
-                    continue
-                counts = {_text(f): _text(v) for f, v in fields.items()}
-                cls = counts.pop("c", "")
-                length = counts.pop("n", "")
-                if length.isdigit():
-                    cls = key[: int(length)]
-                total = sum(
-                    int(n) for m, n in counts.items() if m.isdigit() and n.isdigit() and int(m) >= first
-                )
-                if cls and total:
-                    out[cls] = out.get(cls, 0) + total
+        return _listing.duplicates(self.client, self._prefix, self._call, window)
 
     def namespaces(self, limit: int = 100_000) -> list[str]:
         """The namespaces holding locks on this server and database (this one too), sorted.
@@ -679,61 +510,13 @@ class RedisBackend(Backend):
         A bounded look, for ``uniqjob locks`` to say where locks are when this
         namespace has none: SCAN stops once about ``limit`` keys were looked at.
         """
-        pages = self._call(partial(scan_pages, self.client, "*:[{~]*:[qr]", _SCAN_PAGE))
-        found: set[str] = set()
-        for _ in range(max(0, -(-limit // _SCAN_PAGE))):
-            page = self._call(partial(next, pages, None))
-            if page is None:
-                break
-            for name in page:
-                head = name[: max(0, name.find("{"))]  # a namespace holds no '{': it ends before one
-                namespace = head.removesuffix("~").removesuffix(":")
-                if namespace and key_of(namespace + ":", name, name[-1:]) is not None:
-                    found.add(namespace)
-        return sorted(found)
-
-    def _hashes(self, names: list[str]) -> list[Any]:
-        pipe = self.client.pipeline(transaction=False)
-        for name in names:
-            pipe.hgetall(name)
-        return pipe.execute(raise_on_error=False)
-
-    def _exist(self, names: list[str]) -> list[Any]:
-        # One EXISTS per name: a cluster pipeline sends each to the node of its slot.
-        pipe = self.client.pipeline(transaction=False)
-        for name in names:
-            pipe.exists(name)
-        return pipe.execute()
+        return _listing.namespaces(self.client, self._call, limit)
 
     def close(self) -> None:
         try:
-            self._scripts.close()
             self.client.close()
         except Exception as exc:
             raise self._fail(exc) from exc
-
-
-#: How much longer than ``replica_timeout`` the socket timeout must be: WAIT replies once its
-#: timeout is up, and the reply must then still cross the network in time.
-WAIT_HEADROOM = 0.5
-
-
-def _check_wait(client: Any, replica_timeout: float) -> None:
-    """Refuse a ``replica_timeout`` the client's socket timeout would cut short (WAIT replies after it).
-
-    The socket timeout is the pool's (one server, a Sentinel master) or the one every
-    cluster node's connections get (a cluster client's nodes manager); it must exceed
-    ``replica_timeout`` by :data:`WAIT_HEADROOM`.
-    """
-    pool = getattr(client, "connection_pool", None) or getattr(client, "nodes_manager", None)
-    kwargs = getattr(pool, "connection_kwargs", None)
-    limit = kwargs.get("socket_timeout") if isinstance(kwargs, dict) else None
-    if isinstance(limit, int | float) and limit < replica_timeout + WAIT_HEADROOM:
-        raise ConfigurationError(
-            f"replica_timeout ({replica_timeout}s) must be shorter than the client's socket timeout "
-            f"({limit}s) by at least {WAIT_HEADROOM}s: the wait for replicas would time out the "
-            "connection instead"
-        )
 
 
 def _claimed(key: str, run: bool, reply: Any) -> str:
@@ -765,3 +548,17 @@ def _drop(count: bool, counted: float | None) -> str:
 
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
+
+
+def from_url(url: str) -> RedisBackend:
+    """A new RedisBackend for a Redis or Valkey URL of any form, checked first (see ``_url.parse``)."""
+    spec = parse(url)
+    backend = RedisBackend(
+        client_for(spec),  # RedisBackend takes a cluster client too
+        namespace=spec.namespace,
+        timeout=spec.connection["socket_timeout"],
+        replicas=spec.replicas,
+        replica_timeout=spec.replica_timeout,
+    )
+    backend.name = spec.flavor  # "valkey" in the messages of a Valkey URL's store
+    return backend

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 from urllib.parse import SplitResult, unquote
 
 from ...errors import ConfigurationError
@@ -30,11 +30,6 @@ from .._urls import (
     whole,
 )
 
-if TYPE_CHECKING:
-    import redis
-
-    from ._store import RedisBackend
-
 __all__ = [
     "MAX_REPLICAS",
     "REDIS_SCHEMES",
@@ -42,10 +37,8 @@ __all__ = [
     "REDIS_URL_OPTIONS",
     "RedisURL",
     "check_store_options",
-    "from_url",
     "namespace_problem",
     "parse",
-    "redis_client_from_url",
     "replicas_problem",
 ]
 
@@ -317,36 +310,3 @@ def _option(spec: RedisURL, name: str, value: str, kwargs: Mapping[str, Any]) ->
     if name == "client_name" and (" " in value or not value.isprintable()):
         raise Invalid(f"option 'client_name' may hold no spaces or control characters, got {value!r}")
     return {name: value if name.endswith("password") else plain_text(f"option {name!r}", value)}
-
-
-def redis_client_from_url(url: str, *, timeout: float) -> redis.Redis:
-    """Return a redis-py client for a URL of one server or a Sentinel service, checked first.
-
-    The forms: ``redis://``, ``rediss://``, ``unix://``, ``valkey://``,
-    ``valkeys://`` and their ``+sentinel`` forms (a ``+cluster`` URL makes a
-    cluster client: use :func:`uniqjob.stores.from_url`). Both socket timeouts
-    default to ``timeout`` seconds, so a call to an unreachable server fails in
-    bounded time. The URL may carry the query options of
-    :data:`REDIS_URL_OPTIONS` that set connections (``namespace``,
-    ``replicas`` and ``replica_timeout`` set the store, and are refused here).
-    Anything malformed (a bad host, port or database, an unknown option or a
-    bad value, a unix URL with no socket path, a NUL byte) is a
-    :class:`ConfigurationError` naming it, with any password in the URL
-    masked. Nothing connects yet.
-    """
-    spec = parse(url, timeout=timeout)
-    if spec.topology == "cluster":
-        raise bad(spec.kind, url, "a cluster URL makes a cluster client: use uniqjob.stores.from_url(url)")
-    for name in spec.store_options:
-        raise bad(spec.kind, url, f"option {name!r} sets the store, not the client: "
-                  f"pass the URL to uniqjob.stores.from_url, or {name}= to RedisBackend")  # fmt: skip
-    from ._clients import client_for
-
-    return client_for(spec)  # type: ignore[return-value]  # not a cluster: a redis.Redis
-
-
-def from_url(url: str) -> RedisBackend:
-    """A new RedisBackend for a Redis or Valkey URL of any form, checked first (see :func:`parse`)."""
-    from ._clients import backend_for
-
-    return backend_for(parse(url))

@@ -1,6 +1,6 @@
-"""The sync driver refuses an async answer of a queue's push, however often that answer's type was plain.
+"""The sync API refuses an async answer of a queue's push, however often that answer's type was plain.
 
-(``uniqjob._steps`` remembers the types whose instances it found not awaitable, so a queue's job
+(``uniqjob._callouts`` remembers the types whose instances it found not awaitable, so a queue's job
 handle is not tested in full at every enqueue: these hold that shortcut to ``inspect.isawaitable``.)
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from uniqjob import ConfigurationError, JobLock, MemoryBackend, UniqueJob
-from uniqjob._steps import _awaitable
+from uniqjob._callouts import awaitable
 from uniqjob.queues import Queue
 
 
@@ -83,9 +83,9 @@ def test_a_proxy_is_answered_by_the_class_it_claims() -> None:
         def __class__(self) -> type:
             return self.target
 
-    assert not _awaitable(Proxy(Proxy)) and not _awaitable(Proxy(Proxy))
-    assert _awaitable(Proxy(Awaited))  # the same type, claiming an awaitable class
-    assert not _awaitable(Proxy(Proxy))
+    assert not awaitable(Proxy(Proxy)) and not awaitable(Proxy(Proxy))
+    assert awaitable(Proxy(Awaited))  # the same type, claiming an awaitable class
+    assert not awaitable(Proxy(Proxy))
 
 
 def test_plain_answers_and_awaitables_are_told_apart() -> None:
@@ -95,7 +95,7 @@ def test_plain_answers_and_awaitables_are_told_apart() -> None:
     pending = coroutine()
     try:
         for _ in range(2):
-            assert not _awaitable(None) and not _awaitable(1) and not _awaitable("queued")
-            assert _awaitable(pending)
+            assert not awaitable(None) and not awaitable(1) and not awaitable("queued")
+            assert awaitable(pending)
     finally:
         pending.close()

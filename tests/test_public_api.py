@@ -1,0 +1,163 @@
+"""uniqjob uses its dependencies through their public API only: read from the source with :mod:`ast`.
+
+An attribute read or written as ``x._name`` is private to whoever defines
+``_name``. uniqjob may use its own (a name some ``uniqjob/`` module defines: a
+function, a class, a method, an attribute it assigns, a field it declares), and
+nothing else: ``conn._sock``, ``retry._backoff``, ``node._free`` on redis-py's
+or valkey-py's objects are what this test is for. Likewise an import of a
+private module or name of another package (``from redis._parsers import
+_RESP2Parser``), and a version check (``redis.__version__``): what a library
+does is read by what it offers, not by its version number.
+
+The few underscore names the standard library documents as public (a named
+tuple's ``_make``, ``os._exit``, ...) are listed by name below.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "uniqjob"
+
+#: Underscore names the standard library documents as public API.
+STDLIB_PUBLIC = frozenset({
+    "_make", "_replace", "_fields", "_asdict", "_field_defaults",  # collections.namedtuple
+    "_exit",  # os._exit
+    "_getframe",  # sys._getframe
+    "_current_frames",  # sys._current_frames
+})  # fmt: skip
+
+
+#: Known uses outside the Redis store, each to be removed by the owner of its module (not this test's).
+KNOWN = frozenset({
+    ("uniqjob/integrations/celery.py", "request._context"),  # a reserved Celery Request's task Context
+})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Use:
+    path: str
+    line: int
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.what}"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _trees(root: Path) -> Iterator[tuple[str, ast.Module]]:
+    for path in sorted(root.rglob("*.py")):
+        yield str(path.relative_to(root.parent)), ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
+def defined(trees: list[tuple[str, ast.Module]]) -> set[str]:
+    """Every underscore name the package defines: what it may use as ``x._name``."""
+    names: set[str] = set()
+
+    def target(node: ast.AST) -> None:
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):  # self._x = ..., cls._y = ...
+            names.add(node.attr)
+        elif isinstance(node, ast.Tuple | ast.List):
+            for item in node.elts:
+                target(item)
+        elif isinstance(node, ast.Starred):
+            target(node.value)
+
+    for _, tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                for item in node.targets:
+                    target(item)
+            elif isinstance(node, ast.AnnAssign | ast.AugAssign | ast.For | ast.AsyncFor | ast.comprehension):
+                target(node.target)
+            elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+                target(node.optional_vars)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+            elif isinstance(node, ast.alias) and node.asname:
+                names.add(node.asname)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+                names.add(node.value)  # __slots__ entries, namedtuple fields, setattr names
+    return {name for name in names if _private(name)}
+
+
+def _uniqjob_module(node: ast.ImportFrom) -> bool:
+    return node.level > 0 or (node.module or "").split(".")[0] == "uniqjob"
+
+
+def private_uses(root: Path = PACKAGE) -> list[Use]:
+    """Each use in ``root`` of an underscore name its own code does not define, or of a version."""
+    trees = list(_trees(root))
+    own = defined(trees) | STDLIB_PUBLIC
+    found: list[Use] = []
+    for path, tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute):
+                if _private(node.attr) and node.attr not in own:
+                    found.append(Use(path, node.lineno, f"{ast.unparse(node)} (not uniqjob's own)"))
+                elif node.attr == "__version__":
+                    found.append(Use(path, node.lineno, f"{ast.unparse(node)} (a version check)"))
+            elif isinstance(node, ast.ImportFrom) and not _uniqjob_module(node):
+                parts = (node.module or "").split(".")
+                for alias in node.names:
+                    if any(_private(p) for p in parts) or _private(alias.name):
+                        found.append(Use(path, node.lineno, f"from {node.module} import {alias.name}"))
+                    elif alias.name == "__version__":
+                        found.append(Use(path, node.lineno, f"from {node.module} import __version__"))
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if any(_private(p) for p in alias.name.split(".")):
+                        found.append(Use(path, node.lineno, f"import {alias.name}"))
+    return found
+
+
+def test_no_private_attribute_of_a_dependency_is_used() -> None:
+    found = [use for use in private_uses() if (use.path, use.what.partition(" ")[0]) not in KNOWN]
+    assert not found, "private API of another package used:\n" + "\n".join(map(str, found))
+
+
+def test_what_the_kept_lanes_did_would_be_found(tmp_path: Path) -> None:
+    # The deleted transport's uses, each of a kind the scan must catch, beside uniqjob's own.
+    package = tmp_path / "uniqjob"
+    package.mkdir()
+    (package / "old.py").write_text(
+        "import redis\n"
+        "from redis._parsers import _RESP2Parser\n"
+        "MAJOR = int(redis.__version__.split('.')[0])\n"
+        "class Lane:\n"
+        "    def __init__(self, conn):\n"
+        "        self._conn = conn\n"
+        "    def sock(self, retry, node, conn):\n"
+        "        node._free.append(conn)\n"
+        "        return self._conn._sock, retry._backoff, retry._retries, retry._supported_errors\n",
+        encoding="utf-8",
+    )
+    found = sorted(use.what for use in private_uses(package))
+    assert found == sorted(
+        [
+            "from redis._parsers import _RESP2Parser",
+            "redis.__version__ (a version check)",
+            "node._free (not uniqjob's own)",
+            "self._conn._sock (not uniqjob's own)",
+            "retry._backoff (not uniqjob's own)",
+            "retry._retries (not uniqjob's own)",
+            "retry._supported_errors (not uniqjob's own)",
+        ]
+    )  # and self._conn, which Lane defines, is not among them
+
+
+def test_uniqjob_s_own_private_names_are_allowed() -> None:
+    trees = list(_trees(PACKAGE))
+    own = defined(trees)
+    assert {"_keys", "_wire", "_acks", "_claim_call"} <= own  # the Redis store's, used by its faces
+    assert "_sock" not in own and "_backoff" not in own and "_free" not in own
