@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
+from celery.signals import task_prerun
 
 from tests.integration_workers import (
     URL_VAR,
@@ -93,6 +94,17 @@ def flaky(self: UniqueTask, name: str, failures: int, gated: bool = True) -> int
         raise self.retry(countdown=1)
     job_done(r, name)
     return attempt
+
+
+@task_prerun.connect  # type: ignore[untyped-decorator]
+def _hold_a_gated_retry(task: Any = None, args: Any = (), **_: Any) -> None:
+    """A retry of a gated ``flaky`` waits at gate ``NAME:retry``, before its run lock is taken.
+
+    So a test sees the lock between two attempts (queued, no run lock) for as long as it
+    looks, however loaded the machine: not only during the retry's one-second countdown.
+    """
+    if getattr(task, "name", None) == flaky.name and task.request.retries and (len(args) < 3 or args[2]):
+        wait_for_gate(client(), f"{args[0]}:retry")
 
 
 @unique_task(unique_on_conflict="reschedule", unique_reschedule_delay=1.0)

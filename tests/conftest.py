@@ -19,7 +19,9 @@ runs them everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -116,10 +118,10 @@ def cluster_client(cluster: Cluster, **kwargs: Any) -> RedisCluster:
 
 def sentinel_client(group: SentinelGroup, **kwargs: Any) -> redis.Redis:
     """A redis-py client of the current master of ``group``'s service, found through its Sentinels."""
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         [("127.0.0.1", s.port) for s in group.sentinels], socket_timeout=2
     )
-    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
         SERVICE, **{"socket_timeout": 5, "socket_connect_timeout": 5, **kwargs}
     )
     return client
@@ -315,8 +317,24 @@ def _isolated_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterat
     undos.clear()  # an undo left pending names a store of this test
 
 
+#: The tiers beyond the default one (registered in pyproject.toml). A test marked with one is
+#: deselected unless the run asks for its tier: a ``-m`` expression that names it (``-m slow``,
+#: ``-m "slow or browser"``), ``--soak`` for soak, ``--all-tiers`` for all, or its node id given
+#: on the command line. So ``pytest -q`` is the default tier: one fast test of every promise.
+TIERS = ("slow", "browser", "failover", "soak")
+
+#: Store kinds whose runs of the contract suites are the every-store matrix: ``slow``. The
+#: default tier keeps the contract on memory, file, redis (and the plugin store, dict).
+MATRIX_KINDS = frozenset({"cluster", "sentinel", "valkey", "valkey-py"})
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--soak", action="store_true", help="run the long fault soak tests (minutes)")
+    parser.addoption(
+        "--all-tiers",
+        action="store_true",
+        help=f"run every tier ({', '.join(TIERS)}) besides the default one",
+    )
     parser.addoption(
         "--every-store",
         action="store_true",
@@ -335,20 +353,60 @@ def _store_kind(item: pytest.Item) -> str | None:
     return None
 
 
+def _asked_tiers(config: pytest.Config) -> set[str]:
+    """The tiers this run asked for, besides the default one."""
+    if config.getoption("--all-tiers"):
+        return set(TIERS)
+    expression = config.option.markexpr or ""
+    asked = {tier for tier in TIERS if re.search(rf"\b{tier}\b", expression)}
+    if config.getoption("--soak"):
+        asked.add("soak")
+    return asked
+
+
+def _named(config: pytest.Config) -> list[str]:
+    """The node ids given on the command line (``path::name``), relative to the root directory."""
+    named = []
+    for arg in config.args:
+        path, sep, rest = arg.partition("::")
+        if sep:
+            with contextlib.suppress(ValueError):
+                relative = Path(path).resolve().relative_to(config.rootpath).as_posix()
+                named.append(f"{relative}::{rest}")
+    return named
+
+
+def _drop(config: pytest.Config, items: list[pytest.Item], dropped: list[pytest.Item]) -> None:
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        gone = set(map(id, dropped))
+        items[:] = [item for item in items if id(item) not in gone]
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m filters: it sees the slow marks put on here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # A store kind limited to some modules (StoreKind.only) is deselected elsewhere.
-    kept: list[pytest.Item] = []
+    # A store kind limited to some modules (StoreKind.only) is deselected elsewhere; the
+    # contract suites' runs on a topology or Valkey are the every-store matrix (slow).
+    every = config.getoption("--every-store")
     dropped: list[pytest.Item] = []
     for item in items:
         kind = _store_kind(item)
-        only = STORES[kind].only if kind is not None and not config.getoption("--every-store") else None
-        (dropped if only is not None and item.path.name not in only else kept).append(item)
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
-    if config.getoption("--soak"):
-        return
-    skip = pytest.mark.skip(reason="a soak test: run with --soak")
-    for item in items:
-        if "soak" in item.keywords:
-            item.add_marker(skip)
+        if kind is None:
+            continue
+        only = STORES[kind].only
+        if only is not None and item.path.name not in only and not every:
+            dropped.append(item)
+        elif kind in MATRIX_KINDS:
+            item.add_marker(pytest.mark.slow)
+    _drop(config, items, dropped)
+    # Each tier's tests run only when the run asks for that tier.
+    asked = _asked_tiers(config)
+    named = _named(config)
+
+    def wanted(item: pytest.Item) -> bool:
+        tiers = {tier for tier in TIERS if item.get_closest_marker(tier) is not None}
+        if tiers <= asked:
+            return True
+        return any(item.nodeid == n or item.nodeid.startswith((n + "[", n + "::")) for n in named)
+
+    _drop(config, items, [item for item in items if not wanted(item)])

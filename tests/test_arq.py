@@ -114,6 +114,7 @@ def test_retries_keep_the_lock_until_the_job_is_done(workers: Workers, redis_cli
     wait_until(lambda: not Flaky.is_locked("f", 1), "the lock to go")
 
 
+@pytest.mark.slow
 def test_between_retries_the_lock_is_queued_and_duplicates_drop(
     workers: Workers, redis_client: redis.Redis
 ) -> None:
@@ -133,6 +134,7 @@ def test_between_retries_the_lock_is_queued_and_duplicates_drop(
     assert count(redis_client, "done", "w") == 1
 
 
+@pytest.mark.slow
 def test_a_job_out_of_tries_frees_its_lock_at_the_next_enqueue(
     workers: Workers, redis_client: redis.Redis
 ) -> None:
@@ -154,6 +156,7 @@ def test_a_job_that_fails_for_good_releases_its_lock(workers: Workers, redis_cli
     wait_until(lambda: not Failing.is_locked("e"), "the lock to go")
 
 
+@pytest.mark.slow
 def test_an_expired_job_frees_its_lock_at_the_next_enqueue(
     workers: Workers, redis_client: redis.Redis
 ) -> None:
@@ -182,6 +185,7 @@ def test_a_killed_workers_lock_is_reclaimed(workers: Workers, redis_client: redi
     wait_until(lambda: not Gate.is_locked("k"), "its lock to go")
 
 
+@pytest.mark.slow
 def test_a_killed_worker_elsewhere_is_reclaimed_within_one_lease(
     workers: Workers, redis_client: redis.Redis
 ) -> None:

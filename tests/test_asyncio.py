@@ -322,6 +322,7 @@ def test_the_redis_face_loads_its_scripts_again_after_a_flush(
     asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_calls_cancelled_mid_exchange_leave_no_lock_and_usable_connections(
     redis_backend: RedisBackend,
 ) -> None:
@@ -483,6 +484,7 @@ sys.stdin.read()
 """
 
 
+@pytest.mark.slow
 def test_an_inline_start_cancelled_in_flight_is_undone(tmp_path: Path) -> None:
     # while_executing: the start is the call's first lock step. Another process holds every
     # stripe of the file store, so the start waits in its thread; the task is cancelled
@@ -549,6 +551,7 @@ def test_an_async_queue_is_refused_by_the_sync_enqueue() -> None:
 # -- the heartbeat and lost locks (a real redis-server) ----------------------------------------
 
 
+@pytest.mark.slow
 def test_the_lease_is_kept_while_another_task_blocks_the_loop(redis_backend: RedisBackend) -> None:
     lease = 1.5  # renewed every 0.5 s; the loop is blocked for twice the whole lease
     job = job_on(redis_backend, unique_run_lease=lease)

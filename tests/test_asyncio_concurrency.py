@@ -258,6 +258,7 @@ def test_raise_raises_concurrency_limit_exceeded_and_drops_the_lock() -> None:
     assert Raising.semaphore().read().empty
 
 
+@pytest.mark.slow
 def test_a_wait_timeout_raises_and_leaves_no_place_in_line() -> None:
     async def main() -> None:
         Impatient.gates[1] = asyncio.Event()
@@ -277,6 +278,7 @@ def test_a_wait_timeout_raises_and_leaves_no_place_in_line() -> None:
     assert Impatient.semaphore().read().empty
 
 
+@pytest.mark.slow
 def test_200_coroutines_on_a_limit_of_3_never_run_more_than_3_at_once(request: pytest.FixtureRequest) -> None:
     """200 on Redis; 60 on the stores that copy a key's whole record at each step (memory,
     files, the dict plugin), where every waiter's poll costs in proportion to the line."""
@@ -291,6 +293,7 @@ def test_200_coroutines_on_a_limit_of_3_never_run_more_than_3_at_once(request: p
     assert Busy.semaphore().read().empty
 
 
+@pytest.mark.slow
 def test_a_running_slot_is_kept_alive_by_the_heartbeat_past_its_lease() -> None:
     async def main() -> None:
         Short.gates[1] = asyncio.Event()
@@ -538,6 +541,7 @@ _names = itertools.count()
 
 @pytest.mark.parametrize("backend", ["redis"], indirect=True)
 @pytest.mark.parametrize("fault", ["pause", "drop"])
+@pytest.mark.slow
 def test_a_waiter_whose_store_fails_mid_wait_raises_and_leaves_nothing_behind(
     backend: Backend, proxy: FaultProxy, redis_client: redis.Redis, fault: str
 ) -> None:
@@ -632,6 +636,7 @@ def test_a_slot_reply_lost_on_the_way_is_undone_and_the_error_reaches_the_caller
 
 
 @pytest.mark.parametrize("backend", ["redis"], indirect=True)
+@pytest.mark.slow
 def test_a_delivery_whose_start_reply_is_lost_is_settled_as_a_failed_one(lossy: Any) -> None:
     """On a worker: released for good (no settle), or kept, lock and slot, for the queue's retry."""
     from uniqjob.integrations import aperform

@@ -23,6 +23,7 @@ def _blocks() -> list[tuple[bool, str]]:
     return [(bool(m.group(1)), textwrap.dedent(m.group(3))) for m in _BLOCK.finditer(DRAFT.read_text())]
 
 
+@pytest.mark.slow
 def test_the_arq_example_runs_on_a_real_worker(
     redis_server: RedisServer, redis_client: object, tmp_path: Path
 ) -> None:

@@ -36,6 +36,7 @@ def _finite_positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
+@pytest.mark.slow
 def test_quick_json_run_has_every_row_with_sane_numbers() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--json"],

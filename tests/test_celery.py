@@ -112,6 +112,7 @@ def test_duplicates_while_a_task_runs_run_once(workers: Workers, broker: redis.R
     wait_until(lambda: not gate.is_locked("h"), "its lock to go")
 
 
+@pytest.mark.slow
 def test_a_duplicate_sent_by_name_is_dropped_and_logged_like_any_other(
     workers: Workers, broker: redis.Redis
 ) -> None:
@@ -131,6 +132,7 @@ def test_a_duplicate_sent_by_name_is_dropped_and_logged_like_any_other(
     wait_until(lambda: not gate.is_locked("n"), "its lock to go")
 
 
+@pytest.mark.slow
 def test_until_expired_holds_after_the_task_ran_until_autoexpire(
     workers: Workers, broker: redis.Redis
 ) -> None:
@@ -157,6 +159,7 @@ def test_killed_worker_is_reclaimed_at_once_on_its_host(workers: Workers, broker
     assert gate.delay("k") is not None  # the child's pid is gone: provably dead, reclaimed at once
 
 
+@pytest.mark.slow
 def test_killed_worker_elsewhere_is_reclaimed_within_one_lease(workers: Workers, broker: redis.Redis) -> None:
     start_worker(workers, "remote", **{NODE_VAR: "another-machine"})
     gate.delay("r")
@@ -170,6 +173,7 @@ def test_killed_worker_elsewhere_is_reclaimed_within_one_lease(workers: Workers,
     assert waited <= lease + 1.0
 
 
+@pytest.mark.slow
 def test_acks_late_redelivery_after_a_crash_readopts_its_lock(workers: Workers, broker: redis.Redis) -> None:
     start_worker(workers, "first")
     late_gate.delay("x")
@@ -194,6 +198,7 @@ def test_acks_late_redelivery_after_a_crash_readopts_its_lock(workers: Workers, 
 
 
 @pytest.mark.parametrize("task", [late_gate, requeued_gate], ids=["acks_late", "reject_on_worker_lost"])
+@pytest.mark.slow
 def test_a_killed_pool_child_is_run_again_only_with_reject_on_worker_lost(
     workers: Workers, broker: redis.Redis, task: Any
 ) -> None:
@@ -223,6 +228,7 @@ def test_a_killed_pool_child_is_run_again_only_with_reject_on_worker_lost(
     assert list(uniqjob.default_backend().scan()) == []
 
 
+@pytest.mark.slow
 def test_retries_keep_the_lock_until_the_last_attempt(workers: Workers, broker: redis.Redis) -> None:
     start_worker(workers)
     result = flaky.delay("f", 1)
@@ -240,6 +246,7 @@ def test_retries_keep_the_lock_until_the_last_attempt(workers: Workers, broker: 
     assert between.queue is not None
     assert between.queue.token == first.queue.token and between.queue.meta.job_id == result.id
     assert flaky.delay("f", 1) is None  # still unique while the retry waits
+    open_gate(broker, "f:retry")  # tests/celery_app.py holds the retry until now
 
     wait_until(lambda: count(broker, "started", "f") == 2, "attempt 2")
     open_gate(broker, "f:2")
@@ -278,6 +285,7 @@ def test_revoke_releases_the_lock_and_the_concurrency_slot(workers: Workers, bro
     wait_until(lambda: not pair.is_locked("parked"), "its lock to go")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGKILL", "SIGQUIT", "SIGHUP", "SIGUSR1"])
 def test_revoke_terminate_releases_a_running_task_s_lock_at_once(
     workers: Workers, broker: redis.Redis, signum: str
@@ -299,6 +307,7 @@ def test_revoke_terminate_releases_a_running_task_s_lock_at_once(
     wait_until(lambda: state(slow_gate, "t").free, "its lock to go")
 
 
+@pytest.mark.slow
 def test_revoke_terminate_with_a_signal_the_child_ignores_leaves_its_running_task_locked(
     workers: Workers, broker: redis.Redis
 ) -> None:
@@ -316,6 +325,7 @@ def test_revoke_terminate_with_a_signal_the_child_ignores_leaves_its_running_tas
     wait_until(lambda: state(slow_gate, "i").free, "its lock to go")
 
 
+@pytest.mark.slow
 def test_reschedule_goes_through_the_broker(workers: Workers, broker: redis.Redis) -> None:
     start_worker(workers)
     rescheduled.delay("s")

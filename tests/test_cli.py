@@ -242,6 +242,7 @@ def _closed_port() -> int:
 
 
 @pytest.mark.parametrize("sub", [["run", "--", "true"], ["locks"], ["release", "k"], ["reap"]])
+@pytest.mark.slow
 def test_unreachable_redis_exits_69_quickly(sub: list[str], tmp_path: Path) -> None:
     url = f"redis://127.0.0.1:{_closed_port()}/0"
     marker = tmp_path / "ran"
@@ -305,6 +306,7 @@ def test_conflict_exit_code_and_wait_that_times_out(tmp_path: Path) -> None:
     assert finish(holder)[0] == 0
 
 
+@pytest.mark.slow
 def test_wait_succeeds_once_the_holder_ends(store: Store, tmp_path: Path) -> None:
     hold = Hold(tmp_path)
     holder = hold.start("--url", store.url)
@@ -357,6 +359,7 @@ def test_command_not_found_or_not_executable(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+@pytest.mark.slow
 def test_signals_are_forwarded_once_and_the_lock_released(signum: int, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     argv = [PY, "-c", COUNT, str(ready), "-", str(int(signum))]
@@ -407,6 +410,7 @@ def test_terminal_interrupt_reaches_the_command_once(tmp_path: Path) -> None:
         os.close(master)
 
 
+@pytest.mark.slow
 def test_kill_after_terminates_then_kills(tmp_path: Path) -> None:
     began = time.monotonic()
     result = uniqjob("run", "--kill-after", "0.3", "--", "sleep", "30")
@@ -418,6 +422,7 @@ def test_kill_after_terminates_then_kills(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not LINUX, reason="PR_SET_PDEATHSIG is Linux-only")
+@pytest.mark.slow
 def test_sigkill_of_the_wrapper_kills_the_command_and_frees_the_lock(store: Store, tmp_path: Path) -> None:
     hold = Hold(tmp_path)
     wrapper = hold.start("--url", store.url, "--key", "nightly")
@@ -459,6 +464,7 @@ time.sleep(float(sys.argv[2]))
 
 
 @pytest.mark.skipif(not LINUX, reason="reads /proc")
+@pytest.mark.slow
 def test_kill_after_stops_the_whole_pipeline_and_the_next_run_does_not_overlap(marker: str) -> None:
     argv = ("run", "--kill-after", "0.5", "--", "sh", "-c", f"sleep {marker} | sleep {marker}")
     for _ in range(2):  # the second run gets the lock, and finds nothing of the first still running

@@ -50,6 +50,7 @@ def listing(store: Store, *options: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
+@pytest.mark.slow
 def test_locks_json_describes_each_held_key(store: Store, tmp_path: Path) -> None:
     assert listing(store) == []
     hold = Hold(tmp_path)
@@ -147,6 +148,7 @@ def test_release_a_missing_key_exits_1(store: Store) -> None:
     assert result.stderr == "uniqjob: no lock on 'no-such-key'\n"
 
 
+@pytest.mark.slow
 def test_release_refuses_a_live_holder_unless_forced(store: Store, tmp_path: Path) -> None:
     hold = Hold(tmp_path)
     wrapper = hold.start("--url", store.url, "--key", "reports", "--lease", "1")
@@ -166,6 +168,7 @@ def test_release_refuses_a_live_holder_unless_forced(store: Store, tmp_path: Pat
 
 
 @pytest.mark.parametrize("make", [queued, orphan], ids=["queued", "orphaned"])
+@pytest.mark.slow
 def test_release_needs_no_force_without_a_live_holder(make: object, store: Store) -> None:
     make(store, "k")  # type: ignore[operator]
     result = uniqjob("release", "--url", store.url, "k")
@@ -174,6 +177,7 @@ def test_release_needs_no_force_without_a_live_holder(make: object, store: Store
     assert store.backend.read("k").free
 
 
+@pytest.mark.slow
 def test_reap_reclaims_orphans_only(store: Store, tmp_path: Path) -> None:
     hold = Hold(tmp_path)
     wrapper = hold.start("--url", store.url, "--key", "live")

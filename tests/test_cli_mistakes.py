@@ -186,6 +186,7 @@ def test_a_class_run_lease_out_of_range_is_refused(lease: float, ok: bool) -> No
         define()
 
 
+@pytest.mark.slow
 def test_wait_inf_takes_the_lock_once_the_holder_ends(tmp_path: Path) -> None:
     assert wait_seconds("inf") == math.inf and wait_seconds("2.5") == 2.5
     hold = Hold(tmp_path)
@@ -202,6 +203,7 @@ def test_wait_inf_takes_the_lock_once_the_holder_ends(tmp_path: Path) -> None:
 # -- release --force --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_release_force_of_a_live_lock_warns_that_its_job_may_still_run(
     redis_url: str, tmp_path: Path
 ) -> None:

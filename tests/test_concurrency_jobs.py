@@ -560,6 +560,7 @@ def test_a_promoted_job_records_its_queue_job_id_so_its_queue_can_call_it_gone(
 # -- the courier: promotions found by the heartbeat ----------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_hung_promotion_push_never_stalls_the_heartbeat(
     fake_time: MemoryBackend, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:

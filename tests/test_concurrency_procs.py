@@ -183,6 +183,7 @@ def requeue(client: redis.Redis, pid: int, ended: set[str]) -> set[str]:
             given_back.add(job)
 
 
+@pytest.mark.slow
 def test_queued_jobs_race_and_crash_within_the_limit_exactly_once_in_order(
     url: str, events: Path, procs: Processes, redis_client: redis.Redis
 ) -> None:
@@ -243,6 +244,7 @@ def test_queued_jobs_race_and_crash_within_the_limit_exactly_once_in_order(
 
 
 @pytest.mark.parametrize("die", ["before", "after"])
+@pytest.mark.slow
 def test_guarantee_5_a_promoter_that_dies_around_its_push_loses_nothing_and_runs_nothing_twice(
     url: str, events: Path, procs: Processes, redis_client: redis.Redis, die: str
 ) -> None:
@@ -274,6 +276,7 @@ def test_guarantee_5_a_promoter_that_dies_around_its_push_loses_nothing_and_runs
     assert not Fifo.is_locked(2, 0.0)
 
 
+@pytest.mark.slow
 def test_inline_callers_wait_their_turn_across_processes_and_crashes(
     url: str, events: Path, procs: Processes
 ) -> None:

@@ -39,9 +39,12 @@ from uniqjob.dashboard import create_app
 from uniqjob.stores.base import Backend
 
 CHROMIUM = os.environ.get("UNIQJOB_CHROMIUM", "/usr/bin/chromium")
-pytestmark = pytest.mark.skipif(
-    not os.access(CHROMIUM, os.X_OK), reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)"
-)
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not os.access(CHROMIUM, os.X_OK), reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+    ),
+]
 expect = sync_api.expect
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

@@ -152,6 +152,7 @@ def _enqueue_twice(url: str, n: int) -> None:
 
 
 @pytest.mark.parametrize("kind", ["redis", "file"])
+@pytest.mark.slow
 def test_every_processs_drops_are_counted_in_one_place(
     kind: str, redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
@@ -260,6 +261,7 @@ def test_a_long_file_counter_log_is_compacted(tmp_path: Path, clock: FakeClock) 
     assert b.duplicates() == {}
 
 
+@pytest.mark.slow
 def test_counts_in_a_redis_cluster_are_kept_beside_each_lock_and_summed_over_every_node() -> None:
     with Cluster(masters=3, replicas=0) as cluster:
         client = redis.RedisCluster(host="127.0.0.1", port=cluster.ports[0])

@@ -184,6 +184,7 @@ def _check(figures: Figures, *, acknowledged: bool) -> None:
         assert figures.overlaps == 0
 
 
+@pytest.mark.slow
 def test_kill_9_of_a_busy_master_loses_no_lock(group: SentinelGroup, tmp_path: Path) -> None:
     figures = _under_load(group, tmp_path, replicas=1, processes=3, keys=3, before=1.5, after=2.0)
     _check(figures, acknowledged=True)
@@ -193,7 +194,8 @@ def test_kill_9_of_a_busy_master_loses_no_lock(group: SentinelGroup, tmp_path: P
 @pytest.fixture
 def heavy(request: pytest.FixtureRequest) -> None:
     """Skip unless the run asked for the failover marker (``-m failover``): before any server starts."""
-    if "failover" not in (request.config.option.markexpr or ""):
+    asked = "failover" in (request.config.option.markexpr or "") or request.config.getoption("--all-tiers")
+    if not asked:
         pytest.skip("a heavier failover run: run with -m failover")
 
 
@@ -242,6 +244,7 @@ def proxied() -> Iterator[ProxiedPair]:
 
 
 @pytest.mark.parametrize("replicas", [0, 1])
+@pytest.mark.slow
 def test_a_grant_the_replica_never_saw(proxied: ProxiedPair, replicas: int) -> None:
     """Without acknowledgement the failover loses the grant (two holders); with it the grant is refused."""
     meta = QueueMeta("tests.Job", "[]")

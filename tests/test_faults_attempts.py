@@ -97,6 +97,7 @@ SETTLE: dict[str, Callable[[RedisBackend, str], object]] = {
 
 
 @pytest.mark.parametrize("settle", list(SETTLE))
+@pytest.mark.slow
 def test_a_redelivery_whose_start_was_lost_leaves_the_live_delivery(
     server: RedisServer, backend: RedisBackend, settle: str
 ) -> None:
@@ -112,6 +113,7 @@ def test_a_redelivery_whose_start_was_lost_leaves_the_live_delivery(
     assert backend.read("k").free
 
 
+@pytest.mark.slow
 def test_a_redelivery_whose_start_was_applied_still_settles_its_own_run(
     server: RedisServer, backend: RedisBackend
 ) -> None:
@@ -141,6 +143,7 @@ def test_a_late_finish_retried_after_a_redelivery_took_over_leaves_it(
     assert_held_by(backend, LONG)
 
 
+@pytest.mark.slow
 def test_a_late_renewal_never_extends_the_redeliverys_lease(
     server: RedisServer, backend: RedisBackend
 ) -> None:

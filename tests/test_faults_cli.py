@@ -80,6 +80,7 @@ def garbage(store: Store, key: str) -> Path:
 # -- corrupt records ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_locks_lists_a_record_of_the_wrong_shape_as_corrupt(
     store: Store, request: pytest.FixtureRequest
 ) -> None:
@@ -139,6 +140,7 @@ def test_reap_skips_a_corrupt_record_by_name_and_reaps_the_rest(
         store.backend.read("broken")  # left as it was
 
 
+@pytest.mark.slow
 def test_release_of_a_corrupt_record_needs_force_then_removes_it(
     store: Store, request: pytest.FixtureRequest
 ) -> None:
@@ -174,6 +176,7 @@ def test_release_force_takes_the_path_of_a_record_that_names_no_key(file_store: 
 # -- control characters ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_locks_table_escapes_control_characters_in_every_field(store: Store) -> None:
     assert store.backend.claim(EVIL, "t1", meta=QueueMeta("app\x1b[31mJob", "1\r\n2"), ttl=600) is None
     remote = RunClaim(Holder("box\x1b]0;x\x07", "node", 42, 1), lease=60)
@@ -193,6 +196,7 @@ def test_the_locks_table_escapes_control_characters_in_every_field(store: Store)
     assert {json.loads(line)["key"] for line in listing.stdout.splitlines()} == {EVIL, "run\x1b[2J"}
 
 
+@pytest.mark.slow
 def test_reap_and_release_escape_the_keys_they_print(store: Store) -> None:
     orphan(store, EVIL)
     for argv in (("reap", "--dry-run"), ("reap",)):
@@ -207,6 +211,7 @@ def test_reap_and_release_escape_the_keys_they_print(store: Store) -> None:
     assert missing.returncode == 1 and not any(c in missing.stderr for c in RAW)
 
 
+@pytest.mark.slow
 def test_a_corrupt_record_s_key_is_escaped_too(store: Store, request: pytest.FixtureRequest) -> None:
     damage(store, EVIL, request)
     fix = "uniqjob release --force $'evil\\x1b]0;pwned\\x07\\nqueued    -    FORGED'"  # as bash spells it

@@ -88,6 +88,7 @@ def _stall_in_first_renewal(
     return stalled_renew
 
 
+@pytest.mark.slow
 def test_a_renewal_that_connects_during_a_stall_heals(own_server: RedisServer, hb: Heartbeat) -> None:
     # Bug 1: the heartbeat thread's first call connected during the stall; from then on
     # every beat failed ("'NoneType' object has no attribute 'poll'") and the lease lapsed.
@@ -105,6 +106,7 @@ def test_a_renewal_that_connects_during_a_stall_heals(own_server: RedisServer, h
     beat.cancel()
 
 
+@pytest.mark.slow
 def test_a_stall_past_the_margin_is_presumed_lost_before_the_lease_can_lapse(
     own_server: RedisServer, hb: Heartbeat
 ) -> None:
@@ -125,6 +127,7 @@ def test_a_stall_past_the_margin_is_presumed_lost_before_the_lease_can_lapse(
     assert beat.lost.is_set()
 
 
+@pytest.mark.slow
 def test_a_renewal_whose_reply_is_lost_is_retried_and_heals(own_server: RedisServer, hb: Heartbeat) -> None:
     lease = 3.0
     with FaultProxy(("127.0.0.1", own_server.port)) as proxy:
@@ -148,6 +151,7 @@ def test_a_renewal_whose_reply_is_lost_is_retried_and_heals(own_server: RedisSer
         beat.cancel()
 
 
+@pytest.mark.slow
 def test_dropped_connections_between_beats_heal(own_server: RedisServer, hb: Heartbeat) -> None:
     lease = 1.5
     with FaultProxy(("127.0.0.1", own_server.port)) as proxy:
@@ -165,6 +169,7 @@ def _renewed_since(beat: Beat, confirmed: float) -> None:
     wait_until(lambda: beat.confirmed > confirmed or beat.lost.is_set(), "a renewal after the fault", 5)
 
 
+@pytest.mark.slow
 def test_a_restart_that_lost_the_lock_is_reported_lost_not_retried(
     own_server: RedisServer, hb: Heartbeat
 ) -> None:

@@ -80,6 +80,7 @@ def _stall(server: RedisServer, seconds: float) -> threading.Thread:
     return thread
 
 
+@pytest.mark.slow
 def test_lost_claim_reply_on_redis_leaves_no_stranded_queue_lock(
     server: RedisServer, stalling: RedisBackend
 ) -> None:
@@ -97,12 +98,13 @@ def test_lost_claim_reply_on_redis_leaves_no_stranded_queue_lock(
     with pytest.raises(BackendError):
         Export.enqueue(1)
     resumed.join()
-    # Within a second of the store answering again, the same call is taken (not dropped as a duplicate).
-    took = wait_until(lambda: Export.enqueue(1) is not None, "the same enqueue to be taken", 1.0)
-    assert took < 1.0
+    # Once the store answers again, the very next call is taken (not dropped as a duplicate): it
+    # undoes the applied claim it finds in its way. (Counted in calls, not in seconds of a busy machine.)
+    assert Export.enqueue(1) is not None
     assert queue.pushed == [(0,), (1,)]
 
 
+@pytest.mark.slow
 def test_lost_claim_reply_is_undone_in_the_background(server: RedisServer, stalling: RedisBackend) -> None:
     """Another process sees the key free soon after the store answers, with no further call here."""
     lock = JobLock(stalling, "nightly", meta=QueueMeta("Export", "1"))
@@ -112,9 +114,10 @@ def test_lost_claim_reply_is_undone_in_the_background(server: RedisServer, stall
     with pytest.raises(BackendError):
         lock.acquire()
     resumed.join()
-    wait_until(lambda: stalling.read("nightly").free, "the key to be free", 3.0)
+    wait_until(lambda: stalling.read("nightly").free, "the key to be free")
 
 
+@pytest.mark.slow
 def test_lost_reply_of_an_inline_run_does_not_hold_the_key_for_a_lease(
     server: RedisServer, stalling: RedisBackend
 ) -> None:
@@ -133,7 +136,7 @@ def test_lost_reply_of_an_inline_run_does_not_hold_the_key_for_a_lease(
     with pytest.raises(BackendError):
         Nightly.run(1)
     resumed.join()
-    wait_until(lambda: Nightly.run(1) is None and ran == [0, 1], "the same run to run", 1.0)
+    assert Nightly.run(1) is None and ran == [0, 1]  # the very next call runs
 
 
 class _AppliedThenFails(Backend):
@@ -192,11 +195,12 @@ def test_an_applied_claim_that_failed_is_undone_on_every_store(backend: Backend)
     lock = JobLock(wrapped, "k", meta=QueueMeta("C", ""))
     with pytest.raises(BackendError):
         lock.acquire(run=True)
-    wait_until(lambda: backend.read("k").free, "the key to be free", 3.0)
+    wait_until(lambda: backend.read("k").free, "the key to be free")
     assert JobLock(backend, "k").acquire()
 
 
 @pytest.mark.parametrize("strategy", ["while_executing", "until_and_while_executing"])
+@pytest.mark.slow
 def test_a_with_block_whose_start_was_applied_but_failed_is_undone_on_every_store(
     backend: Backend, strategy: Strategy
 ) -> None:
@@ -205,11 +209,12 @@ def test_a_with_block_whose_start_was_applied_but_failed_is_undone_on_every_stor
     lock = JobLock(_AppliedThenFails(backend, step="start"), "k", meta=QueueMeta("C", ""), strategy=strategy)
     with pytest.raises(BackendError), lock:
         raise AssertionError("the body must not run")
-    wait_until(lambda: backend.read("k").free, "the key to be free", 3.0)
+    wait_until(lambda: backend.read("k").free, "the key to be free")
     with JobLock(backend, "k", strategy=strategy):
         pass
 
 
+@pytest.mark.slow
 def test_a_failed_claim_draws_a_new_token(backend: Backend) -> None:
     wrapped = _AppliedThenFails(backend)
     lock = JobLock(wrapped, "k")
@@ -217,7 +222,7 @@ def test_a_failed_claim_draws_a_new_token(backend: Backend) -> None:
     with pytest.raises(BackendError):
         lock.acquire()
     assert lock.token != first
-    wait_until(lambda: not undos, "the undo to be done", 3.0)
+    wait_until(lambda: not undos, "the undo to be done")
     assert lock.acquire()  # the undo of the old token never touches the new lock
     time.sleep(0.1)
     state = backend.read("k")
@@ -459,6 +464,7 @@ def test_a_late_grant_that_cannot_be_confirmed_does_not_run() -> None:
     assert store.read(Late.lock_key()).free
 
 
+@pytest.mark.slow
 def test_a_grant_slower_than_a_third_of_the_lease_is_renewed_in_time() -> None:
     """The first renewal is due one interval after the grant was sent, not after its slow reply."""
     store = _SlowClaim(delay=0.6)  # lease 1.5: more than a third, less than two thirds
@@ -495,6 +501,7 @@ class _RenewStalls(MemoryBackend):
         return super().renew(key, token, lease, attempt)
 
 
+@pytest.mark.slow
 def test_a_lock_presumed_lost_is_still_renewed_if_the_store_comes_back_in_time() -> None:
     """An in-process perform is not interrupted: its lock must not lapse when the store is back."""
     store = _RenewStalls()
@@ -512,6 +519,7 @@ def test_a_lock_presumed_lost_is_still_renewed_if_the_store_comes_back_in_time()
         assert lock.lost  # latched: the holder was told to stop, and is not told otherwise
 
 
+@pytest.mark.slow
 def test_a_store_that_hangs_holds_up_no_other_stores_renewals() -> None:
     hanging = _RenewStalls(hang=3.0)
     healthy = MemoryBackend()
@@ -542,6 +550,7 @@ sys.stdin.readline()  # the replies flow again: exit at once
 """
 
 
+@pytest.mark.slow
 def test_a_process_that_exits_after_a_lost_claim_reply_undoes_it_on_its_way_out(
     server: RedisServer, stalling: RedisBackend
 ) -> None:

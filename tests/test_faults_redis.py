@@ -100,6 +100,7 @@ CALLS: dict[str, Callable[[RedisBackend, RunClaim], LockState | None]] = {
 
 @pytest.mark.parametrize("kind", ["pool", "blocking"])
 @pytest.mark.parametrize("call", list(CALLS))
+@pytest.mark.slow
 def test_a_call_whose_reply_was_lost_succeeds_when_retried_with_its_token(
     server: RedisServer, kind: str, call: str
 ) -> None:
@@ -124,6 +125,7 @@ def test_a_call_whose_reply_was_lost_succeeds_when_retried_with_its_token(
 
 
 @pytest.mark.parametrize("kind", ["pool", "blocking"])
+@pytest.mark.slow
 def test_redis_pys_own_retry_across_a_stall_finds_the_claim_it_sent(server: RedisServer, kind: str) -> None:
     # The client's retry policy resends the claim after a timeout; the server,
     # resumed in between, has already applied the first copy.
@@ -142,6 +144,7 @@ def test_redis_pys_own_retry_across_a_stall_finds_the_claim_it_sent(server: Redi
     backend.close()
 
 
+@pytest.mark.slow
 def test_a_renew_or_finish_retried_after_a_lost_reply_is_harmless(server: RedisServer) -> None:
     backend = _backend(server, "pool", Retry(NoBackoff(), 0))
     run = RunClaim(HOLDER, 30.0, "a1")
@@ -206,6 +209,7 @@ def cluster_node(directory: Path) -> Iterator[tuple[int, subprocess.Popen[bytes]
         proc.wait()
 
 
+@pytest.mark.slow
 def test_a_cluster_client_works_and_its_failures_are_backend_errors(tmp_path: Path) -> None:
     with cluster_node(tmp_path) as (port, proc):
         client = redis.RedisCluster(

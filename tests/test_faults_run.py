@@ -102,6 +102,7 @@ def wait_for_ticks(path: Path, timeout: float = 15.0) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_a_stall_past_the_margin_stops_the_command_before_a_second_run_can_start(
     server: RedisServer, url: str, tmp_path: Path
 ) -> None:
@@ -132,6 +133,7 @@ def test_a_stall_past_the_margin_stops_the_command_before_a_second_run_can_start
     assert int(fence2) > int(fence1) > 0
 
 
+@pytest.mark.slow
 def test_a_command_that_ignores_sigterm_is_killed_before_the_lease_can_lapse(
     server: RedisServer, url: str, tmp_path: Path
 ) -> None:
@@ -152,6 +154,7 @@ def test_a_command_that_ignores_sigterm_is_killed_before_the_lease_can_lapse(
     assert "SIGKILL" not in err
 
 
+@pytest.mark.slow
 def test_a_stall_that_fails_the_first_renewal_heals_and_keeps_the_lock(
     server: RedisServer, url: str, tmp_path: Path
 ) -> None:
@@ -180,6 +183,7 @@ def test_a_stall_that_fails_the_first_renewal_heals_and_keeps_the_lock(
     assert not ticks(second_ticks)
 
 
+@pytest.mark.slow
 def test_a_taken_lock_stops_the_command_with_one_line(url: str, tmp_path: Path) -> None:
     first_ticks = tmp_path / "first"
     first = run(url, first_ticks, 8)
@@ -198,6 +202,7 @@ def test_a_taken_lock_stops_the_command_with_one_line(url: str, tmp_path: Path) 
     assert lines == [line for line in err.splitlines() if "nightly" in line] and len(lines) == 1, err
 
 
+@pytest.mark.slow
 def test_a_lock_lost_after_the_time_limits_sigterm_still_brings_the_sigkill_forward(tmp_path: Path) -> None:
     """--kill-after's SIGTERM came first; a later loss must still end the command before the lease lapses."""
     import fcntl

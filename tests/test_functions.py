@@ -257,6 +257,7 @@ def start_worker(workers: Workers, name: str) -> None:
     workers.start(name, [rq, "worker", "-u", url, "-n", f"{name}-{uuid.uuid4().hex[:8]}", QUEUE])
 
 
+@pytest.mark.slow
 def test_the_queue_s_own_enqueue_still_runs_under_the_run_lock(
     workers: Workers, redis_client: redis.Redis
 ) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import assert_type
 
+import pytest
 from mypy import api
 
 from tests.functions_jobs import Reports, send_report
@@ -28,6 +29,7 @@ def test_calls_keep_their_types() -> None:
     assert Reports("p").build(3) == "p3"
 
 
+@pytest.mark.slow
 def test_mypy_rejects_calls_that_do_not_fit_the_function(tmp_path: Path) -> None:
     snippet = tmp_path / "snippet.py"
     snippet.write_text(

@@ -437,6 +437,7 @@ def test_bad_arguments_raise_before_anything_is_locked(use: Backend) -> None:
     assert list(use.scan()) == []
 
 
+@pytest.mark.slow
 def test_long_perform_keeps_its_lock(redis_backend: Backend) -> None:
     """A perform that lasts many leases is never robbed: the heartbeat renews it."""
     uniqjob.configure(redis_backend)

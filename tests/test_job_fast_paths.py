@@ -65,6 +65,7 @@ _names = st.lists(st.text(min_size=1, max_size=6), min_size=0, max_size=5, uniqu
 
 
 @given(_names, st.data())
+@pytest.mark.slow
 def test_a_planned_key_is_make_key(names: list[str], data: st.DataObject) -> None:
     values = [data.draw(_values) for _ in names]
     assert KeyPlan(names).key("job", values) == make_key("job", dict(zip(names, values, strict=True)))

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 import anyio
+import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
@@ -58,6 +59,7 @@ def _key_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.slow
 def test_the_tools_answer_what_the_cli_prints_and_change_nothing(scene: Scene) -> None:
     url = scene.url
     tools, (locks, some, concurrency, one) = call(
@@ -90,6 +92,7 @@ def test_the_tools_answer_what_the_cli_prints_and_change_nothing(scene: Scene) -
     assert cli("locks", "--url", url, "--json")[:-1] and scene.unchanged()
 
 
+@pytest.mark.slow
 def test_bad_arguments_are_a_tool_error_naming_them(scene: Scene) -> None:
     async def session() -> list[str]:
         params = StdioServerParameters(

@@ -95,6 +95,7 @@ def test_a_database_the_server_lacks_is_a_configuration_error(redis_server: Redi
     assert NO_SUCH_DB in result.stderr
 
 
+@pytest.mark.slow
 def test_an_error_from_the_environments_store_names_the_variable(guarded: RedisServer) -> None:
     masked = guarded.url.replace("redis://", "redis://:nope@")
     result = cli("locks", UNIQJOB_URL=masked)

@@ -177,6 +177,7 @@ def fire(url: str, ran: Path, hosts: int, *options: str) -> list[int]:
     return [proc.wait(timeout=60) for proc in procs]
 
 
+@pytest.mark.slow
 def test_hosts_firing_the_same_tick_run_it_once(shared_url: str, tmp_path: Path) -> None:
     ran = tmp_path / "ran"
     statuses = fire(shared_url, ran, 6)

@@ -25,6 +25,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return store_url(request, tmp_path)
 
 
+@pytest.mark.slow
 def test_race_one_holder_at_a_time_and_no_false_conflicts(url: str) -> None:
     active, max_active = ctx.Value("i", 0), ctx.Value("i", 0)
     results = ctx.Queue()
@@ -78,6 +79,7 @@ def test_killed_worker_on_this_host_is_reclaimed_at_once(url: str, tmp_path: Pat
     lock.release()
 
 
+@pytest.mark.slow
 def test_killed_worker_on_another_host_is_reclaimed_within_one_lease(url: str, tmp_path: Path) -> None:
     uniqjob.configure(url)
     lease = 0.6

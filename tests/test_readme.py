@@ -255,7 +255,14 @@ def test_readme_has_examples() -> None:
     assert len(python_blocks()) >= 3
 
 
-@pytest.mark.parametrize("path", DOC_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(  # the files whose examples take seconds run with -m slow
+    "path",
+    [
+        pytest.param(p, marks=pytest.mark.slow) if p.name in {"README.md", "operations.md", "redis.md"} else p
+        for p in DOC_FILES
+    ],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
 def test_the_examples_of_each_file_run(
     path: Path,
     tmp_path: Path,
@@ -307,6 +314,7 @@ def unprivileged() -> Iterator[tuple[nonroot.Drop, nonroot.Environment]]:
         environment.close()
 
 
+@pytest.mark.slow
 def test_the_examples_run_as_a_user_who_is_not_root(
     unprivileged: tuple[nonroot.Drop, nonroot.Environment],
 ) -> None:
@@ -332,6 +340,7 @@ def test_the_examples_run_as_a_user_who_is_not_root(
             "-p",
             "no:randomly",
             f"--rootdir={environment.tree}",
+            "--all-tiers",  # every file's examples, those of the slow tier too
             "-k",
             "test_the_examples_of_each_file_run",
             "tests/test_readme.py",
@@ -434,6 +443,7 @@ def test_every_link_between_the_files_reaches_its_file_and_heading() -> None:
                 assert anchor in _anchors(linked), f"{path.name}: a link to {target}: no such heading"
 
 
+@pytest.mark.slow
 def test_the_first_set_up_command_runs_in_a_fresh_venv(tmp_path: Path) -> None:
     (setup,) = [b for b in blocks_of(README) if b.lang == "sh" and "pip install ." in b.body]
     tree = tmp_path / "checkout"

@@ -47,6 +47,7 @@ def own_group() -> Iterator[SentinelGroup]:
         yield group
 
 
+@pytest.mark.slow
 def test_after_kill_9_of_the_master_calls_fail_as_backend_errors_then_reach_the_new_master(
     own_group: SentinelGroup,
 ) -> None:

@@ -46,6 +46,7 @@ DISTRIBUTED = [
 
 
 @pytest.mark.parametrize("scheme", DISTRIBUTED)
+@pytest.mark.slow
 def test_every_distributed_scheme_is_registered(scheme: str) -> None:
     assert scheme in stores.schemes()
 
@@ -59,6 +60,7 @@ CLUSTER_FORMS = [
 
 
 @pytest.mark.parametrize(("url", "seeds"), CLUSTER_FORMS)
+@pytest.mark.slow
 def test_a_cluster_url_names_its_seed_nodes(url: str, seeds: list[tuple[str, int]]) -> None:
     spec = parse(url)
     assert (spec.topology, spec.nodes) == ("cluster", seeds)
@@ -73,6 +75,7 @@ SENTINEL_FORMS = [
 
 
 @pytest.mark.parametrize(("url", "sentinels", "service", "db"), SENTINEL_FORMS)
+@pytest.mark.slow
 def test_a_sentinel_url_names_its_sentinels_service_and_db(
     url: str, sentinels: list[tuple[str, int]], service: str, db: int | None
 ) -> None:
@@ -81,6 +84,7 @@ def test_a_sentinel_url_names_its_sentinels_service_and_db(
     assert spec.connection.get("db") == db
 
 
+@pytest.mark.slow
 def test_sentinel_auth_is_separate_from_the_masters() -> None:
     spec = parse("redis+sentinel://app:master-pw@s1/m?sentinel_username=watch&sentinel_password=s%26pw")
     assert (spec.connection["username"], spec.connection["password"]) == ("app", "master-pw")
@@ -96,11 +100,13 @@ def test_sentinel_auth_is_separate_from_the_masters() -> None:
         ("rediss+cluster://h", "redis", True),
     ],
 )
+@pytest.mark.slow
 def test_the_scheme_says_valkey_and_tls(url: str, flavor: str, tls: bool) -> None:
     spec = parse(url)
     assert (spec.flavor, spec.tls) == (flavor, tls)
 
 
+@pytest.mark.slow
 def test_timeouts_apply_to_every_connection() -> None:
     spec = parse("rediss+sentinel://s/m?timeout=2&socket_timeout=0.5&ssl_cert_reqs=none")
     for kwargs in (spec.connection, spec.sentinel):
@@ -109,6 +115,7 @@ def test_timeouts_apply_to_every_connection() -> None:
 
 
 @pytest.mark.parametrize("form", ["redis://h/0", "rediss://h", "unix:///tmp/r.sock", "valkey://h"])
+@pytest.mark.slow
 def test_namespace_and_replica_options_reach_the_backend_of_one_server(form: str) -> None:
     sep = "&" if "?" in form else "?"
     backend = stores.from_url(f"{form}{sep}namespace=billing&replicas=2&replica_timeout=0.25")
@@ -119,6 +126,7 @@ def test_namespace_and_replica_options_reach_the_backend_of_one_server(form: str
     assert (default.namespace, default.replicas, default.replica_timeout) == ("uniqjob", 0, 1.0)
 
 
+@pytest.mark.slow
 def test_the_option_table_lists_the_new_options() -> None:
     for name in ("namespace", "replicas", "replica_timeout", "sentinel_username", "sentinel_password"):
         assert name in REDIS_URL_OPTIONS
@@ -191,6 +199,7 @@ BAD = [
 
 
 @pytest.mark.parametrize(("url", "message"), BAD)
+@pytest.mark.slow
 def test_a_malformed_distributed_url_names_the_problem(url: str, message: str) -> None:
     with pytest.raises(ConfigurationError) as caught:
         stores.from_url(url)
@@ -208,6 +217,7 @@ def test_a_malformed_distributed_url_names_the_problem(url: str, message: str) -
         (None, "namespace must be a non-empty string, got None"),
     ],
 )
+@pytest.mark.slow
 def test_a_store_made_directly_checks_its_namespace_as_a_url_does(
     redis_client: redis.Redis, namespace: Any, message: str
 ) -> None:
@@ -219,6 +229,7 @@ def test_a_store_made_directly_checks_its_namespace_as_a_url_does(
 
 
 @pytest.mark.parametrize("replicas", [-1, 65, 10**20, 1.0, True])
+@pytest.mark.slow
 def test_a_store_made_directly_bounds_its_replicas_as_a_url_does(
     redis_client: redis.Redis, replicas: Any
 ) -> None:
@@ -237,12 +248,14 @@ def test_a_store_made_directly_bounds_its_replicas_as_a_url_does(
         ("redis://h:7000", "'h:7000', db=0"),
     ],
 )
+@pytest.mark.slow
 def test_a_url_without_a_port_names_the_default_one(url: str, named: str) -> None:
     backend = stores.from_url(url)
     assert repr(backend) == f"RedisBackend({named})"
     backend.close()
 
 
+@pytest.mark.slow
 def test_the_url_help_lists_every_form(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["locks", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
@@ -251,6 +264,7 @@ def test_the_url_help_lists_every_form(capsys: pytest.CaptureFixture[str]) -> No
 
 
 @pytest.mark.parametrize(("url", "message"), BAD[:3])
+@pytest.mark.slow
 def test_the_command_exits_78_on_a_malformed_distributed_url(
     url: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -258,6 +272,7 @@ def test_the_command_exits_78_on_a_malformed_distributed_url(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_kind_of_url_is_named() -> None:
     for url, kind in [
         ("redis+cluster://a,,b", "bad Redis Cluster URL"),
@@ -276,6 +291,7 @@ def test_the_kind_of_url_is_named() -> None:
         "rediss+sentinel://app:hunter2@s/m?password=hunter2&sentinel_password=hunter2&nope=1",
     ],
 )
+@pytest.mark.slow
 def test_no_password_appears_in_a_distributed_url_error(url: str) -> None:
     with pytest.raises(ConfigurationError) as caught:
         stores.from_url(url)
@@ -294,6 +310,7 @@ def test_a_bad_url_fails_before_any_connection() -> None:
             listener.accept()  # nobody knocked
 
 
+@pytest.mark.slow
 def test_redis_client_from_url_refuses_what_is_not_a_client_setting() -> None:
     with pytest.raises(
         ConfigurationError, match=r"a cluster URL makes a cluster client: use uniqjob\.stores"
@@ -311,6 +328,7 @@ def _pool_kwargs(client: redis.Redis) -> dict[str, Any]:
     return kwargs
 
 
+@pytest.mark.slow
 def test_a_valkey_url_makes_a_redis_py_client_of_its_kind() -> None:
     plain = stores.from_url("valkey://h:7/2?timeout=3")
     tls = stores.from_url("valkeys://h?ssl_cert_reqs=none")
@@ -326,6 +344,7 @@ def test_a_valkey_url_makes_a_redis_py_client_of_its_kind() -> None:
 
 
 @pytest.mark.parametrize("scheme", ["redis+sentinel", "rediss+sentinel", "valkey+sentinel"])
+@pytest.mark.slow
 def test_a_sentinel_url_makes_the_master_client_of_its_service(scheme: str) -> None:
     url = f"{scheme}://app:pw@s1:1,[::1]/cache/4?timeout=2&sentinel_password=spw&client_name=w1"
     backend = stores.from_url(url)
@@ -350,6 +369,7 @@ def test_a_sentinel_url_makes_the_master_client_of_its_service(scheme: str) -> N
     assert backend.name == ("valkey" if scheme.startswith("valkey") else "redis")
 
 
+@pytest.mark.slow
 def test_an_unreachable_cluster_is_a_backend_error_naming_the_seeds() -> None:
     ports = [_free_port(), _free_port()]
     url = f"redis+cluster://127.0.0.1:{ports[0]},[::1]:{ports[1]}?timeout=0.5"
@@ -364,6 +384,7 @@ def test_an_unreachable_cluster_is_a_backend_error_naming_the_seeds() -> None:
     assert "Connection refused" in message or "connecting" in message
 
 
+@pytest.mark.slow
 def test_a_silent_cluster_node_fails_within_the_timeout() -> None:
     """A seed that accepts and never answers costs its reply timeout, then a BackendError."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
@@ -374,6 +395,7 @@ def test_a_silent_cluster_node_fails_within_the_timeout() -> None:
         assert 0.25 < time.monotonic() - began < 2
 
 
+@pytest.mark.slow
 def test_a_cluster_url_on_a_single_server_is_a_backend_error(redis_server: RedisServer) -> None:
     with pytest.raises(BackendError, match="Cluster mode is not enabled on this node"):
         stores.from_url(f"redis+cluster://127.0.0.1:{redis_server.port}")
@@ -461,6 +483,7 @@ class Export(UniqueJob):
 
 
 @pytest.mark.parametrize("form", FORMS)
+@pytest.mark.slow
 def test_a_job_runs_through_configure_on_each_form(request: pytest.FixtureRequest, form: str) -> None:
     url = _url(request, form) + "?namespace=e2e"
     backend = uniqjob.configure(url)
@@ -472,6 +495,7 @@ def test_a_job_runs_through_configure_on_each_form(request: pytest.FixtureReques
 
 
 @pytest.mark.parametrize("form", FORMS)
+@pytest.mark.slow
 def test_a_claim_lands_on_the_server_that_holds_it(request: pytest.FixtureRequest, form: str) -> None:
     # Every topology here but the lone valkey-server has a replica per master to acknowledge grants.
     replicas = 0 if form == "valkey" else 1
@@ -491,6 +515,7 @@ def test_a_claim_lands_on_the_server_that_holds_it(request: pytest.FixtureReques
 
 
 @pytest.mark.parametrize("form", ["redis+cluster", "redis+sentinel"])
+@pytest.mark.slow
 def test_a_job_runs_through_uniqjob_url(
     request: pytest.FixtureRequest, form: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -503,6 +528,7 @@ def test_a_job_runs_through_uniqjob_url(
     assert Export.enqueue(21) == 42 and Export.held == [True]
 
 
+@pytest.mark.slow
 def test_a_sentinel_url_follows_the_current_master(sentinels: SentinelGroup) -> None:
     backend = stores.from_url(sentinels.url(db=2))
     assert isinstance(backend, RedisBackend)
@@ -516,11 +542,13 @@ def test_a_sentinel_url_follows_the_current_master(sentinels: SentinelGroup) -> 
 
 
 @pytest.mark.xfail(strict=False, reason="RedisBackend's repr of a Sentinel client: cluster branch")
+@pytest.mark.slow
 def test_a_sentinel_backend_names_its_service(sentinels: SentinelGroup) -> None:
     backend = stores.from_url(sentinels.url())
     assert SERVICE in repr(backend) and "None:None" not in repr(backend)
 
 
+@pytest.mark.slow
 def test_a_cluster_backend_names_its_nodes(cluster: Cluster) -> None:
     backend = stores.from_url(cluster.url())
     assert isinstance(backend, RedisBackend) and isinstance(backend.client, RedisCluster)
@@ -528,12 +556,14 @@ def test_a_cluster_backend_names_its_nodes(cluster: Cluster) -> None:
     backend.close()
 
 
+@pytest.mark.slow
 def test_tls_reaches_the_cluster_nodes(cluster: Cluster) -> None:
     """rediss+cluster speaks TLS to the nodes: a plain cluster refuses the handshake."""
     with pytest.raises(BackendError, match="cannot reach the Redis Cluster"):
         stores.from_url(cluster.url("rediss+cluster") + "?ssl_cert_reqs=none&timeout=1")
 
 
+@pytest.mark.slow
 def test_a_cluster_url_sets_the_node_connections(cluster: Cluster) -> None:
     url = cluster.url(nodes=1) + "?timeout=1.5&socket_timeout=0.75&client_name=urls-test"
     backend = stores.from_url(url)
@@ -550,6 +580,7 @@ def test_a_cluster_url_sets_the_node_connections(cluster: Cluster) -> None:
         backend.close()
 
 
+@pytest.mark.slow
 def test_the_command_lists_locks_over_a_cluster(cluster: Cluster) -> None:
     backend = stores.from_url(cluster.url() + "?namespace=cli")
     keys = {f"cli-{n}-{uuid.uuid4().hex[:6]}" for n in range(12)}  # spread over every master's slots
@@ -561,6 +592,7 @@ def test_the_command_lists_locks_over_a_cluster(cluster: Cluster) -> None:
     assert {key for key in keys if key in done.stdout} == keys
 
 
+@pytest.mark.slow
 def test_a_job_class_names_a_cluster_by_unique_backend(cluster: Cluster) -> None:
     url = cluster.url() + "?namespace=classy"
 
@@ -578,6 +610,7 @@ def test_a_job_class_names_a_cluster_by_unique_backend(cluster: Cluster) -> None
     assert backend.namespace == "classy" and backend is uniqjob.configure(url)
 
 
+@pytest.mark.slow
 def test_redis_backend_takes_a_sentinel_url(sentinels: SentinelGroup) -> None:
     backend = RedisBackend(sentinels.url(db=3), timeout=2)
     key = f"b-{uuid.uuid4().hex}"
@@ -594,6 +627,7 @@ def _acl_user(ports: list[int], user: str, password: str) -> None:
             raw.execute_command("ACL", "SETUSER", user, "on", f">{password}", "~*", "&*", "+@all")
 
 
+@pytest.mark.slow
 def test_a_cluster_url_authenticates_to_every_node(cluster: Cluster) -> None:
     _acl_user(cluster.ports, "urls-app", "s3cret")
     seeds = cluster.url().partition("://")[2]
@@ -611,6 +645,7 @@ def test_a_cluster_url_authenticates_to_every_node(cluster: Cluster) -> None:
     assert "invalid username-password pair" in str(caught.value) and "wrong" not in str(caught.value)
 
 
+@pytest.mark.slow
 def test_sentinel_credentials_reach_the_sentinels_and_the_url_user_the_master(
     sentinels: SentinelGroup,
 ) -> None:
@@ -629,6 +664,7 @@ def test_sentinel_credentials_reach_the_sentinels_and_the_url_user_the_master(
     wrong.close()
 
 
+@pytest.mark.slow
 def test_the_command_lists_locks_behind_sentinel(sentinels: SentinelGroup) -> None:
     url = sentinels.url(db=4)
     backend = stores.from_url(url)
@@ -640,6 +676,7 @@ def test_the_command_lists_locks_behind_sentinel(sentinels: SentinelGroup) -> No
     assert key in done.stdout
 
 
+@pytest.mark.slow
 def test_the_command_exits_69_on_an_unreachable_cluster() -> None:
     seeds = f"127.0.0.1:{_free_port()},127.0.0.1:{_free_port()}"
     done = run_uniqjob("locks", "--url", f"redis+cluster://app:hunter2@{seeds}?timeout=0.5")

@@ -220,6 +220,7 @@ def _closed_port() -> int:
 
 
 @pytest.mark.parametrize("path", ["pool", "blocking"])
+@pytest.mark.slow
 def test_retries_are_the_clients_own_policy(redis_server: RedisServer, path: str) -> None:
     def client(**kwargs: Any) -> redis.Redis:
         retry = Retry(_CountingBackoff(), 2)
@@ -439,6 +440,7 @@ def test_an_interrupted_call_leaves_no_reply_behind(proxy: FaultProxy, path: str
 
 
 @_PATHS
+@pytest.mark.slow
 def test_a_half_delivered_reply_heals(proxy: FaultProxy, path: str) -> None:
     backend = _backend(proxy.url, path, f"slow-{path}")
     _roundtrip(backend, "open")

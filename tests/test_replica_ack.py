@@ -121,6 +121,7 @@ def test_acknowledged_grants_are_granted(store: RedisBackend, pair: Pair) -> Non
     assert store.read("k").queue is None
 
 
+@pytest.mark.slow
 def test_an_unacknowledged_claim_is_undone_and_fails_closed(store: RedisBackend, pair: Pair) -> None:
     assert store.claim("other", "held", meta=META) is None  # another's lock, acknowledged
     with pair.replica_stopped():
@@ -142,6 +143,7 @@ def test_an_unacknowledged_claim_is_undone_and_fails_closed(store: RedisBackend,
     assert store.claim("k", "later", meta=META) is None
 
 
+@pytest.mark.slow
 def test_an_unacknowledged_start_drops_its_run_lock(store: RedisBackend, pair: Pair) -> None:
     assert store.claim("k", "t", meta=META) is None
     with pair.replica_stopped():
@@ -157,6 +159,7 @@ def test_an_unacknowledged_start_drops_its_run_lock(store: RedisBackend, pair: P
     assert store.claim("k", "next", meta=META, run=_run_claim()) is None
 
 
+@pytest.mark.slow
 def test_an_unacknowledged_renewal_is_not_confirmed(store: RedisBackend, pair: Pair) -> None:
     run = _run_claim()
     assert store.claim("k", "t", meta=META, run=run) is None
@@ -169,6 +172,7 @@ def test_an_unacknowledged_renewal_is_not_confirmed(store: RedisBackend, pair: P
         assert held is not None and held.token == "t"  # a renewal is not undone: the holder keeps its lock
 
 
+@pytest.mark.slow
 def test_a_conflict_grants_nothing_and_is_not_refused(store: RedisBackend, pair: Pair) -> None:
     assert store.claim("k", "first", meta=META) is None
     with pair.replica_stopped():
@@ -176,6 +180,7 @@ def test_a_conflict_grants_nothing_and_is_not_refused(store: RedisBackend, pair:
     assert state is not None and state.queue is not None and state.queue.token == "first"
 
 
+@pytest.mark.slow
 def test_the_job_does_not_run_and_a_failed_undo_is_retried(store: RedisBackend, pair: Pair) -> None:
     """The undo fails too (the master refuses it): the error says so, and JobLock's undo removes it later."""
     admin = pair.admin
@@ -245,6 +250,7 @@ def test_the_socket_timeout_must_leave_headroom_after_the_wait(pair: Pair) -> No
     client.close()
 
 
+@pytest.mark.slow
 def test_an_unacknowledged_grant_says_how_many_replicas_the_master_has(
     store: RedisBackend, pair: Pair
 ) -> None:
@@ -275,6 +281,7 @@ def _acquire(store: RedisBackend, key: str, token: str, *, park: Park | None = N
     return outcome.status
 
 
+@pytest.mark.slow
 def test_an_unacknowledged_slot_is_released_and_fails_closed(store: RedisBackend, pair: Pair) -> None:
     semaphores = store.semaphores()
     assert _acquire(store, "other", "held") == "taken"
@@ -287,6 +294,7 @@ def test_an_unacknowledged_slot_is_released_and_fails_closed(store: RedisBackend
         assert [slot.token for slot in semaphores.read("other").slots] == ["held"]
 
 
+@pytest.mark.slow
 def test_an_unacknowledged_slot_start_releases_it(store: RedisBackend, pair: Pair) -> None:
     semaphores = store.semaphores()
     me = local_holder()
@@ -301,6 +309,7 @@ def test_an_unacknowledged_slot_start_releases_it(store: RedisBackend, pair: Pai
         assert semaphores.read("k").slots == ()
 
 
+@pytest.mark.slow
 def test_a_release_whose_promotion_is_unacknowledged_fails_closed(store: RedisBackend, pair: Pair) -> None:
     semaphores = store.semaphores()
     me = local_holder()
@@ -333,6 +342,7 @@ def _replica_of(cluster: Cluster, master: RedisServer) -> RedisServer:
     raise AssertionError(f"no replica of {master.port}")
 
 
+@pytest.mark.slow
 def test_cluster_grants_are_acknowledged_on_the_master_that_owns_the_key(cluster: Cluster) -> None:
     seeds = [ClusterNode("127.0.0.1", p) for p in cluster.ports[:3]]  # type: ignore[no-untyped-call]
     client = RedisCluster(startup_nodes=seeds)
@@ -383,6 +393,7 @@ def _cluster_client(cluster: Cluster, kind: str, **kwargs: Any) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["RedisCluster", "ValkeyCluster"])
+@pytest.mark.slow
 def test_cluster_redirects_are_followed_once(cluster: Cluster, kind: str) -> None:
     """A slot that moved since the client read its map (MOVED), and one that is moving (ASK).
 
@@ -416,6 +427,7 @@ def test_cluster_redirects_are_followed_once(cluster: Cluster, kind: str) -> Non
 
 
 @pytest.mark.parametrize("kind", ["RedisCluster", "ValkeyCluster"])
+@pytest.mark.slow
 def test_a_cluster_client_s_socket_timeout_must_leave_headroom_after_the_wait(
     cluster: Cluster, kind: str
 ) -> None:
@@ -427,6 +439,7 @@ def test_a_cluster_client_s_socket_timeout_must_leave_headroom_after_the_wait(
     RedisBackend(client, replicas=1, replica_timeout=0.5).close()
 
 
+@pytest.mark.slow
 def test_a_sentinel_client_s_socket_timeout_must_leave_headroom_after_the_wait(
     sentinel_group: SentinelGroup,
 ) -> None:

@@ -94,6 +94,7 @@ def test_killed_worker_is_reclaimed_at_once_on_its_host(workers: Workers, redis_
     assert count(redis_client, "started", "k") == 2  # the killed run, then the new one
 
 
+@pytest.mark.slow
 def test_killed_worker_elsewhere_is_reclaimed_within_one_lease(
     workers: Workers, redis_client: redis.Redis
 ) -> None:
@@ -111,6 +112,7 @@ def test_killed_worker_elsewhere_is_reclaimed_within_one_lease(
     assert time.monotonic() - killed >= Gate.unique_run_lease * 0.5
 
 
+@pytest.mark.slow
 def test_retries_keep_the_lock_until_the_last_attempt(workers: Workers, redis_client: redis.Redis) -> None:
     start_worker(workers)
     job = Flaky.enqueue("f", 1)
@@ -137,6 +139,7 @@ def test_retries_keep_the_lock_until_the_last_attempt(workers: Workers, redis_cl
     wait_until(lambda: job.get_status() == JobStatus.FINISHED, "RQ to record the result")
 
 
+@pytest.mark.slow
 def test_a_job_that_fails_for_good_releases_its_lock(workers: Workers, redis_client: redis.Redis) -> None:
     start_worker(workers)
     job = Flaky.enqueue("d", 99, False)
@@ -147,6 +150,7 @@ def test_a_job_that_fails_for_good_releases_its_lock(workers: Workers, redis_cli
     assert Flaky.enqueue("d", 99, False) is not None
 
 
+@pytest.mark.slow
 def test_reschedule_goes_through_rqs_scheduler(workers: Workers, redis_client: redis.Redis) -> None:
     start_worker(workers)
     Rescheduled.enqueue("s")
@@ -161,6 +165,7 @@ def test_reschedule_goes_through_rqs_scheduler(workers: Workers, redis_client: r
     wait_until(lambda: not Rescheduled.is_locked("s"), "its lock to go")
 
 
+@pytest.mark.slow
 def test_block_parks_and_a_promotion_enqueues_into_rq(workers: Workers, redis_client: redis.Redis) -> None:
     start_worker(workers)
     first = OneAtATime.enqueue("p1")

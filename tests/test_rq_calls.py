@@ -65,6 +65,7 @@ def _helpers(r: redis.Redis) -> list[str]:
     return sorted(j.id for j in jobs if j is not None and (j.func_name or "").endswith("enqueue_again"))
 
 
+@pytest.mark.slow
 def test_a_rescheduled_duplicate_costs_one_delayed_job_however_long_the_first_runs(
     workers: Workers, redis_client: redis.Redis
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import redis
 from rq.job import Job, JobStatus
 
@@ -36,6 +37,7 @@ def test_until_executing_locks_from_enqueue_until_perform_starts(
     assert not UntilExecuting.is_locked("x")
 
 
+@pytest.mark.slow
 def test_while_executing_queues_duplicates_and_never_runs_two_at_once(
     workers: Workers, redis_client: redis.Redis
 ) -> None:
@@ -78,6 +80,7 @@ def test_until_and_while_executing_allows_one_waiting_and_one_running(
     wait_until(lambda: not UntilAndWhileExecuting.is_locked("x"), "its locks to go")
 
 
+@pytest.mark.slow
 def test_until_expired_holds_after_the_job_ran_until_autoexpire(
     workers: Workers, redis_client: redis.Redis
 ) -> None:

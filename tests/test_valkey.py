@@ -98,6 +98,7 @@ def valkey_cluster() -> Iterator[Cluster]:
 
 
 @pytest.mark.parametrize("replicas", [0, 1])
+@pytest.mark.slow
 def test_a_valkey_cluster_through_valkey_py_s_cluster_client(valkey_cluster: Cluster, replicas: int) -> None:
     """The lock and slot cycle; with ``replicas=1``, each grant acknowledged by its master's replica."""
     seeds = [valkey.cluster.ClusterNode("127.0.0.1", port) for port in valkey_cluster.ports[:3]]

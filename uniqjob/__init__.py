@@ -6,8 +6,6 @@ class and its arguments. See the README for the guarantees.
 
 import typing as _typing
 
-from .concurrency import Parked
-from .config import backend_from_url, configure, default_backend
 from .errors import (
     BackendError,
     ConcurrencyLimitExceeded,
@@ -18,13 +16,15 @@ from .errors import (
     UniqueKeyError,
     UnstorableCallError,
 )
-from .job import Queue, UniqueJob
-from .joblock import JobLock, current_lock
-from .stores.base import Backend
 
 if _typing.TYPE_CHECKING:
     from . import ops as ops  # a submodule reached through __getattr__
+    from .concurrency import Parked
+    from .config import backend_from_url, configure, default_backend
     from .functions import unique
+    from .job import Queue, UniqueJob
+    from .joblock import JobLock, current_lock
+    from .stores.base import Backend
     from .stores.file import FileBackend
     from .stores.memory import MemoryBackend
     from .stores.redis import RedisBackend
@@ -55,7 +55,19 @@ __all__ = [
 
 __version__ = "0.4.0"
 
+# Every name but the errors loads on first use: ``import uniqjob`` costs no store, no
+# asyncio, no redis and no concurrency machinery (a cron script on the file store pays
+# only for what it calls; tests/test_imports.py holds it to that).
 _LAZY = {
+    "Backend": ".stores.base",
+    "JobLock": ".joblock",
+    "Parked": ".concurrency",
+    "Queue": ".job",
+    "UniqueJob": ".job",
+    "backend_from_url": ".config",
+    "configure": ".config",
+    "current_lock": ".joblock",
+    "default_backend": ".config",
     "FileBackend": ".stores.file",
     "MemoryBackend": ".stores.memory",
     "RedisBackend": ".stores.redis",
@@ -72,11 +84,12 @@ def __getattr__(name: str) -> object:
 
     if name in _SUBMODULES:
         return import_module("." + name, __name__)
-    # Backends load on first use: a script on the file store never imports redis.
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'uniqjob' has no attribute {name!r}")
-    return getattr(import_module(module, __name__), name)
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
 
 
 def __dir__() -> list[str]:

@@ -143,6 +143,9 @@ class Cluster(_Group):
         args = (
             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
             "--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0",
+            # A master pings its replicas each second (not 10): an idle replica's offset leaves 0
+            # soon, and only then do the nodes' slot maps list it (start() waits for that).
+            "--repl-ping-replica-period", "1",
             *_QUICK_SYNC,
         )  # fmt: skip
         self.servers: list[RedisServer] = [
@@ -181,6 +184,11 @@ class Cluster(_Group):
         self.wait_healthy()
         _wait("the replicas to hold a copy of their masters", lambda: all(
             SentinelGroup._replicas_online(c) >= self.replicas for c in clients[: self.masters]
+        ), 30)  # fmt: skip
+        # Each node's slot map lists every replica (gossip spreads them a beat later): a client
+        # seeded from any one node finds the whole cluster.
+        _wait("every node to list every replica", lambda: all(
+            len(entry) - 2 >= 1 + self.replicas for c in clients for entry in _cmd(c, "CLUSTER", "SLOTS")
         ), 30)  # fmt: skip
         for client in clients:
             client.close()

@@ -1,9 +1,11 @@
 """The ``uniqjob`` command: a cron drop-in (``uniqjob run -- CMD``) and lock inspection.
 
-Each subcommand lives in its own module as one ``add_*_parser(subparsers)``
+Each subcommand lives in a module of its own as one ``add_*_parser(subparsers)``
 function that registers its parser and sets ``handler`` (``Namespace -> int``,
-the exit status); ``SUBCOMMANDS`` lists them in ``--help`` order. Adding a
-subcommand is one such function and one line here.
+the exit status); ``SUBCOMMANDS`` maps each name to that module and function, in
+``--help`` order. Adding a subcommand is one such function and one line there.
+The command imports only the module of the subcommand it runs (``uniqjob run``
+from cron never loads the dashboard's, the MCP server's or the reports' code).
 
 Errors are one line on stderr with sysexits codes: 64 usage, 65 a lock record
 that cannot be read, 69 store unreachable, 70 an internal error, 78
@@ -21,10 +23,10 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from importlib import import_module
 
-from .. import __version__, config
+from .. import __version__
 from ..errors import BackendError, ConfigurationError, CorruptRecordError, UniqJobError
-from ..stores._urls import shown
 from ._common import (
     EX_CONFIG,
     EX_DATAERR,
@@ -40,28 +42,22 @@ from ._common import (
     say,
     store_url,
 )
-from ._concurrency import add_discard_parked_parser
-from ._dashboard import add_dashboard_parser
-from ._locks import add_locks_parser, add_reap_parser, add_release_parser
-from ._mcp import add_mcp_parser
-from ._run import add_run_parser
-from ._stats import add_stats_parser
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
 AddParser = Callable[[SubParsers], None]
 
-#: The subcommands, in ``--help`` order.
-SUBCOMMANDS: list[AddParser] = [
-    add_run_parser,
-    add_locks_parser,
-    add_release_parser,
-    add_reap_parser,
-    add_discard_parked_parser,
-    add_stats_parser,
-    add_mcp_parser,
-    add_dashboard_parser,
-]
+#: The subcommands, in ``--help`` order: name -> (module of this package, its ``add_*_parser``).
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("._run", "add_run_parser"),
+    "locks": ("._locks", "add_locks_parser"),
+    "release": ("._locks", "add_release_parser"),
+    "reap": ("._locks", "add_reap_parser"),
+    "discard-parked": ("._concurrency", "add_discard_parked_parser"),
+    "stats": ("._stats", "add_stats_parser"),
+    "mcp": ("._mcp", "add_mcp_parser"),
+    "dashboard": ("._dashboard", "add_dashboard_parser"),
+}
 
 _EPILOG = """\
 examples:
@@ -72,8 +68,18 @@ examples:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Return the ``uniqjob`` argument parser with every subcommand registered."""
+def _adder(name: str) -> AddParser:
+    module, function = SUBCOMMANDS[name]
+    add: AddParser = getattr(import_module(module, __name__), function)
+    return add
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Return the ``uniqjob`` argument parser with every subcommand registered.
+
+    Given the name of one subcommand, only that one is registered (and its module
+    imported): what :func:`main` parses a command line with.
+    """
     parser = Parser(
         prog=PROG,
         description="Run commands at most once at a time, on one host or many, and see their locks.",
@@ -82,9 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="<command>", dest="command_name")
-    for add in SUBCOMMANDS:
-        add(subparsers)
+    for name in SUBCOMMANDS if command is None else [command]:
+        _adder(name)(subparsers)
     return parser
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` runs, if it names one (the top level takes no option with a value)."""
+    for arg in argv:
+        if arg == "--" or not arg.startswith("-"):
+            return arg if arg in SUBCOMMANDS else None
+    return None
 
 
 class _OneLine(logging.Formatter):
@@ -112,6 +126,9 @@ def _library_warnings_to_stderr() -> Iterator[None]:
 
 def _origin(args: argparse.Namespace, exc: Exception) -> str:
     """Where the store of an error came from when no --url named it: `` (the store of UNIQJOB_URL=...)``."""
+    from .. import config
+    from ..stores._urls import shown
+
     url = os.environ.get(config.ENV_URL)
     given = getattr(args, "url", None) is not None and not getattr(args, "env_url", False)
     if given or not url or config.ENV_URL in str(exc):
@@ -121,7 +138,9 @@ def _origin(args: argparse.Namespace, exc: Exception) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``uniqjob`` command with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
-    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    parser = build_parser(_command_of(argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, or a usage error (already exit 64)

@@ -1,0 +1,93 @@
+"""A fast start: what a fresh interpreter has loaded after ``import uniqjob`` and after ``uniqjob run``.
+
+``import uniqjob`` loads no asyncio, no redis and no concurrency machinery until
+they are used; ``uniqjob run`` on the file store loads none of the three, and on
+a Redis URL no asyncio of its own (redis-py 8 imports asyncio itself, on
+``import redis``: that much is redis-py's, not ours). Each case is a new
+interpreter (``subprocess``): this session has long imported everything.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.redis_server import RedisServer
+
+HEAVY = ("asyncio", "redis", "uniqjob.concurrency")
+
+# Runs the code given, then prints the names in sys.modules as JSON on the last line of stdout.
+_PROBE = """\
+import json, sys
+{code}
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def _loaded(code: str) -> set[str]:
+    """The modules a fresh interpreter has loaded once it has run ``code``."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(code=code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    names: list[str] = json.loads(done.stdout.splitlines()[-1])
+    return set(names)
+
+
+def _after_run(url: str) -> set[str]:
+    """The modules loaded once ``uniqjob run --url URL --key k -- true`` has run (as the console script)."""
+    return _loaded(
+        "from uniqjob.cli import main\n"
+        f"status = main(['run', '--url', {url!r}, '--key', 'k', '--', 'true'])\n"
+        "assert status == 0, status"
+    )
+
+
+def _heavy(modules: set[str]) -> list[str]:
+    return [name for name in HEAVY if name in modules]
+
+
+def test_import_uniqjob_loads_no_asyncio_redis_or_concurrency() -> None:
+    assert _heavy(_loaded("import uniqjob")) == []
+
+
+def test_the_public_names_still_load_on_first_use() -> None:
+    loaded = _loaded("from uniqjob import UniqueJob, Parked, configure, JobLock\nassert UniqueJob and Parked")
+    assert {"uniqjob.job", "uniqjob.concurrency", "uniqjob.config", "uniqjob.joblock"} <= loaded
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="asyncio, through modules of the job layer's rewrite: uniqjob.cli._common -> uniqjob.settings"
+    " -> uniqjob.joblock -> uniqjob._joblock_async -> uniqjob.stores.aio -> uniqjob.stores._async_base",
+)
+def test_uniqjob_run_on_the_file_store_loads_none_of_them(tmp_path: Path) -> None:
+    assert _heavy(_after_run((tmp_path / "locks").as_uri())) == []
+
+
+def test_uniqjob_run_on_a_redis_url_loads_no_asyncio_of_its_own(
+    redis_server: RedisServer, redis_client: object
+) -> None:
+    loaded = _after_run(redis_server.url)
+    assert "redis" in loaded  # it did run on Redis
+    assert "uniqjob.concurrency" not in loaded
+    # redis-py 8 loads asyncio on `import redis` (redis.event, redis.background): not ours to avoid.
+    if "asyncio" in loaded:
+        assert "asyncio" in _loaded("import redis"), "uniqjob's own code imported asyncio on the sync path"
+
+
+def test_each_subcommand_loads_only_its_own_module(tmp_path: Path) -> None:
+    loaded = _after_run((tmp_path / "locks").as_uri())
+    assert "uniqjob.cli._run" in loaded
+    assert (
+        not {"uniqjob.cli._dashboard", "uniqjob.cli._mcp", "uniqjob.cli._stats", "uniqjob.cli._locks"}
+        & loaded
+    )
