@@ -462,6 +462,9 @@ def test_the_django_example_routes_its_prefix_to_the_dashboard(
     monkeypatch.setitem(sys.modules, urls.__name__, urls)
     if not settings.configured:
         settings.configure(ROOT_URLCONF=urls.__name__, ALLOWED_HOSTS=["testserver"], SECRET_KEY="test")
+    # The example sets DJANGO_SETTINGS_MODULE: set here, so the test's end takes it out of the
+    # environment again (a Celery worker started later would otherwise look for "mysite").
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "mysite.settings")
     (block,) = [m.group(3) for m in _BLOCK.finditer(DRAFT.read_text()) if "django" in m.group(3)]
     namespace: dict[str, object] = {"__name__": "asgi"}
     exec(compile(block.replace("redis://localhost:6379/0", redis_server.url), str(DRAFT), "exec"), namespace)
