@@ -14,8 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.redis_server import RedisServer
 
 HEAVY = ("asyncio", "redis", "uniqjob.concurrency")
@@ -64,11 +62,6 @@ def test_the_public_names_still_load_on_first_use() -> None:
     assert {"uniqjob.job", "uniqjob.concurrency", "uniqjob.config", "uniqjob.joblock"} <= loaded
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="asyncio, through modules of the job layer's rewrite: uniqjob.cli._common -> uniqjob.settings"
-    " -> uniqjob.joblock -> uniqjob._joblock_async -> uniqjob.stores.aio -> uniqjob.stores._async_base",
-)
 def test_uniqjob_run_on_the_file_store_loads_none_of_them(tmp_path: Path) -> None:
     assert _heavy(_after_run((tmp_path / "locks").as_uri())) == []
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, NoReturn
@@ -29,6 +28,8 @@ def pause(seconds: float) -> None:
 
 async def apause(seconds: float) -> None:
     """:func:`pause`, in the event loop."""
+    import asyncio  # here: the sync path (cron's `uniqjob run`) never loads asyncio
+
     await asyncio.sleep(seconds)
 
 

@@ -7,7 +7,6 @@ imports it.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
@@ -125,6 +124,8 @@ async def in_thread(function: Any, *args: Any, **kwargs: Any) -> Any:
     an acquire going on could land after the undo that follows. So the call is always
     made, and the cancellation is raised once it has ended (what it took is then undone).
     """
+    import asyncio  # here: the sync path (cron's `uniqjob run`) never loads asyncio
+
     return await completed(asyncio.to_thread(function, *args, **kwargs))
 
 
@@ -134,6 +135,8 @@ async def completed(awaitable: Awaitable[T]) -> T:
     However often it is cancelled: anyio's cancel scopes (Starlette, FastAPI) cancel
     every await inside them again until the scope exits, so a single shield would not do.
     """
+    import asyncio
+
     task = asyncio.ensure_future(awaitable)
     cancelled: asyncio.CancelledError | None = None
     while not task.done():
