@@ -33,7 +33,6 @@ STDLIB_PUBLIC = frozenset({
 
 #: Known uses outside the Redis store, each to be removed by the owner of its module (not this test's).
 KNOWN = frozenset({
-    ("uniqjob/integrations/celery.py", "request._context"),  # a reserved Celery Request's task Context
 })  # fmt: skip
 
 

@@ -453,11 +453,19 @@ def _free_at_revoke(**_: Any) -> None:
         ids = set(task_id) if isinstance(task_id, list | tuple | set) else {task_id}
         for request in list(worker_state.reserved_requests):
             if request.id in ids and request not in worker_state.active_requests:
-                _on_revoked(sender=request.task, request=request._context)
+                _on_revoked(sender=request.task, request=_context_of(request))
         return reply
 
     setattr(revoke_and_free, "uniqjob_frees_locks", True)  # noqa: B010 - a marker on a function
     handlers["revoke"] = revoke_and_free
+
+
+def _context_of(request: Any) -> Any:
+    """A reserved worker Request's task Context, from its public fields (what ``task_revoked`` is sent)."""
+    from celery.app.task import Context
+
+    fields = dict(request.request_dict)
+    return Context({**fields, "id": request.id, "args": request.args, "kwargs": request.kwargs})
 
 
 @shared_task(name=ENQUEUE_LATER, ignore_result=True)  # type: ignore[untyped-decorator]
