@@ -32,7 +32,7 @@ STDLIB_PUBLIC = frozenset({
 
 
 #: Known uses outside the Redis store, each to be removed by the owner of its module (not this test's).
-KNOWN = frozenset({
+KNOWN: frozenset[tuple[str, str]] = frozenset({
 })  # fmt: skip
 
 
