@@ -71,6 +71,18 @@ def workers(broker: redis.Redis, tmp_path: Path) -> Iterator[Workers]:
     pool = Workers(tmp_path, {URL_VAR: url, "UNIQJOB_URL": url, "PYTHONPATH": path})
     yield pool
     pool.close()
+    print(f"----- broker -----\n{broker_state(broker)}")  # shown with the worker logs if the test failed
+
+
+def broker_state(broker: redis.Redis) -> str:
+    """What the broker holds (each key, and a list's length) and who is connected: where a lost task went."""
+    lines = []
+    for key in sorted(broker.scan_iter(count=1000)):
+        kind = broker.type(key).decode()
+        lines.append(f"{key!r} {kind}" + (f" len={broker.llen(key)}" if kind == "list" else ""))
+    clients = broker.client_list()
+    lines += [f"client {c['addr']} cmd={c['cmd']} age={c['age']}s idle={c['idle']}s" for c in clients]
+    return "\n".join(lines)
 
 
 def start_worker(workers: Workers, name: str = "celery", queue: str = QUEUE, **env: str) -> None:
@@ -79,6 +91,9 @@ def start_worker(workers: Workers, name: str = "celery", queue: str = QUEUE, **e
     argv += ["--prefetch-multiplier", "1", "-Q", queue, "-n", f"{name}-{uuid.uuid4().hex[:8]}@%h"]
     argv += ["--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO"]
     workers.start(name, argv, **env)
+    # Consuming before the test publishes: a task published during a worker's start was once seen
+    # never delivered to it (slow tier, loaded machine; the broker's state is printed if it recurs).
+    wait_until(lambda: " ready." in workers.log(name), f"worker {name} to be ready", timeout=30)
 
 
 def state(task: Any, *args: object) -> LockState:
