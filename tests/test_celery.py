@@ -78,7 +78,8 @@ def broker_state(broker: redis.Redis) -> str:
     """What the broker holds (each key, and a list's length) and who is connected: where a lost task went."""
     lines = []
     for key in sorted(broker.scan_iter(count=1000)):
-        kind = broker.type(key).decode()
+        kind = broker.type(key)
+        kind = kind.decode() if isinstance(kind, bytes) else kind
         lines.append(f"{key!r} {kind}" + (f" len={broker.llen(key)}" if kind == "list" else ""))
     clients = broker.client_list()
     lines += [f"client {c['addr']} cmd={c['cmd']} age={c['age']}s idle={c['idle']}s" for c in clients]
