@@ -177,6 +177,27 @@ def test_a_confirmed_renewal_moves_the_deadline_from_its_send_time(
     assert not beat.presumed_lost()
 
 
+def test_a_late_confirmation_leaves_the_reason_counted_to_the_loss(
+    timed: Heartbeat, clock: FakeClock
+) -> None:
+    """A renewal sent at 3 s, confirmed after the loss at 6 s, moves ``confirmed``; the reason keeps 6.0s."""
+    started, reply = threading.Event(), threading.Event()
+
+    def renew() -> bool:
+        started.set()
+        reply.wait(10)
+        return True
+
+    beat = timed.start(renew, 3.0, "nightly", lease=9.0, confirmed=clock.now)
+    advance(timed, clock, 3.0)
+    assert started.wait(10)  # sent at 3 s, its reply held
+    clock.advance(3.01)
+    assert beat.presumed_lost()
+    reply.set()
+    assert wait_for(lambda: beat.confirmed > beat.lost_at - 6.0)  # confirmed late: from its send, at 3 s
+    assert "no renewal confirmed by the store for 6.0s of its 9s lease" in beat.explain()  # not 3.0s
+
+
 def test_past_the_deadline_the_lock_is_presumed_lost_when_asked(timed: Heartbeat, clock: FakeClock) -> None:
     # No thread needs to have noticed: asking checks the clock. A renewal the scheduler starts
     # meanwhile (it may wake on a loaded machine) is held until the end: a late confirmation

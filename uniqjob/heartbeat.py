@@ -133,6 +133,8 @@ class Beat:
     reason: str = ""
     #: When ``lost`` was set (owner's clock).
     lost_at: float = math.nan
+    #: How long no renewal had been confirmed when it was presumed lost (a late one moves ``confirmed``).
+    unconfirmed_for: float = math.nan
     on_lost: Callable[[], None] | None = field(default=None, repr=False)
     due: float = 0.0  # when the next renewal is due
     group: int = 0  # which worker renews it: one per store
@@ -191,7 +193,7 @@ class Beat:
             assert self.lease is not None
             return (
                 f"it is presumed lost: no renewal confirmed by the store for "
-                f"{self.lost_at - self.confirmed:.1f}s of its {self.lease:g}s lease"
+                f"{self.unconfirmed_for:.1f}s of its {self.lease:g}s lease"
             )
         return ""
 
@@ -403,7 +405,7 @@ class Heartbeat:
         """Set ``beat`` lost for ``reason`` unless it already is; True if this call did. Lock held."""
         if beat._is_lost():
             return False
-        beat.reason, beat.lost_at = reason, now
+        beat.reason, beat.lost_at, beat.unconfirmed_for = reason, now, now - beat.confirmed
         beat.lost.set()
         return True
 
