@@ -159,10 +159,7 @@ def test_the_full_async_cycle_on_a_valkey_server(valkey_server: RedisServer, thr
     store.close()
 
 
-@pytest.mark.parametrize("kind", ["RedisCluster", pytest.param("Sentinel", marks=pytest.mark.xfail(reason=(
-    "fails when it is the first asyncio use of the session's Sentinel master (run alone: MaxConnectionsError,"
-    " 'Too many connections', from stores/redis/_async's kept lane); passes once another test has used it"
-)))])  # fmt: skip
+@pytest.mark.parametrize("kind", ["RedisCluster", "Sentinel"])
 @pytest.mark.slow
 def test_more_calls_at_once_than_connections_wait_their_turn(
     kind: str, cluster: Cluster, sentinel_group: SentinelGroup

@@ -541,7 +541,6 @@ def test_a_sentinel_url_follows_the_current_master(sentinels: SentinelGroup) -> 
     backend.close()
 
 
-@pytest.mark.xfail(strict=False, reason="RedisBackend's repr of a Sentinel client: cluster branch")
 @pytest.mark.slow
 def test_a_sentinel_backend_names_its_service(sentinels: SentinelGroup) -> None:
     backend = stores.from_url(sentinels.url())
