@@ -164,9 +164,12 @@ def test_an_expired_job_frees_its_lock_at_the_next_enqueue(
     assert enqueue(Expiring, "late") is None
     wait_until(lambda: not redis_client.exists(f"arq:job:{first.job_id}"), "arq's job to expire", timeout=10)
     assert status(first) == JobStatus.queued  # still in arq's queue, to be dropped when it comes up
+    # The worker is up before the new job is enqueued: it, too, expires a second after (a worker
+    # started after it, on a loaded machine, found it expired as well).
+    start_worker(workers)
+    wait_until(lambda: "Starting worker" in workers.log("arq"), "the worker to start")
     second = enqueue(Expiring, "late")  # arq will never run the first: its lock is reclaimed
     assert isinstance(second, Job)
-    start_worker(workers)
     wait_until(lambda: count(redis_client, "started", "late") == 1, "the new job to run")
     wait_until(lambda: not Expiring.is_locked("late"), "its lock to go")
 
