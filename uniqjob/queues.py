@@ -36,7 +36,7 @@ class Queue:
     #: attached after the push), and a duplicate of a younger lock costs that one round
     #: trip. None (the default, for queues written before): the id is recorded once the job
     #: is pushed (one round trip more) and asked about at the next conflict. See docs/rq.md,
-    #: "Is the holder's job gone?".
+    #: "Cost, and is the holder's job gone?".
     suspect_after: float | None = None
 
     def new_job_id(self) -> str:

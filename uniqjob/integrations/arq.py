@@ -121,7 +121,7 @@ class ArqQueue(Queue):
         return pool
 
     #: Seconds a queued lock is held before a conflicting enqueue asks arq whether its job is
-    #: gone (docs/rq.md, "Is the holder's job gone?": the same rule as RQ's).
+    #: gone (docs/rq.md, "Cost, and is the holder's job gone?": the same rule as RQ's).
     suspect_after: float | None = 60.0
 
     def new_job_id(self) -> str:

@@ -14,9 +14,10 @@ meta (never recomputed from arguments RQ may have transformed), holds the lock
 while ``perform`` runs, and releases it when the job is done for good: finished,
 failed with no retries left, or dropped by the conflict policy. While RQ still
 means to retry it, the lock stays held, ``queued``. The queue lock records the
-RQ job id, and :meth:`RQQueue.job_gone` lets the next enqueue reclaim a lock
-whose job RQ no longer has (deleted, cancelled, emptied from its queue,
-expired, failed or stopped).
+RQ job id (chosen before the lock is claimed, and recorded by the claim), and
+:meth:`RQQueue.job_gone` lets a later enqueue reclaim a lock whose job RQ no
+longer has (deleted, cancelled, emptied from its queue, expired, failed or
+stopped), once the lock is :attr:`RQQueue.suspect_after` seconds old.
 
 RQ options for one job, apart from the job's own arguments, go through
 :func:`enqueue_call`, as they do through RQ's ``Queue.enqueue_call``::
@@ -79,7 +80,7 @@ OPTIONS = frozenset(
 CALL_OPTIONS = OPTIONS | {"job_id"}
 
 #: Seconds a queued lock is held before a conflicting enqueue asks RQ whether its job is gone
-#: (docs/rq.md, "Is the holder's job gone?"): far longer than an enqueue's push takes.
+#: (docs/rq.md, "Cost, and is the holder's job gone?"): far longer than a push takes.
 SUSPECT_AFTER = 60.0
 
 # Statuses after which RQ never runs a job again without someone requeuing it by hand.
@@ -159,7 +160,7 @@ class RQQueue(Queue):
                     self._queue = made
         return self._queue
 
-    #: See :attr:`uniqjob.queues.Queue.suspect_after` and docs/rq.md, "Is the holder's job gone?".
+    #: See :attr:`uniqjob.queues.Queue.suspect_after`, and docs/rq.md.
     suspect_after: float | None = SUSPECT_AFTER
 
     def new_job_id(self) -> str:
