@@ -256,6 +256,40 @@ def _rq_worker(servers: Servers, jobs: int, *, forking: bool = False) -> Trips:
     return trips
 
 
+def _arq_worker(servers: Servers, jobs: int, loop: asyncio.AbstractEventLoop) -> Trips:
+    """Round trips per job of an arq worker: each job run as its loop runs it (``Worker.run_job``)."""
+    from arq import create_pool
+    from arq.connections import RedisSettings
+    from arq.worker import Worker
+
+    from uniqjob.integrations.arq import FUNCTIONS, ArqQueue
+
+    pool = loop.run_until_complete(create_pool(RedisSettings.from_dsn(servers.urls["queue"])))
+    ArqUnique.unique_queue = ArqQueue(pool, queue_name="bench-arq")
+
+    async def make() -> Worker:  # made in the loop: arq's Worker keeps the loop it was made in
+        return Worker(FUNCTIONS, redis_pool=pool, queue_name="bench-arq", handle_signals=False)
+
+    worker = loop.run_until_complete(make())
+    arq_log = logging.getLogger("arq.worker")
+    level = arq_log.level
+    arq_log.setLevel(logging.WARNING)
+
+    async def run(n: int) -> None:
+        job = await ArqUnique.aenqueue(n)
+        await worker.run_job(job.job_id, 0)
+
+    try:
+        loop.run_until_complete(run(next(_ids)))  # warm: connections made, scripts loaded
+        pushed = iter([loop.run_until_complete(ArqUnique.aenqueue(next(_ids))) for _ in range(jobs)])
+        trips = servers.count(jobs, lambda: loop.run_until_complete(worker.run_job(next(pushed).job_id, 0)))
+    finally:
+        arq_log.setLevel(level)
+        loop.run_until_complete(worker.close())
+    trips.connections = trips.commands["locks"]["hello"]
+    return trips
+
+
 # -- the section --------------------------------------------------------------------------------
 
 
@@ -265,14 +299,17 @@ def measure(locks_url: str, queue_url: str, *, calls: int = 20) -> dict[str, dic
     loop = asyncio.new_event_loop()
     try:
         with _unique_jobs(locks_url):
-            return _count(servers, _all_ops(servers, loop), calls)
+            return _count(servers, _all_ops(servers, loop), calls, loop)
     finally:
         loop.close()
         servers.close()
 
 
 def _count(
-    servers: Servers, ops: dict[str, dict[str, Callable[[], object]]], calls: int
+    servers: Servers,
+    ops: dict[str, dict[str, Callable[[], object]]],
+    calls: int,
+    loop: asyncio.AbstractEventLoop,
 ) -> dict[str, dict[str, Trips]]:
     out: dict[str, dict[str, Trips]] = {}
     for name, paths in ops.items():
@@ -281,6 +318,7 @@ def _count(
         out[name] = {path: servers.count(calls, op) for path, op in paths.items()}
     out["rq"]["worker"] = _rq_worker(servers, calls)
     out["rq"]["forking worker"] = _rq_worker(servers, calls, forking=True)
+    out["arq"]["worker"] = _arq_worker(servers, calls, loop)
     return out
 
 
@@ -296,7 +334,7 @@ def run_queues(report: Report, locks_url: str, queue_url: str, iterations: int, 
     try:
         with _unique_jobs(locks_url):
             ops = _all_ops(servers, loop)
-            trips = _count(servers, ops, 20)
+            trips = _count(servers, ops, 20, loop)
             for name, paths in ops.items():
                 timed = _timed({"ping": ping.ping, **paths}, iterations, warmup)
                 for path in PATHS:
@@ -323,15 +361,17 @@ def run_queues(report: Report, locks_url: str, queue_url: str, iterations: int, 
         figure = kind.replace(" ", "_")
         report.figures[f"queues_rq_{figure}_lock_trips_per_job"] = worker.locks
         report.figures[f"queues_rq_{figure}_lock_connections_per_job"] = worker.connections
-    report.targets.append(
+    report.figures["queues_arq_worker_lock_trips_per_job"] = trips["arq"]["worker"].locks
+    report.targets += [
         Target(
-            "queues.rq.worker",
-            "rq: SimpleWorker round trips to the locks per job (start + finish)",
-            trips["rq"]["worker"].locks,
+            f"queues.{name}.worker",
+            f"{name}: {kind} round trips to the locks per job (start + finish)",
+            trips[name]["worker"].locks,
             2,
             "",
         )
-    )
+        for name, kind in (("rq", "SimpleWorker"), ("arq", "worker"))
+    ]
 
 
 def _targets(report: Report, name: str, trips: dict[str, Trips], timed: dict[str, Stats]) -> None:

@@ -46,13 +46,14 @@ def test_a_duplicate_is_one_round_trip_and_leaves_the_queue_alone(
     assert duplicate.queue == 0 and not duplicate.commands["queue"]  # not even "is the job gone?"
 
 
-def test_an_rq_worker_starts_and_finishes_a_job_in_one_round_trip_each(
-    trips: dict[str, dict[str, Trips]],
+@pytest.mark.parametrize("queue", ["rq", "arq"])
+def test_a_worker_starts_and_finishes_a_job_in_one_round_trip_each(
+    trips: dict[str, dict[str, Trips]], queue: str
 ) -> None:
-    worker = trips["rq"]["worker"]
+    worker = trips[queue]["worker"]
     assert worker.locks == 2
     assert worker.commands["locks"]["evalsha"] == 2  # per job
-    assert worker.connections == 0  # a SimpleWorker keeps its connection
+    assert worker.connections == 0  # an RQ SimpleWorker, an arq worker: one connection for all jobs
 
 
 def test_a_forked_rq_work_horse_opens_one_connection_to_the_lock_store_per_job(
