@@ -7,13 +7,16 @@ are one each.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 pytest.importorskip("arq", reason="arq is not installed: pip install --no-deps 'arq>=0.28'")
 
-from benchmarks.queues import QUEUES, Trips, measure
+import uniqjob
+from benchmarks.queues import QUEUES, Servers, Trips, WorkerJob, measure
 from tests.redis_server import RedisServer
 
 
@@ -63,3 +66,36 @@ def test_a_forked_rq_work_horse_opens_one_connection_to_the_lock_store_per_job(
     horse = trips["rq"]["forking worker"]
     assert horse.commands["locks"]["evalsha"] == 2  # start and finish, still one round trip each
     assert horse.connections == 1  # and the connection's handshake (HELLO ...) before them
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_forked_work_horse_shares_rq_s_connection_when_the_locks_use_it(
+    redis_server: RedisServer, redis_client: redis.Redis, shared: bool
+) -> None:
+    """Locks on RQ's Redis, through the worker's own client: one handshake per horse, not two."""
+    from rq import Queue, Worker
+
+    from uniqjob.integrations.rq import RQQueue
+
+    connection = redis.Redis.from_url(redis_server.url)
+    uniqjob.configure(connection if shared else redis_server.url)
+    queue = Queue("horses", connection=connection)
+    WorkerJob.unique_queue = RQQueue(queue)
+    worker = Worker([queue], connection=connection)
+    server = Servers(redis_server.url, redis_server.url)
+    server.admin = {"locks": server.admin["locks"]}  # one server: the locks and RQ's
+    rq_log = logging.getLogger("rq.worker")
+    level = rq_log.level
+    rq_log.setLevel(logging.WARNING)
+    try:
+        warm = WorkerJob.enqueue(-1)
+        worker.execute_job(warm, queue)
+        jobs = iter([WorkerJob.enqueue(n) for n in range(3)])
+        trips = server.count(3, lambda: worker.execute_job(next(jobs), queue))
+    finally:
+        rq_log.setLevel(level)
+        server.close()
+        connection.close()
+        uniqjob.configure(None)
+    assert queue.finished_job_registry.count == 4
+    assert trips.commands["locks"]["hello"] == (1 if shared else 2)  # RQ's, and the locks' own
