@@ -18,7 +18,7 @@ from benchmarks.report import Report
 
 __all__ = ["SECTIONS", "main"]
 
-SECTIONS = ("redis", "replicas", "asyncio", "parallel", "scale", "file", "memory")
+SECTIONS = ("redis", "replicas", "asyncio", "parallel", "scale", "file", "memory", "queues")
 
 
 def _whole(text: str, least: int) -> int:
@@ -201,6 +201,11 @@ def _run_sections(
     if "memory" in args.sections:
         progress("memory backend")
         local_bench.run_memory(report, args.iterations, args.warmup)
+    if "queues" in args.sections:
+        from benchmarks import queues
+
+        progress(f"queues: RQ, Celery, arq enqueues, {args.iterations} samples each; RQ workers")
+        queues.run_section(report, url, args.iterations, args.warmup)
 
 
 def _with_replica(server: Any, run: Callable[[], None]) -> None:

@@ -18,6 +18,7 @@ pytest.importorskip("arq", reason="arq is not installed: pip install --no-deps '
 from arq.jobs import Job, JobStatus
 
 import uniqjob
+import uniqjob.queues
 from tests.arq_jobs import (
     Expiring,
     Failing,
@@ -30,6 +31,7 @@ from tests.arq_jobs import (
     Rescheduled,
     queue,
 )
+from tests.conftest import FakeClock
 from tests.integration_workers import NODE_VAR, URL_VAR, Workers, count, open_gate, wait_until, worker_pool
 from tests.redis_server import RedisServer
 from uniqjob import ConcurrencyLimitExceeded, ConfigurationError, UniqueJob
@@ -37,6 +39,7 @@ from uniqjob.concurrency import Parked
 from uniqjob.integrations import Ticket
 from uniqjob.integrations.arq import ArqQueue, decide, run_job
 from uniqjob.locks import LockState
+from uniqjob.stores.memory import MemoryBackend
 
 T = TypeVar("T")
 
@@ -136,8 +139,10 @@ def test_between_retries_the_lock_is_queued_and_duplicates_drop(
 
 @pytest.mark.slow
 def test_a_job_out_of_tries_frees_its_lock_at_the_next_enqueue(
-    workers: Workers, redis_client: redis.Redis
+    workers: Workers, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # asked at once: the threshold itself is the fake-clock test's (test_a_young_lock...)
+    monkeypatch.setattr(queue, "suspect_after", 0.0)
     start_worker(workers)  # max_tries = 3: a fourth try is dropped by arq without running
     first = enqueue(Flaky, "x", 9)
     for attempt in (1, 2, 3):
@@ -158,8 +163,9 @@ def test_a_job_that_fails_for_good_releases_its_lock(workers: Workers, redis_cli
 
 @pytest.mark.slow
 def test_an_expired_job_frees_its_lock_at_the_next_enqueue(
-    workers: Workers, redis_client: redis.Redis
+    workers: Workers, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(Expiring.unique_queue, "suspect_after", 0.0)  # as above
     first = enqueue(Expiring, "late")
     assert enqueue(Expiring, "late") is None
     wait_until(lambda: not redis_client.exists(f"arq:job:{first.job_id}"), "arq's job to expire", timeout=10)
@@ -337,3 +343,34 @@ def test_decide_follows_arqs_own_rules() -> None:
     assert decide(Retry(), None) == 0.0
     assert decide(asyncio.CancelledError(), None) == 0.0  # a worker shutting down runs it again
     assert decide(RuntimeError("x"), None) is None and decide(None, 1) is None
+
+
+def test_a_young_lock_s_lost_job_is_reclaimed_once_the_lock_is_old_enough(
+    redis_server: RedisServer, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job id is recorded by the claim; arq is asked about it only past suspect_after (fake clock)."""
+    monkeypatch.setenv(URL_VAR, redis_server.url)
+    clock = FakeClock()
+    uniqjob.configure(MemoryBackend(clock=clock))
+    monkeypatch.setattr(uniqjob.queues, "_clock", clock)
+    asked: list[str] = []
+    job_gone = ArqQueue.job_gone
+
+    async def spy(self: ArqQueue, job_id: str) -> bool:
+        asked.append(job_id)
+        return await job_gone(self, job_id)
+
+    monkeypatch.setattr(ArqQueue, "job_gone", spy)
+    try:
+        first = enqueue(Gate, "lost")
+        assert isinstance(first, Job)
+        assert state(Gate, "lost").queue.meta.job_id == first.job_id  # type: ignore[union-attr]
+        redis_client.delete(f"arq:job:{first.job_id}")  # arq lost it
+        assert enqueue(Gate, "lost") is None and asked == []  # young: one round trip, arq not asked
+        assert queue.suspect_after is not None
+        clock.advance(queue.suspect_after)
+        second = enqueue(Gate, "lost")
+        assert asked == [first.job_id]
+        assert isinstance(second, Job) and second.job_id != first.job_id
+    finally:
+        uniqjob.configure(None)

@@ -13,6 +13,7 @@ import pytest
 
 from benchmarks import async_bench
 from benchmarks.cli import main
+from benchmarks.queues import PATHS, QUEUES
 from benchmarks.redis_bench import ACKED, LABELS, PEER_LABELS, PEER_NAMES, peer_missing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +30,7 @@ EXPECTED = (
     + [f"scale.{n}{e}" for n in LABELS if not n.endswith("cycle") for e in ("", ".empty")]
     + ["file.filelock", "file.flock", *(f"file.{name}" for name in LABELS)]
     + [f"memory.{name}" for name in LABELS]
+    + [f"queues.{queue}.{path}" for queue in QUEUES for path in PATHS]
 )
 
 

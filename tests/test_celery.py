@@ -381,6 +381,21 @@ def test_class_based_task_records_the_task_id_and_raises_on_duplicates(broker: r
     assert export.unique_job.job_name() == "tests.celery_app.Export"
 
 
+def test_the_task_id_is_recorded_by_the_claim_and_a_duplicate_publishes_nothing(
+    broker: redis.Redis,
+) -> None:
+    result = export.apply_async((3,), task_id="export-3")
+    assert result is not None and result.id == "export-3"
+    held = state(export, 3)
+    assert held.queue is not None and held.queue.meta.job_id == "export-3"
+    messages = broker.llen(QUEUE)
+    assert messages >= 1  # the first one is there
+    with pytest.raises(JobNotUnique):
+        export.apply_async((3,), task_id="export-3b")
+    assert broker.llen(QUEUE) == messages  # the duplicate reached no broker
+    assert state(export, 3).queue.meta.job_id == "export-3"  # type: ignore[union-attr]
+
+
 def test_countdown_and_eta_count_into_the_lock(broker: redis.Redis) -> None:
     expiring.apply_async(("now",))
     expiring.apply_async(("later",), countdown=100)

@@ -15,6 +15,8 @@ from rq import Queue, Retry
 from rq.job import Job, JobStatus
 
 import uniqjob
+import uniqjob.queues
+from tests.conftest import FakeClock
 from tests.integration_workers import (
     NODE_VAR,
     URL_VAR,
@@ -27,8 +29,9 @@ from tests.integration_workers import (
 from tests.redis_server import RedisServer
 from tests.rq_jobs import QUEUE, Flaky, Gate, Inline, OneAtATime, Rescheduled, queue
 from uniqjob import ConfigurationError, Parked, UniqueJob
-from uniqjob.integrations.rq import RQQueue, retry_delay, run_job
+from uniqjob.integrations.rq import RQQueue, enqueue_call, retry_delay, run_job
 from uniqjob.locks import LockState
+from uniqjob.stores.memory import MemoryBackend
 
 
 @pytest.fixture
@@ -185,6 +188,12 @@ def test_block_parks_and_a_promotion_enqueues_into_rq(workers: Workers, redis_cl
 
 
 @pytest.fixture
+def rq_redis_client(redis_client: redis.Redis) -> redis.Redis:
+    """The test Redis, RQ's (whatever the lock store)."""
+    return redis_client
+
+
+@pytest.fixture
 def rq_redis(
     redis_server: RedisServer, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> redis.Redis:
@@ -208,11 +217,43 @@ def test_a_queued_job_that_still_exists_keeps_its_lock(rq_redis: redis.Redis) ->
     assert queue.job_gone(job.id) is False
 
 
+@pytest.fixture
+def aging(
+    redis_server: RedisServer, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[FakeClock]:
+    """RQ on the test Redis, the locks in memory on a clock the test moves (no sleeping)."""
+    monkeypatch.setenv(URL_VAR, redis_server.url)
+    clock = FakeClock()
+    uniqjob.configure(MemoryBackend(clock=clock))
+    monkeypatch.setattr(uniqjob.queues, "_clock", clock)
+    yield clock
+    uniqjob.configure(None)
+
+
+@pytest.fixture
+def asked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The job ids RQQueue.job_gone is asked about, in order."""
+    ids: list[str] = []
+    job_gone = RQQueue.job_gone
+
+    def spy(self: RQQueue, job_id: str) -> bool:
+        ids.append(job_id)
+        return job_gone(self, job_id)
+
+    monkeypatch.setattr(RQQueue, "job_gone", spy)
+    return ids
+
+
 @pytest.mark.parametrize("how", ["cancel", "delete", "empty the queue", "expire", "fail", "stop"])
-def test_a_job_gone_from_rq_frees_its_lock_at_the_next_enqueue(rq_redis: redis.Redis, how: str) -> None:
+def test_a_job_gone_from_rq_frees_its_lock_at_the_next_enqueue(
+    aging: FakeClock, rq_redis_client: redis.Redis, how: str, asked: list[str]
+) -> None:
+    rq_redis = rq_redis_client
     job = Gate.enqueue("g")
     assert isinstance(job, Job)
+    assert state(Gate, "g").queue.meta.job_id == job.id  # type: ignore[union-attr]  # by the claim
     assert Gate.enqueue("g") is None
+    assert asked == []  # a young lock's job is not asked about: the duplicate cost one round trip
     if how == "cancel":
         job.cancel()
     elif how == "delete":
@@ -224,9 +265,39 @@ def test_a_job_gone_from_rq_frees_its_lock_at_the_next_enqueue(rq_redis: redis.R
     else:
         job.set_status(JobStatus.FAILED if how == "fail" else JobStatus.STOPPED)
     assert queue.job_gone(job.id)
+    asked.clear()
+    aging.advance(queue.suspect_after - 1)  # type: ignore[operator]
+    assert Gate.enqueue("g") is None  # still young: kept, RQ not asked
+    assert asked == []
+    aging.advance(1)  # old enough to be suspect: the next enqueue asks RQ, and reclaims it
     again = Gate.enqueue("g")
+    assert asked == [job.id]
     assert isinstance(again, Job) and again.id != job.id
     assert state(Gate, "g").queue.meta.job_id == again.id  # type: ignore[union-attr]
+
+
+def test_a_long_queued_job_is_asked_about_once_per_window_not_at_every_duplicate(
+    aging: FakeClock, rq_redis_client: redis.Redis, asked: list[str]
+) -> None:
+    job = Gate.enqueue("w")
+    assert isinstance(job, Job)
+    aging.advance(600)  # queued for ten minutes (a busy queue): suspect, yet there
+    assert [Gate.enqueue("w") for _ in range(20)] == [None] * 20
+    assert asked == [job.id]  # once, not twenty times
+    aging.advance(queue.suspect_after - 1)  # type: ignore[operator]
+    assert Gate.enqueue("w") is None and asked == [job.id]
+    aging.advance(1)
+    job.delete()  # lost now: found at the next question, one window later
+    again = Gate.enqueue("w")
+    assert asked == [job.id, job.id] and isinstance(again, Job)
+
+
+def test_enqueue_call_job_id_is_recorded_by_the_claim(rq_redis: redis.Redis) -> None:
+    job = enqueue_call(Gate, args=("c",), job_id="report-c")
+    assert isinstance(job, Job) and job.id == "report-c"
+    assert state(Gate, "c").queue.meta.job_id == "report-c"  # type: ignore[union-attr]
+    assert enqueue_call(Gate, args=("c",), job_id="report-c2") is None
+    assert state(Gate, "c").queue.meta.job_id == "report-c"  # type: ignore[union-attr]
 
 
 def test_a_job_gone_from_rq_frees_its_concurrency_slot_at_the_next_enqueue(rq_redis: redis.Redis) -> None:

@@ -26,6 +26,7 @@ from .stores.base import Backend
 if TYPE_CHECKING:
     from .job import UniqueJob
     from .joblock import JobLock
+    from .queues import Queue
 
 __all__ = ["enqueue", "execute", "run", "settle"]
 
@@ -39,12 +40,22 @@ def enqueue(
         return run(cls, lock, store, args, kwargs)
     settings.check_store(cls)
     # An until_expired lock outlives its job on purpose: its job being gone proves nothing.
-    gone = None if lock.strategy == "until_expired" else queue.job_gone
-    if cls.unique_strategy != "while_executing" and not _joblock_sync.acquire(lock, store, gone=gone):
+    gone = None if lock.strategy == "until_expired" else partial(_job_gone, queue)
+    # The job id chosen before the claim, which records it: one round trip, nothing attached
+    # after the push. Its job is asked about only once its lock is older than suspect_after
+    # (the push may not have landed before). Not with a concurrency limit: a parked call is in
+    # no queue, and its id is made when it is pushed.
+    after = queue.suspect_after if cls.concurrency_limit is None else None
+    if after is not None:
+        meta = lock.meta
+        lock.meta = QueueMeta(meta.cls, meta.args, _callouts.call_out(queue.new_job_id))
+    if cls.unique_strategy != "while_executing" and not _joblock_sync.acquire(
+        lock, store, gone=gone, gone_after=after
+    ):
         return _callouts.call_out(_conflicts.apply, cls, lock, args, kwargs)
     try:
-        # Made once the lock is ours: a duplicate needs no id, and acquire() records none.
-        job_id = _concurrency.job_id(cls, queue)
+        # Else made once the lock is ours: a duplicate needs no id, and acquire() records none.
+        job_id = "" if after is not None else _concurrency.job_id(cls, queue)
         if job_id:
             meta = lock.meta
             lock.meta = QueueMeta(meta.cls, meta.args, job_id)
@@ -55,10 +66,15 @@ def enqueue(
     except BaseException:
         _joblock_sync.dequeue(lock, store)
         raise
-    if lock.meta.job_id:
+    if lock.meta.job_id and after is None:
         # the job exists now: its queue may prove it gone from here on
         _joblock_sync.attach(lock, store)
     return handle
+
+
+def _job_gone(queue: Queue, job_id: str) -> Any:
+    """``queue.job_gone(job_id)`` (maybe awaitable), unless this process asked about it a moment ago."""
+    return queue.job_gone(job_id) if queue.may_ask(job_id) else False
 
 
 def run(

@@ -40,11 +40,20 @@ __all__ = ["acquire", "attach", "dequeue", "enter", "held", "hold", "release", "
 
 
 async def acquire(
-    lock: JobLock, store: AsyncBackend, *, run: bool = False, gone: Callable[[str], Any] | None = None
+    lock: JobLock,
+    store: AsyncBackend,
+    *,
+    run: bool = False,
+    gone: Callable[[str], Any] | None = None,
+    gone_after: float | None = None,
 ) -> bool:
-    """Take the queue lock (with ``run``, the run lock too, in one step); False on conflict."""
+    """Take the queue lock (with ``run``, the run lock too, in one step); False on conflict.
+
+    ``gone_after`` (seconds): the claim records ``lock.meta.job_id``, chosen before it, and a
+    conflicting queued lock's job is asked about (``gone``) only once that lock is this old.
+    """
     claim = RunClaim(local_holder(), lock.lease, lock._attempt) if run else None
-    meta = claim_meta(lock)
+    meta = claim_meta(lock, with_job_id=gone_after is not None)
     candidates = lock.candidate_keys()
     for candidate in candidates:
         # Only the last candidate key's refusal is a duplicate (see Backend.duplicates), counted once.
@@ -72,7 +81,7 @@ async def acquire(
             if not (
                 await _reclaim_ours(store, state)
                 or await _reclaim_dead(store, state)
-                or await _reclaim_gone(lock, store, state, gone)
+                or await _reclaim_gone(lock, store, state, gone, gone_after or 0.0)
             ):
                 break
             before = counted(lock, state, count, before)
@@ -95,10 +104,10 @@ async def _reclaim_dead(store: AsyncBackend, state: LockState) -> bool:
 
 
 async def _reclaim_gone(
-    lock: JobLock, store: AsyncBackend, state: LockState, gone: Callable[[str], Any] | None
+    lock: JobLock, store: AsyncBackend, state: LockState, gone: Callable[[str], Any] | None, after: float
 ) -> bool:
     """Drop a queued lock whose job its queue proves gone for good (``gone(job_id)``); True if dropped."""
-    job_id = gone_job(state)
+    job_id = gone_job(state, after)
     if gone is None or not job_id or not await acall_out(gone, job_id):
         return False
     log.warning("reclaiming lock %s: its job %s is gone from the queue", state.key, job_id)

@@ -70,11 +70,13 @@ ATTEMPTS = 3
 current: ContextVar[JobLock | None] = ContextVar("uniqjob_current_lock", default=None)
 
 
-def claim_meta(lock: JobLock) -> QueueMeta:
+def claim_meta(lock: JobLock, *, with_job_id: bool = False) -> QueueMeta:
     """The queue lock's meta at a claim: without the job id, recorded by attach() once the queue
-    holds the job (a lock naming a job its queue has not yet seen would look "gone")."""
+    holds the job (a lock naming a job its queue has not yet seen would look "gone"), unless
+    ``with_job_id``: the caller chose the id before the claim, and asks its queue about the job
+    only once the lock is old enough (:func:`gone_job`'s ``after``)."""
     meta = lock.meta
-    if meta.job_id:
+    if meta.job_id and not with_job_id:
         return QueueMeta(meta.cls, meta.args)  # replace(meta, job_id=""), minus its introspection
     return meta
 
@@ -128,10 +130,16 @@ def dead_tokens(state: LockState) -> tuple[str | None, str | None] | None:
     return queue_token, run_token
 
 
-def gone_job(state: LockState) -> str:
-    """The job id of ``state``'s queued lock that its queue may prove gone; "" if none."""
+def gone_job(state: LockState, after: float = 0.0) -> str:
+    """The job id of ``state``'s queued lock that its queue may prove gone; "" if none.
+
+    ``after``: none either while the lock is younger than that many seconds (the store's clock):
+    its job id was recorded at the claim, and its job may not have reached the queue yet.
+    """
     queue = state.queue
     if queue is None or queue.state != QUEUED:
+        return ""
+    if after > 0 and state.now - queue.since < after:
         return ""
     return queue.meta.job_id
 

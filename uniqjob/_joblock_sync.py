@@ -41,11 +41,20 @@ __all__ = ["acquire", "attach", "dequeue", "enter", "held", "hold", "release", "
 
 
 def acquire(
-    lock: JobLock, store: Backend, *, run: bool = False, gone: Callable[[str], Any] | None = None
+    lock: JobLock,
+    store: Backend,
+    *,
+    run: bool = False,
+    gone: Callable[[str], Any] | None = None,
+    gone_after: float | None = None,
 ) -> bool:
-    """Take the queue lock (with ``run``, the run lock too, in one step); False on conflict."""
+    """Take the queue lock (with ``run``, the run lock too, in one step); False on conflict.
+
+    ``gone_after`` (seconds): the claim records ``lock.meta.job_id``, chosen before it, and a
+    conflicting queued lock's job is asked about (``gone``) only once that lock is this old.
+    """
     claim = RunClaim(local_holder(), lock.lease, lock._attempt) if run else None
-    meta = claim_meta(lock)
+    meta = claim_meta(lock, with_job_id=gone_after is not None)
     candidates = lock.candidate_keys()
     for candidate in candidates:
         # Only the last candidate key's refusal is a duplicate (see Backend.duplicates), counted once.
@@ -73,7 +82,7 @@ def acquire(
             if not (
                 _reclaim_ours(store, state)
                 or _reclaim_dead(store, state)
-                or _reclaim_gone(lock, store, state, gone)
+                or _reclaim_gone(lock, store, state, gone, gone_after or 0.0)
             ):
                 break
             before = counted(lock, state, count, before)
@@ -96,10 +105,10 @@ def _reclaim_dead(store: Backend, state: LockState) -> bool:
 
 
 def _reclaim_gone(
-    lock: JobLock, store: Backend, state: LockState, gone: Callable[[str], Any] | None
+    lock: JobLock, store: Backend, state: LockState, gone: Callable[[str], Any] | None, after: float
 ) -> bool:
     """Drop a queued lock whose job its queue proves gone for good (``gone(job_id)``); True if dropped."""
-    job_id = gone_job(state)
+    job_id = gone_job(state, after)
     if gone is None or not job_id or not call_out(gone, job_id):
         return False
     log.warning("reclaiming lock %s: its job %s is gone from the queue", state.key, job_id)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+import time
+import weakref
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -9,6 +13,10 @@ if TYPE_CHECKING:
     from .joblock import JobLock
 
 __all__ = ["Queue"]
+
+_clock = time.monotonic  # replaced by tests
+#: How many job ids a queue remembers having asked about (see Queue.may_ask).
+_REMEMBERED = 4096
 
 
 class Queue:
@@ -21,9 +29,40 @@ class Queue:
     is released and the error propagates: nothing stuck, nothing lost.
     """
 
+    #: Seconds a queued lock must have been held (the store's clock) before a conflicting
+    #: enqueue asks :meth:`job_gone` about its job; and, in each process, how long it then
+    #: waits before asking about that job again. A number: :meth:`new_job_id` is chosen
+    #: before the claim and the claim records it (one round trip to the lock store, nothing
+    #: attached after the push), and a duplicate of a younger lock costs that one round
+    #: trip. None (the default, for queues written before): the id is recorded once the job
+    #: is pushed (one round trip more) and asked about at the next conflict. See docs/rq.md,
+    #: "Cost, and is the holder's job gone?".
+    suspect_after: float | None = None
+
     def new_job_id(self) -> str:
         """Return the id the next pushed job will have, recorded in its queue lock; "" if unknown."""
         return ""
+
+    def may_ask(self, job_id: str) -> bool:
+        """True unless this process asked about job ``job_id`` less than ``suspect_after`` seconds ago.
+
+        Each True is remembered (the last few thousand job ids): a stream of duplicates of a
+        long-queued job asks its queue about it once per ``suspect_after``, not at every call.
+        """
+        window = self.suspect_after
+        if not window:
+            return True
+        now = _clock()
+        with _asked_mutex:
+            asked = _asked.setdefault(self, OrderedDict())
+            last = asked.get(job_id)
+            if last is not None and now - last < window:
+                return False
+            asked[job_id] = now
+            asked.move_to_end(job_id)
+            while len(asked) > _REMEMBERED:
+                asked.popitem(last=False)
+        return True
 
     def push(
         self, job_cls: type[UniqueJob], lock: JobLock, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -67,3 +106,8 @@ class Queue:
         plus this delay, so a delayed job does not lose its slot while it waits.
         """
         return 0.0
+
+
+# Per queue: job id -> when this process last asked about it.
+_asked: weakref.WeakKeyDictionary[Queue, OrderedDict[str, float]] = weakref.WeakKeyDictionary()
+_asked_mutex = threading.Lock()

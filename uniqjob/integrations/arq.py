@@ -120,8 +120,12 @@ class ArqQueue(Queue):
             pool = self._pools[loop] = source
         return pool
 
+    #: Seconds a queued lock is held before a conflicting enqueue asks arq whether its job is
+    #: gone (docs/rq.md, "Cost, and is the holder's job gone?": the same rule as RQ's).
+    suspect_after: float | None = 60.0
+
     def new_job_id(self) -> str:
-        """Return a fresh arq job id, recorded in the job's queue lock."""
+        """Return a fresh arq job id, recorded in the job's queue lock by the claim."""
         return uuid.uuid4().hex
 
     async def push(  # an async queue: awaited by Job.aenqueue

@@ -142,6 +142,10 @@ class CeleryQueue(Queue):
         call = _pending.get()
         return call if call is not None and _percall.origin(call.job) is self.task_cls.unique_job else None
 
+    #: Ids chosen before the claim, which records them (no attach after the publish). Celery
+    #: cannot tell a lost task (:attr:`proves_jobs_gone` is False): nothing is ever asked.
+    suspect_after: float | None = 60.0
+
     def new_job_id(self) -> str:
         """The Celery task id the message will have (the caller's ``task_id``, if it gave one)."""
         call = self._call()

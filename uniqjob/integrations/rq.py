@@ -14,9 +14,10 @@ meta (never recomputed from arguments RQ may have transformed), holds the lock
 while ``perform`` runs, and releases it when the job is done for good: finished,
 failed with no retries left, or dropped by the conflict policy. While RQ still
 means to retry it, the lock stays held, ``queued``. The queue lock records the
-RQ job id, and :meth:`RQQueue.job_gone` lets the next enqueue reclaim a lock
-whose job RQ no longer has (deleted, cancelled, emptied from its queue,
-expired, failed or stopped).
+RQ job id (chosen before the lock is claimed, and recorded by the claim), and
+:meth:`RQQueue.job_gone` lets a later enqueue reclaim a lock whose job RQ no
+longer has (deleted, cancelled, emptied from its queue, expired, failed or
+stopped), once the lock is :attr:`RQQueue.suspect_after` seconds old.
 
 RQ options for one job, apart from the job's own arguments, go through
 :func:`enqueue_call`, as they do through RQ's ``Queue.enqueue_call``::
@@ -77,6 +78,10 @@ OPTIONS = frozenset(
 
 #: What :func:`enqueue_call` takes besides :data:`OPTIONS`: the RQ job id of this one job.
 CALL_OPTIONS = OPTIONS | {"job_id"}
+
+#: Seconds a queued lock is held before a conflicting enqueue asks RQ whether its job is gone
+#: (docs/rq.md, "Cost, and is the holder's job gone?"): far longer than a push takes.
+SUSPECT_AFTER = 60.0
 
 # Statuses after which RQ never runs a job again without someone requeuing it by hand.
 _GONE = frozenset({"finished", "failed", "stopped", "canceled"})
@@ -155,8 +160,15 @@ class RQQueue(Queue):
                     self._queue = made
         return self._queue
 
+    #: See :attr:`uniqjob.queues.Queue.suspect_after`, and docs/rq.md.
+    suspect_after: float | None = SUSPECT_AFTER
+
     def new_job_id(self) -> str:
-        """Return a fresh RQ job id, recorded in the job's queue lock."""
+        """The RQ job id of the job about to be enqueued, recorded in its queue lock by the claim:
+        the ``job_id`` given to :func:`enqueue_call`, else a fresh one."""
+        call = _calls.get()
+        if call is not None and not call.used and call.options.get("job_id"):
+            return str(call.options["job_id"])
         return str(uuid.uuid4())
 
     def push(
@@ -165,7 +177,7 @@ class RQQueue(Queue):
         """Enqueue the job into RQ, with its lock's key and token in the job's meta.
 
         Inside :func:`enqueue_call`, that call's options override the queue's
-        (a ``job_id`` given there becomes the lock's job id).
+        (a ``job_id`` given there is the lock's job id already: :meth:`new_job_id`).
         """
         ticket = Ticket(lock.key, lock.token, job_ref(job_cls))
         options = dict(self.options)
@@ -173,9 +185,7 @@ class RQQueue(Queue):
         if call is not None and call.matches(job_cls, args, kwargs):
             call.used = True
             options.update(call.options)
-            job_id = options.pop("job_id", None)
-            if job_id is not None:
-                lock.meta = replace(lock.meta, job_id=job_id)  # recorded in the lock once pushed
+            options.pop("job_id", None)
         at_front = bool(options.pop("at_front", False))
         return self.queue.enqueue_call(
             run_job,

@@ -1,0 +1,101 @@
+"""The queues benchmark's round trips (machine-independent: counted by the servers, never timed).
+
+A unique enqueue costs the queue's own round trips plus one to the lock store; a
+duplicate costs one, and nothing of the queue; an RQ worker's job start and finish
+are one each.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+pytest.importorskip("arq", reason="arq is not installed: pip install --no-deps 'arq>=0.28'")
+
+import uniqjob
+from benchmarks.queues import QUEUES, Servers, Trips, WorkerJob, measure
+from tests.redis_server import RedisServer
+
+
+@pytest.fixture(scope="module")
+def trips(redis_server: RedisServer) -> Iterator[dict[str, dict[str, Trips]]]:
+    """Each queue's paths, counted over a few calls; the queue on a redis-server of its own."""
+    if redis_server.pid is None:  # a test stopped it
+        redis_server.start()
+    with RedisServer() as queue_server:
+        yield measure(redis_server.url, queue_server.url, calls=5)
+
+
+@pytest.mark.parametrize("queue", QUEUES)
+def test_a_unique_enqueue_is_the_queue_s_work_plus_one_round_trip(
+    trips: dict[str, dict[str, Trips]], queue: str
+) -> None:
+    plain, unique = trips[queue]["plain"], trips[queue]["unique"]
+    assert plain.locks == 0 and plain.queue >= 1
+    assert unique.queue == plain.queue  # the queue's own work, unchanged
+    assert unique.locks == 1  # the claim, which records the job id: nothing attached after
+    assert unique.commands["locks"]["evalsha"] == 1
+
+
+@pytest.mark.parametrize("queue", QUEUES)
+def test_a_duplicate_is_one_round_trip_and_leaves_the_queue_alone(
+    trips: dict[str, dict[str, Trips]], queue: str
+) -> None:
+    duplicate = trips[queue]["duplicate"]
+    assert duplicate.locks == 1
+    assert duplicate.queue == 0 and not duplicate.commands["queue"]  # not even "is the job gone?"
+
+
+@pytest.mark.parametrize("queue", ["rq", "arq"])
+def test_a_worker_starts_and_finishes_a_job_in_one_round_trip_each(
+    trips: dict[str, dict[str, Trips]], queue: str
+) -> None:
+    worker = trips[queue]["worker"]
+    assert worker.locks == 2
+    assert worker.commands["locks"]["evalsha"] == 2  # per job
+    assert worker.connections == 0  # an RQ SimpleWorker, an arq worker: one connection for all jobs
+
+
+def test_a_forked_rq_work_horse_opens_one_connection_to_the_lock_store_per_job(
+    trips: dict[str, dict[str, Trips]],
+) -> None:
+    """What is left (docs/rq.md): redis-py never lets a forked child use its parent's sockets."""
+    horse = trips["rq"]["forking worker"]
+    assert horse.commands["locks"]["evalsha"] == 2  # start and finish, still one round trip each
+    assert horse.connections == 1  # and the connection's handshake (HELLO ...) before them
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_forked_work_horse_shares_rq_s_connection_when_the_locks_use_it(
+    redis_server: RedisServer, redis_client: redis.Redis, shared: bool
+) -> None:
+    """Locks on RQ's Redis, through the worker's own client: one handshake per horse, not two."""
+    from rq import Queue, Worker
+
+    from uniqjob.integrations.rq import RQQueue
+
+    connection = redis.Redis.from_url(redis_server.url)
+    uniqjob.configure(connection if shared else redis_server.url)
+    queue = Queue("horses", connection=connection)
+    WorkerJob.unique_queue = RQQueue(queue)
+    worker = Worker([queue], connection=connection)
+    server = Servers(redis_server.url, redis_server.url)
+    server.admin = {"locks": server.admin["locks"]}  # one server: the locks and RQ's
+    rq_log = logging.getLogger("rq.worker")
+    level = rq_log.level
+    rq_log.setLevel(logging.WARNING)
+    try:
+        warm = WorkerJob.enqueue(-1)
+        worker.execute_job(warm, queue)
+        jobs = iter([WorkerJob.enqueue(n) for n in range(3)])
+        trips = server.count(3, lambda: worker.execute_job(next(jobs), queue))
+    finally:
+        rq_log.setLevel(level)
+        server.close()
+        connection.close()
+        uniqjob.configure(None)
+    assert queue.finished_job_registry.count == 4
+    assert trips.commands["locks"]["hello"] == (1 if shared else 2)  # RQ's, and the locks' own
