@@ -1,11 +1,4 @@
-"""A semaphore's operations that call its store, written once, for asyncio.
-
-``scripts/unasync.py`` makes ``_semaphore_sync.py`` from this file (``await``
-dropped, each asyncio name replaced by its sync one): edit this one, then run
-the script. On the asyncio path the store is awaited on its typed async face
-and a wait for a turn is awaited (the event loop runs on); the sync twin calls
-the store and blocks. The policy is described in :mod:`uniqjob.concurrency.semaphore`.
-"""
+"""A semaphore's operations that call its store, written once, for asyncio (see the package's docstring)."""
 
 from __future__ import annotations
 
@@ -13,7 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from ..errors import BackendError, CorruptRecordError
+from ..errors import CorruptRecordError
 from ..locks import Holder, holder_is_dead, local_holder
 from ..stores.semaphores import HANDOFF, Outcome, Park, Promotion, SemaphoreState
 from . import _semaphore_base as base
@@ -27,12 +20,11 @@ from ._semaphore_base import (
     SemaphoreBase,
     aensured,
     log,
+    promoted,
     waiting,
     wake,
 )
 from ._stores import AsyncSemaphores
-
-__all__ = ["AsyncSemaphore", "adeliver", "asweep_key"]
 
 
 async def adeliver(
@@ -64,14 +56,20 @@ async def adeliver(
 
 
 async def _apush(astore: AsyncSemaphores, key: str, promotion: Promotion, caller: Holder) -> None:
-    """Push one promotion through the registered pusher, mark it handed, then finish its handoff."""
-    if not base._apushers:
-        raise BackendError(f"nothing registered to push parked job {promotion.token} of {key}", astore.name)
+    """Push one promotion to its class's queue, mark it handed, then record the queue's job id in its lock.
+
+    From that record on, the queue may prove the job gone. Its failure is only
+    logged: the job is pushed and handed, just its id is missing from its lock.
+    """
     if promotion.redo:
         log.warning("pushing parked job %s of %s again (its promoter stopped)", promotion.token, key)
-    after = await base._apushers[0](astore, key, promotion)
+    lock, push = promoted(astore, promotion)
+    await base.apush_call(push)
     await astore.handed(key, promotion.token, caller)
-    await after()
+    try:
+        await lock.aattach()
+    except Exception:
+        log.warning("could not record job id %s in the lock of %s", lock.meta.job_id, lock.key, exc_info=True)
 
 
 async def asweep_key(astore: AsyncSemaphores, key: str, *, handoff: float = HANDOFF) -> int:

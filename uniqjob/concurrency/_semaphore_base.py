@@ -1,51 +1,41 @@
-"""What the semaphore's sync and asyncio code share that does no I/O.
+"""What the semaphore's two twins share that does no I/O.
 
-The waits' wake-ups (:class:`Waker`), the registry of inline waiters, the
-pusher the job layer registers, a running slot's :class:`Hold`, and
-:class:`SemaphoreBase`: a semaphore's settings and the decisions that need no
-store. ``_semaphore_async.py`` (the source) and ``_semaphore_sync.py`` (made
-from it by ``scripts/unasync.py``) build the operations on these.
+The waits' wake-ups (:class:`Waker`) and the registry of this process's inline
+waiters, a promoted call's push to its queue, a running slot's :class:`Hold`,
+and :class:`SemaphoreBase`: a semaphore's settings and the decisions that need no store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import inspect
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import replace
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..errors import BackendError
 from ..heartbeat import Beat
 from ..locks import Holder, holder_is_dead
 from ..stores.aio import completed
 from ..stores.semaphores import HANDOFF, Promotion, SemaphoreStore, SlotInfo
 from ..stores.semaphores_aio import AsyncSemaphores
+from ._background import background
 from ._stores import async_semaphores
+from .codec import decode_call
 
 if TYPE_CHECKING:
+    from ..joblock import JobLock
     from .semaphore import Semaphore
 
-__all__ = [
-    "ATTEMPTS",
-    "POLL_MAX",
-    "POLL_MIN",
-    "SWEEP_EVERY",
-    "SWEEP_HEAD",
-    "APusher",
-    "Hold",
-    "Pusher",
-    "SemaphoreBase",
-    "Waker",
-    "aensured",
-    "ensured",
-    "log",
-    "on_promotion",
-    "waiting",
-    "wake",
-]
-
 T = TypeVar("T")
+
+#: What a promoted call's push is (the queue's ``push``, bound to the call): called, or awaited.
+Body = Callable[[], Any]
 
 #: The semaphore's log, whichever twin writes to it.
 log = logging.getLogger("uniqjob.concurrency.semaphore")
@@ -138,21 +128,35 @@ def wake(store: SemaphoreStore | AsyncSemaphores, key: str, token: str) -> None:
         event.set()
 
 
-#: Hands a call parked for a queue, whose turn came, to that queue: ``push(store, key,
-#: promotion)`` pushes it and returns what to do once the store knows it was handed (record
-#: the queue's job id in its lock). The job layer registers it (:func:`on_promotion`): this
-#: package's semaphore never imports a job class.
-Pusher = Callable[[SemaphoreStore, str, Promotion], Callable[[], None]]
-#: :data:`Pusher` on the asyncio path: awaited, on the store's async face; so is what it returns.
-APusher = Callable[[AsyncSemaphores, str, Promotion], Awaitable[Callable[[], Awaitable[None]]]]
-_pushers: list[Pusher] = []
-_apushers: list[APusher] = []
+def promoted(store: SemaphoreStore | AsyncSemaphores, promotion: Promotion) -> tuple[JobLock, Body]:
+    """The lock of a parked call whose turn came, and its push to its class's queue."""
+    call = decode_call(promotion.payload)
+    cls = call.job_class
+    queue = cls.unique_queue
+    if queue is None:
+        raise BackendError(f"{cls.job_name()} has no unique_queue to push its parked job to", store.name)
+    lock = cls.lock_from(call.lock_key, promotion.token)
+    # In a context of its own: the promoted call is not the caller's call, and must not see
+    # its context (Celery reads the task id and options of an apply_async from it).
+    context = contextvars.Context()
+    lock.meta = replace(lock.meta, job_id=context.run(queue.new_job_id))
+    return lock, partial(context.run, queue.push, cls, lock, call.args, call.kwargs)
 
 
-def on_promotion(push: Pusher, apush: APusher | None = None) -> None:
-    """Make ``push`` (and ``apush``, its asyncio twin) hand promoted calls to their queues."""
-    _pushers[:] = [push]
-    _apushers[:] = [apush] if apush is not None else []
+def push_call(push: Body) -> Any:
+    """Call ``push``; an async queue's push (arq's) awaited on the background loop."""
+    handle = push()
+    if inspect.isawaitable(handle):
+        return background.run(handle)
+    return handle
+
+
+async def apush_call(push: Body) -> Any:
+    """:func:`push_call` on the asyncio path: an async queue's push awaited here."""
+    handle = push()
+    if inspect.isawaitable(handle):
+        return await handle
+    return handle
 
 
 class Hold:
@@ -175,12 +179,7 @@ class Hold:
 
 
 class SemaphoreBase:
-    """The counting semaphore of one concurrency ``key``: up to ``limit`` slots.
-
-    ``lease`` is how long a slot outlives its holder's silence; a running
-    slot is renewed every ``interval`` seconds by the shared heartbeat.
-    ``handoff`` bounds how long a promoter may take to push a promoted job.
-    """
+    """A :class:`~.semaphore.Semaphore`'s settings, and what it decides without its store."""
 
     def __init__(
         self,
