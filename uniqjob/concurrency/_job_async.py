@@ -88,7 +88,7 @@ async def settle_slot(lock: JobLock, retry_in: float | None) -> None:
     if hold is None:
         return
     if retry_in is None:
-        hold.unkeep()
+        hold.kept = False  # no retry is coming after all
     elif not hold.kept:
         await hold.semaphore.akeep(hold, retry_in)
 

@@ -89,7 +89,7 @@ def settle_slot(lock: JobLock, retry_in: float | None) -> None:
     if hold is None:
         return
     if retry_in is None:
-        hold.unkeep()
+        hold.kept = False  # no retry is coming after all
     elif not hold.kept:
         hold.semaphore.keep(hold, retry_in)
 

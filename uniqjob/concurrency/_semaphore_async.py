@@ -18,7 +18,7 @@ from ._semaphore_base import (
     SWEEP_HEAD,
     Hold,
     SemaphoreBase,
-    aensured,
+    dead,
     log,
     promoted,
     waiting,
@@ -86,10 +86,7 @@ async def asweep_key(astore: AsyncSemaphores, key: str, *, handoff: float = HAND
         # One damaged key must not stop the upkeep of every other: it stays blocked, and says so.
         log.error("%s", exc)
         return 0
-    held = [(s.token, s.holder) for s in state.slots if s.holder is not None]
-    places = [(p.token, p.holder) for p in state.head if p.holder is not None]
-    dead = [(token, holder) for token, holder in held + places if holder_is_dead(holder)]
-    outcome = await astore.reap(key, dead, caller=me, handoff=handoff)
+    outcome = await astore.reap(key, dead([*state.slots, *state.head]), caller=me, handoff=handoff)
     await adeliver(astore, key, outcome.promotions, me)
     return outcome.count
 
@@ -137,11 +134,11 @@ class AsyncSemaphore(SemaphoreBase):
             await self._adeliver(outcome.promotions)
             if outcome.status == "taken":
                 return outcome
-            dead = self._dead(outcome.slots)
-            if not dead:
+            gone = dead(outcome.slots)
+            if not gone:
                 return outcome
-            log.warning("reclaiming %d concurrency slot(s) of %s from dead holders", len(dead), self.key)
-            reaped = await self.astore.reap(self.key, dead, caller=me, handoff=self.handoff)
+            log.warning("reclaiming %d concurrency slot(s) of %s from dead holders", len(gone), self.key)
+            reaped = await self.astore.reap(self.key, gone, caller=me, handoff=self.handoff)
             await self._adeliver(reaped.promotions)
             if outcome.status == "parked":
                 return outcome  # the reap promoted the oldest calls, ours among them if its turn came
@@ -223,7 +220,7 @@ class AsyncSemaphore(SemaphoreBase):
             # the task is cancelled meanwhile (token-checked: made twice, it frees nothing
             # more), what it promotes delivered, and the cancellation goes on.
             try:
-                outcome = await aensured(
+                outcome = await base.aensured(
                     self.astore.release(self.key, token, caller=me, handoff=self.handoff)
                 )
             except Exception:
@@ -300,11 +297,7 @@ class AsyncSemaphore(SemaphoreBase):
     # -- upkeep ----------------------------------------------------------------------
 
     async def asweep(self) -> int:
-        """Reclaim slots and places of holders proved dead, and deliver what that promotes.
-
-        Returns how many slots and places went. Lapsed leases are freed by any
-        store call; this adds the same-host liveness check, which needs no wait.
-        """
+        """Reap this key's slots and places of holders proved dead (see :func:`asweep_key`); how many went."""
         return await asweep_key(self.astore, self.key, handoff=self.handoff)
 
     async def aread(self, head: int = 5) -> SemaphoreState:

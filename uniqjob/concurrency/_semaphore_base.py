@@ -12,7 +12,7 @@ import contextvars
 import inspect
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from functools import partial
@@ -22,7 +22,7 @@ from ..errors import BackendError
 from ..heartbeat import Beat
 from ..locks import Holder, holder_is_dead
 from ..stores.aio import completed
-from ..stores.semaphores import HANDOFF, Promotion, SemaphoreStore, SlotInfo
+from ..stores.semaphores import HANDOFF, ParkedInfo, Promotion, SemaphoreStore, SlotInfo
 from ..stores.semaphores_aio import AsyncSemaphores
 from ._background import background
 from ._stores import async_semaphores
@@ -33,9 +33,6 @@ if TYPE_CHECKING:
     from .semaphore import Semaphore
 
 T = TypeVar("T")
-
-#: What a promoted call's push is (the queue's ``push``, bound to the call): called, or awaited.
-Body = Callable[[], Any]
 
 #: The semaphore's log, whichever twin writes to it.
 log = logging.getLogger("uniqjob.concurrency.semaphore")
@@ -128,7 +125,9 @@ def wake(store: SemaphoreStore | AsyncSemaphores, key: str, token: str) -> None:
         event.set()
 
 
-def promoted(store: SemaphoreStore | AsyncSemaphores, promotion: Promotion) -> tuple[JobLock, Body]:
+def promoted(
+    store: SemaphoreStore | AsyncSemaphores, promotion: Promotion
+) -> tuple[JobLock, Callable[[], Any]]:
     """The lock of a parked call whose turn came, and its push to its class's queue."""
     call = decode_call(promotion.payload)
     cls = call.job_class
@@ -143,7 +142,7 @@ def promoted(store: SemaphoreStore | AsyncSemaphores, promotion: Promotion) -> t
     return lock, partial(context.run, queue.push, cls, lock, call.args, call.kwargs)
 
 
-def push_call(push: Body) -> Any:
+def push_call(push: Callable[[], Any]) -> Any:
     """Call ``push``; an async queue's push (arq's) awaited on the background loop."""
     handle = push()
     if inspect.isawaitable(handle):
@@ -151,12 +150,18 @@ def push_call(push: Body) -> Any:
     return handle
 
 
-async def apush_call(push: Body) -> Any:
+async def apush_call(push: Callable[[], Any]) -> Any:
     """:func:`push_call` on the asyncio path: an async queue's push awaited here."""
     handle = push()
     if inspect.isawaitable(handle):
         return await handle
     return handle
+
+
+def dead(entries: Iterable[SlotInfo | ParkedInfo]) -> list[tuple[str, Holder]]:
+    """(token, holder) of the slots or places whose holder is provably dead (this host only; elsewhere
+    the lease decides)."""
+    return [(e.token, e.holder) for e in entries if e.holder is not None and holder_is_dead(e.holder)]
 
 
 class Hold:
@@ -171,10 +176,6 @@ class Hold:
         self.token = token
         self.beat = beat  # None: a delivery that failed before its slot ran (nothing beats)
         #: True once the slot went to the job's retry: it is not released when the body ends.
-        self.kept = False
-
-    def unkeep(self) -> None:
-        """No retry is coming after all (it was never sent): release the slot when the body ends."""
         self.kept = False
 
 
@@ -207,10 +208,6 @@ class SemaphoreBase:
     def astore(self) -> AsyncSemaphores:
         """The store's async face (the asyncio API awaits its primitives there)."""
         return async_semaphores(self.store)
-
-    def _dead(self, slots: Sequence[SlotInfo]) -> list[tuple[str, Holder]]:
-        """The slots whose holder is provably dead (this host only; elsewhere the lease decides)."""
-        return [(s.token, s.holder) for s in slots if s.holder is not None and holder_is_dead(s.holder)]
 
     def _unreleased(self) -> None:
         log.error(

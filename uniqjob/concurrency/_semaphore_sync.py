@@ -19,7 +19,7 @@ from ._semaphore_base import (
     SWEEP_HEAD,
     Hold,
     SemaphoreBase,
-    ensured,
+    dead,
     log,
     promoted,
     waiting,
@@ -87,10 +87,7 @@ def sweep_key(store: SemaphoreStore, key: str, *, handoff: float = HANDOFF) -> i
         # One damaged key must not stop the upkeep of every other: it stays blocked, and says so.
         log.error("%s", exc)
         return 0
-    held = [(s.token, s.holder) for s in state.slots if s.holder is not None]
-    places = [(p.token, p.holder) for p in state.head if p.holder is not None]
-    dead = [(token, holder) for token, holder in held + places if holder_is_dead(holder)]
-    outcome = store.reap(key, dead, caller=me, handoff=handoff)
+    outcome = store.reap(key, dead([*state.slots, *state.head]), caller=me, handoff=handoff)
     deliver(store, key, outcome.promotions, me)
     return outcome.count
 
@@ -138,11 +135,11 @@ class SyncSemaphore(SemaphoreBase):
             self._deliver(outcome.promotions)
             if outcome.status == "taken":
                 return outcome
-            dead = self._dead(outcome.slots)
-            if not dead:
+            gone = dead(outcome.slots)
+            if not gone:
                 return outcome
-            log.warning("reclaiming %d concurrency slot(s) of %s from dead holders", len(dead), self.key)
-            reaped = self.store.reap(self.key, dead, caller=me, handoff=self.handoff)
+            log.warning("reclaiming %d concurrency slot(s) of %s from dead holders", len(gone), self.key)
+            reaped = self.store.reap(self.key, gone, caller=me, handoff=self.handoff)
             self._deliver(reaped.promotions)
             if outcome.status == "parked":
                 return outcome  # the reap promoted the oldest calls, ours among them if its turn came
@@ -224,7 +221,7 @@ class SyncSemaphore(SemaphoreBase):
             # the task is cancelled meanwhile (token-checked: made twice, it frees nothing
             # more), what it promotes delivered, and the cancellation goes on.
             try:
-                outcome = ensured(
+                outcome = base.ensured(
                     self.store.release(self.key, token, caller=me, handoff=self.handoff)
                 )
             except Exception:
@@ -301,11 +298,7 @@ class SyncSemaphore(SemaphoreBase):
     # -- upkeep ----------------------------------------------------------------------
 
     def sweep(self) -> int:
-        """Reclaim slots and places of holders proved dead, and deliver what that promotes.
-
-        Returns how many slots and places went. Lapsed leases are freed by any
-        store call; this adds the same-host liveness check, which needs no wait.
-        """
+        """Reap this key's slots and places of holders proved dead (see :func:`sweep_key`); how many went."""
         return sweep_key(self.store, self.key, handoff=self.handoff)
 
     def read(self, head: int = 5) -> SemaphoreState:
