@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..job import Queue, UniqueJob
     from ..joblock import JobLock
 
+
 async def push(
     cls: type[UniqueJob], queue: Queue, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> Any:

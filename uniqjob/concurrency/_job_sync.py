@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..job import Queue, UniqueJob
     from ..joblock import JobLock
 
+
 def push(
     cls: type[UniqueJob], queue: Queue, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> Any:
