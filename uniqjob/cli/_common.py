@@ -27,8 +27,6 @@ EX_UNAVAILABLE = 69  # the lock store cannot be reached
 EX_SOFTWARE = 70
 EX_TEMPFAIL = 75  # held elsewhere; no other failure uses it
 EX_CONFIG = 78  # a bad URL or setting
-EX_NOEXEC = 126  # the command exists but cannot be executed (as POSIX shells say)
-EX_NOTFOUND = 127  # the command does not exist
 
 PROG = "uniqjob"
 

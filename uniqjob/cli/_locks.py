@@ -19,7 +19,6 @@ import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TextIO
 
 from ..ops import CORRUPT, LockRelease, LockRow, iter_rows, reap, release
 from ..stores.base import Backend
@@ -167,7 +166,10 @@ def locks_command(args: argparse.Namespace) -> int:
         raise UsageError("--top counts concurrency keys: give it with --concurrency")
     backend = open_backend(args.url)
     rows = iter_rows(backend, job_class=args.job_class)
-    out = _stdout()
+    out = sys.stdout
+    if isinstance(out, io.TextIOWrapper):
+        # A key is any string (Redis keys may not even be UTF-8): show it, never crash on it.
+        out.reconfigure(errors="backslashreplace")
     corrupt: list[LockRow] = []
     header_written = False
     for row in rows:
@@ -209,14 +211,6 @@ def _none_held(backend: Backend, job_class: str | None) -> str:
         shown += f" and {len(others) - 5} more"
     option = f"--namespace {_shell_word(others[0])}"
     return f"{said}; locks are held under namespace {shown}: add {option} to see them"
-
-
-def _stdout() -> TextIO:
-    out = sys.stdout
-    if isinstance(out, io.TextIOWrapper):
-        # A key is any string (Redis keys may not even be UTF-8): show it, never crash on it.
-        out.reconfigure(errors="backslashreplace")
-    return out
 
 
 def _corrupt_line(row: LockRow) -> str:

@@ -10,9 +10,7 @@ and queue integrations call ``settle_slot`` with their verdict on a delivery
 Uniqueness comes first (a duplicate is refused at once, it never waits in
 line), then the slot; the slot is released after the uniqueness locks, so a
 promoted job never meets its predecessor's run lock. A step that fails undoes,
-token-checked, what the call took before it (a failed slot step never strands
-the call's uniqueness lock; a failed uniqueness step frees the slot), and its
-error reaches the caller.
+token-checked, what the call took before it (see ``execute``).
 """
 
 from __future__ import annotations
