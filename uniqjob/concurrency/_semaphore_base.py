@@ -1,8 +1,9 @@
-"""What the semaphore's two twins share that does no I/O.
+"""What the semaphore's two twins share, none of it a store call.
 
 The waits' wake-ups (:class:`Waker`) and the registry of this process's inline
-waiters, a promoted call's push to its queue, a running slot's :class:`Hold`,
-and :class:`SemaphoreBase`: a semaphore's settings and the decisions that need no store.
+waiters, a promoted call's push to its queue (an async queue's, on the sync
+path, awaited on a background loop), a running slot's :class:`Hold`, and
+:class:`SemaphoreBase`: a semaphore's settings and the decisions that need no store.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import os
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -24,7 +26,6 @@ from ..locks import Holder, holder_is_dead
 from ..stores.aio import completed
 from ..stores.semaphores import HANDOFF, ParkedInfo, Promotion, SemaphoreStore, SlotInfo
 from ..stores.semaphores_aio import AsyncSemaphores
-from ._background import background
 from ._stores import async_semaphores
 from .codec import decode_call
 
@@ -142,11 +143,45 @@ def promoted(
     return lock, partial(context.run, queue.push, cls, lock, call.args, call.kwargs)
 
 
+class _Background:
+    """An event loop on a daemon thread of its own (started on first use), kept for the process.
+
+    A promotion found on the sync path (the courier thread, a sync sweep) may be
+    for a job class whose queue pushes with a coroutine (arq's): it is awaited
+    there, and the caller waits for its result. The loop is kept, so the
+    queue's connection pool, made per loop, is kept too.
+    """
+
+    def __init__(self) -> None:
+        self._after_fork()
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._mutex = threading.Lock()  # the parent's loop thread does not survive fork
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def run(self, awaitable: Awaitable[T]) -> T:
+        """Await ``awaitable`` on the background loop; its result (or its exception, raised here)."""
+        with self._mutex:
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="uniqjob-background", daemon=True).start()
+
+        async def awaited() -> Any:
+            return await awaitable
+
+        return asyncio.run_coroutine_threadsafe(awaited(), loop).result()  # type: ignore[no-any-return]
+
+
+_background = _Background()
+
+
 def push_call(push: Callable[[], Any]) -> Any:
     """Call ``push``; an async queue's push (arq's) awaited on the background loop."""
     handle = push()
     if inspect.isawaitable(handle):
-        return background.run(handle)
+        return _background.run(handle)
     return handle
 
 
