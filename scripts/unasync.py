@@ -54,7 +54,6 @@ NAMES: dict[str, str] = {
     "adeliver": "deliver",
     "_adeliver": "_deliver",
     "_apush": "_push",
-    "_apushers": "_pushers",
     "asweep_key": "sweep_key",
     "aacquire": "acquire",
     "astart": "start",
@@ -68,7 +67,6 @@ NAMES: dict[str, str] = {
     "aread": "read",
     "aensured": "ensured",
     # concurrency (uniqjob/concurrency/_job_async.py)
-    "AAfter": "After",
     "ABody": "Body",
     "apush_call": "push_call",
     "adequeue": "dequeue",

@@ -27,7 +27,7 @@ from tests.concurrency_jobs import RecordingQueue
 from tests.redis_server import RedisServer
 from uniqjob import UniqueJob
 from uniqjob._undo import undos
-from uniqjob.concurrency import Park, Parked, _job, discard_parked, store_for, sweep
+from uniqjob.concurrency import Park, Parked, _job_sync, discard_parked, store_for, sweep
 from uniqjob.concurrency._settings import ConcurrencyPolicy
 from uniqjob.concurrency.codec import decode_call, encode_call
 from uniqjob.errors import BackendError, ConcurrencyLimitExceeded, CorruptRecordError, UnstorableCallError
@@ -255,7 +255,7 @@ def test_a_failed_slot_step_of_a_delivery_is_settled_by_its_queue(
         settle(lock, 5.0)
 
     with pytest.raises(BackendError):
-        _job.execute(Queued, lock, args, kwargs, lambda: pytest.fail("performed"), settle=retry_later)
+        _job_sync.execute(Queued, lock, args, kwargs, lambda: pytest.fail("performed"), settle=retry_later)
     assert len(seen) == 1 and isinstance(seen[0], BackendError)
     kept = full.read(key).queue
     assert kept is not None and kept.token == token  # still held, queued, for the retry

@@ -34,7 +34,6 @@ from ._common import (
     EX_UNAVAILABLE,
     EX_USAGE,
     PROG,
-    HelpFormatter,
     Parser,
     SubParsers,
     UsageError,
@@ -44,8 +43,6 @@ from ._common import (
 )
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
-
-AddParser = Callable[[SubParsers], None]
 
 #: The subcommands, in ``--help`` order: name -> (module of this package, its ``add_*_parser``).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -68,12 +65,6 @@ examples:
 """
 
 
-def _adder(name: str) -> AddParser:
-    module, function = SUBCOMMANDS[name]
-    add: AddParser = getattr(import_module(module, __name__), function)
-    return add
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """Return the ``uniqjob`` argument parser with every subcommand registered.
 
@@ -84,12 +75,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog=PROG,
         description="Run commands at most once at a time, on one host or many, and see their locks.",
         epilog=_EPILOG,
-        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="<command>", dest="command_name")
     for name in SUBCOMMANDS if command is None else [command]:
-        _adder(name)(subparsers)
+        module, function = SUBCOMMANDS[name]
+        add: Callable[[SubParsers], None] = getattr(import_module(module, __name__), function)
+        add(subparsers)
     return parser
 
 

@@ -13,7 +13,6 @@ cron tick never overlaps a command that runs on without its lock.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import select
 import signal
@@ -24,12 +23,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
-from ..heartbeat import TAKEN_TEXT
 from . import _supervisor
 from ._common import say
 from ._supervisor import FORWARDED, KILL_ALL
 
-__all__ = ["FORWARDED", "Child", "SignalWaiter", "exit_status", "signal_waiter", "spawn"]
+__all__ = ["Child", "SignalWaiter", "signal_waiter", "spawn"]
 
 _SI_KERNEL = 0x80  # Linux si_code of a signal the kernel sent, e.g. ^C from the terminal
 _TICK = 0.25  # how often a running command's lock is checked for loss
@@ -47,11 +45,6 @@ def spawn(argv: Sequence[str], env: Mapping[str, str] | None = None) -> subproce
     # close_fds=False: only fds the caller made inheritable pass (ours are not, PEP 446),
     # so a wrapped command sees exactly what it would see without the wrapper.
     return subprocess.Popen([*launcher, *argv], close_fds=False, env=env)
-
-
-def exit_status(returncode: int) -> int:
-    """Map a Popen return code to a shell-style exit status: 128+N for death by signal N."""
-    return 128 - returncode if returncode < 0 else returncode
 
 
 class SignalWaiter:
@@ -148,12 +141,12 @@ class Child:
 
     proc: subprocess.Popen[bytes]
     name: str
-    kill_after: float | None = None
-    grace: float = 10.0
-    lost: Callable[[], bool] = lambda: False
-    lapse: Callable[[], float] = lambda: math.inf
-    why: Callable[[], str] = lambda: f"lost the lock: {TAKEN_TEXT}"
-    presume_at: Callable[[], float] = lambda: math.inf
+    kill_after: float | None
+    grace: float
+    lost: Callable[[], bool]
+    lapse: Callable[[], float]
+    presume_at: Callable[[], float]
+    why: Callable[[], str]
 
     def supervise(self, waiter: SignalWaiter) -> int:
         """Forward signals, enforce the deadline, stop on a lost lock; return the command's exit status."""
@@ -165,7 +158,7 @@ class Child:
         while True:
             status = proc.poll()
             if status is not None:
-                return exit_status(status)
+                return 128 - status if status < 0 else status  # 128+N: it died of signal N
             now = time.monotonic()
             if not lost and self.lost():
                 # Also after --kill-after's SIGTERM: the SIGKILL must then come before the lease lapses.

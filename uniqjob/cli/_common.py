@@ -7,7 +7,8 @@ import math
 import os
 import re
 import sys
-from typing import NoReturn, TypeAlias
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeAlias
 from urllib.parse import parse_qsl, urlsplit
 
 from .. import config
@@ -26,8 +27,6 @@ EX_UNAVAILABLE = 69  # the lock store cannot be reached
 EX_SOFTWARE = 70
 EX_TEMPFAIL = 75  # held elsewhere; no other failure uses it
 EX_CONFIG = 78  # a bad URL or setting
-EX_NOEXEC = 126  # the command exists but cannot be executed (as POSIX shells say)
-EX_NOTFOUND = 127  # the command does not exist
 
 PROG = "uniqjob"
 
@@ -37,7 +36,14 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line on stderr and exit 64, not 2."""
+    """An ArgumentParser whose usage errors are one line on stderr and exit 64, not 2.
+
+    Its help keeps the examples in epilogs laid out as written.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EX_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -45,10 +51,6 @@ class Parser(argparse.ArgumentParser):
 
 #: What an ``add_*_parser`` function receives: call its ``add_parser(name, ...)``.
 SubParsers: TypeAlias = "argparse._SubParsersAction[Parser]"
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps the examples in epilogs laid out as written."""
 
 
 def add_url_option(parser: argparse.ArgumentParser) -> None:
@@ -159,15 +161,35 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def exit_code(text: str) -> int:
-    """argparse type: a process exit status, 0 to 255."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an exit status 0-255, got {text!r}") from None
-    if not 0 <= value <= 255:
-        raise argparse.ArgumentTypeError(f"expected an exit status 0-255, got {text!r}")
-    return value
+def whole_number(lowest: int, highest: float, expected: str) -> Callable[[str], int]:
+    """argparse type: a whole number from ``lowest`` to ``highest``; else "expected <expected>, got ..."."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = lowest - 1
+        if not lowest <= value <= highest:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+#: argparse type: a process exit status.
+exit_code = whole_number(0, 255, "an exit status 0-255")
+
+
+def duration(seconds: float | None) -> str:
+    """``seconds`` for a table: ``4.2s``, ``3m07s``, ``2h05m``; ``-`` for None."""
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{seconds:.1f}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 # Whatever could steer a terminal or start a line of its own: C0 and C1 controls,

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from ..ops import KeyReport, Released, Totals, concurrency, discard_parked
 from ._common import (
     EX_FAILURE,
     EX_OK,
-    HelpFormatter,
     SubParsers,
     add_quiet_option,
     add_url_option,
+    duration,
     escape,
     open_backend,
     say,
+    whole_number,
 )
 
 __all__ = [
@@ -35,16 +37,6 @@ __all__ = [
 _TOP = 50  # keys the table shows by default; the totals always count them all
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
-
-
 def add_concurrency_options(parser: argparse.ArgumentParser) -> None:
     """Add ``--concurrency`` and ``--top`` to ``uniqjob locks``."""
     parser.add_argument(
@@ -54,22 +46,11 @@ def add_concurrency_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--top",
-        type=_count,
+        type=whole_number(0, math.inf, "a whole number >= 0"),
         default=None,
         metavar="N",
         help=f"with --concurrency: the N busiest keys (default {_TOP}; 0: all); totals count every key",
     )
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s < 60:
-        return f"{seconds:.1f}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 _HEADER = f"{'HELD':<7}  {'LEASE':<6}  {'RUN':<4}  {'PARKED':<7}  {'WAITED':<8}  KEY"
@@ -77,14 +58,14 @@ _HEADER = f"{'HELD':<7}  {'LEASE':<6}  {'RUN':<4}  {'PARKED':<7}  {'WAITED':<8} 
 
 def _line(row: KeyReport) -> str:
     held = f"{row.held}/{row.limit}"
-    waited = _duration(row.oldest_wait)
+    waited = duration(row.oldest_wait)
     return f"{held:<7}  {row.lease:<6}  {row.running:<4}  {row.parked:<7}  {waited:<8}  {escape(row.key)}"
 
 
 def _totals_line(totals: Totals, shown: int) -> str:
     listed = f"{totals.keys} key(s)" + (f" ({shown} shown)" if shown < totals.keys else "")
     stale_note = f" ({totals.stale_slots} stale)" if totals.stale_slots else ""
-    waiting = f", oldest waiting {_duration(totals.oldest_wait)}" if totals.oldest_wait is not None else ""
+    waiting = f", oldest waiting {duration(totals.oldest_wait)}" if totals.oldest_wait is not None else ""
     return (
         f"{listed}: {totals.slots_held} slot(s) held{stale_note}, {totals.keys_at_limit} at their limit, "
         f"{totals.parked} job(s) parked{waiting}"
@@ -112,10 +93,6 @@ def concurrency_locks_command(args: argparse.Namespace) -> int:
     return EX_OK
 
 
-def _warn(message: str) -> None:
-    say(message)  # control characters in a key or host escaped
-
-
 def report_released(done: Released) -> int:
     """Report what ``uniqjob release KEY`` did to a concurrency key; return the exit status."""
     key = done.key
@@ -124,18 +101,18 @@ def report_released(done: Released) -> int:
         for s in done.fresh
     )
     if done.kept:
-        _warn(
+        say(
             f"kept {done.kept} slot(s) of {key!r} whose lease is fresh ({holders}): their jobs may be "
             "running; use --force to release them too"
         )
     if done.forced:
         most = done.limit + done.forced
-        _warn(
+        say(
             f"WARNING: released {done.forced} slot(s) whose lease was fresh ({holders}): if their jobs are "
             f"still running, up to {most} may run at once (limit {done.limit}) until they end"
         )
     if done.unpushed:
-        _warn(
+        say(
             f"{done.unpushed} promoted job(s) could not be pushed to their queue from here (see above); "
             "a worker's next sweep pushes them"
         )
@@ -166,7 +143,6 @@ def add_discard_parked_parser(subparsers: SubParsers) -> None:
         help="drop the jobs parked behind one concurrency key",
         description="Drop every job parked behind the concurrency key KEY; they will not run.",
         epilog=_DISCARD_EPILOG,
-        formatter_class=HelpFormatter,
     )
     parser.add_argument("key", metavar="KEY")
     add_url_option(parser)
@@ -178,7 +154,7 @@ def discard_parked_command(args: argparse.Namespace) -> int:
     """Handle ``uniqjob discard-parked``."""
     count = discard_parked(args.key, open_backend(args.url))
     if not count:
-        _warn(f"nothing parked on {args.key!r}")
+        say(f"nothing parked on {args.key!r}")
         return EX_FAILURE
     if not args.quiet:
         print(f"discarded {count} parked job(s) of {escape(args.key)}; they will not run")

@@ -11,7 +11,7 @@ import socket
 import sys
 
 from ..errors import ConfigurationError
-from ._common import EX_OK, HelpFormatter, SubParsers, UsageError, add_url_option, open_backend
+from ._common import EX_OK, SubParsers, UsageError, add_url_option, open_backend, whole_number
 
 __all__ = ["add_dashboard_parser"]
 
@@ -32,16 +32,6 @@ examples:
 """
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
-    return value
-
-
 def add_dashboard_parser(subparsers: SubParsers) -> None:
     """Register ``uniqjob dashboard``."""
     parser = subparsers.add_parser(
@@ -49,11 +39,15 @@ def add_dashboard_parser(subparsers: SubParsers) -> None:
         help="serve the web dashboard",
         description="Serve a web dashboard of the store's locks, concurrency keys and parked jobs.",
         epilog=_EPILOG,
-        formatter_class=HelpFormatter,
     )
     add_url_option(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=8765, help="port to listen on; 0 picks a free one")
+    parser.add_argument(
+        "--port",
+        type=whole_number(0, 65535, "a port number 0-65535"),
+        default=8765,
+        help="port to listen on; 0 picks a free one",
+    )
     parser.add_argument("--read-only", action="store_true", help="show everything, offer no action")
     parser.set_defaults(handler=dashboard_command)
 

@@ -19,7 +19,6 @@ import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TextIO
 
 from ..ops import CORRUPT, LockRelease, LockRow, iter_rows, reap, release
 from ..stores.base import Backend
@@ -28,11 +27,11 @@ from ._common import (
     EX_FAILURE,
     EX_OK,
     EX_SOFTWARE,
-    HelpFormatter,
     SubParsers,
     UsageError,
     add_quiet_option,
     add_url_option,
+    duration,
     escape,
     open_backend,
     say,
@@ -57,19 +56,8 @@ class Column:
     cell: Callable[[LockRow], str]
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds)
-    if s < 60:
-        return f"{seconds:.1f}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
 def _left(row: LockRow) -> str:
-    return _duration(row.lease_s if row.lease_s is not None else row.ttl_s)
+    return duration(row.lease_s if row.lease_s is not None else row.ttl_s)
 
 
 def _holder(row: LockRow) -> str:
@@ -99,7 +87,7 @@ _JOB_WIDTH = 40  # the full arguments are in --json
 COLUMNS: list[Column] = [
     Column("STATE", 8, lambda r: r.state),
     Column("HOLDER", 22, _holder),
-    Column("AGE", 8, lambda r: _duration(r.age_s)),
+    Column("AGE", 8, lambda r: duration(r.age_s)),
     Column("LEFT", 8, _left),
     Column("ORPHAN", 7, _orphan),
     Column("JOB", _JOB_WIDTH, _job),
@@ -156,7 +144,6 @@ def add_locks_parser(subparsers: SubParsers) -> None:
         help="list held locks",
         description="List the held locks in the store, one per key, as they are scanned.",
         epilog=_LOCKS_EPILOG,
-        formatter_class=HelpFormatter,
     )
     add_url_option(parser)
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -179,7 +166,10 @@ def locks_command(args: argparse.Namespace) -> int:
         raise UsageError("--top counts concurrency keys: give it with --concurrency")
     backend = open_backend(args.url)
     rows = iter_rows(backend, job_class=args.job_class)
-    out = _stdout()
+    out = sys.stdout
+    if isinstance(out, io.TextIOWrapper):
+        # A key is any string (Redis keys may not even be UTF-8): show it, never crash on it.
+        out.reconfigure(errors="backslashreplace")
     corrupt: list[LockRow] = []
     header_written = False
     for row in rows:
@@ -221,14 +211,6 @@ def _none_held(backend: Backend, job_class: str | None) -> str:
         shown += f" and {len(others) - 5} more"
     option = f"--namespace {_shell_word(others[0])}"
     return f"{said}; locks are held under namespace {shown}: add {option} to see them"
-
-
-def _stdout() -> TextIO:
-    out = sys.stdout
-    if isinstance(out, io.TextIOWrapper):
-        # A key is any string (Redis keys may not even be UTF-8): show it, never crash on it.
-        out.reconfigure(errors="backslashreplace")
-    return out
 
 
 def _corrupt_line(row: LockRow) -> str:
@@ -275,7 +257,6 @@ def add_release_parser(subparsers: SubParsers) -> None:
         help="drop one key's locks",
         description="Release the queue and run locks of KEY (as `uniqjob locks` shows it).",
         epilog=_RELEASE_EPILOG,
-        formatter_class=HelpFormatter,
     )
     parser.add_argument("key", metavar="KEY")
     add_url_option(parser)
@@ -362,7 +343,6 @@ def add_reap_parser(subparsers: SubParsers) -> None:
         help="reclaim orphaned locks",
         description="Reclaim every orphaned lock in the store and report each one.",
         epilog=_REAP_EPILOG,
-        formatter_class=HelpFormatter,
     )
     add_url_option(parser)
     parser.add_argument(

@@ -23,7 +23,7 @@ from ..errors import ConfigurationError, UniqJobError
 from ..ops import concurrency, duplicates, iter_rows
 from ..stores._drops import WINDOW
 from ..stores.base import Backend
-from ._common import EX_OK, HelpFormatter, SubParsers, add_url_option, open_backend
+from ._common import EX_OK, SubParsers, add_url_option, open_backend
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer
@@ -58,16 +58,20 @@ def add_mcp_parser(subparsers: SubParsers) -> None:
         help="serve read-only lock and concurrency tools to an agent (Model Context Protocol, stdio)",
         description="Run a Model Context Protocol server on stdio; its tools (locks, concurrency) only read.",
         epilog=_EPILOG,
-        formatter_class=HelpFormatter,
     )
     add_url_option(parser)
     parser.set_defaults(handler=mcp_command)
 
 
+def _check_count(name: str, value: object) -> None:
+    """An agent's argument may be anything JSON holds: refuse what is not a count from 1 to MAX_LIMIT."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_LIMIT:
+        raise ValueError(f"{name} must be a whole number from 1 to {MAX_LIMIT}, got {value!r}")
+
+
 def locks_tool(backend: Backend, job_class: str | None = None, limit: int = LIMIT) -> dict[str, Any]:
     """The ``locks`` tool's answer: up to ``limit`` rows, whether there were more, the duplicates."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_LIMIT:
-        raise ValueError(f"limit must be a whole number from 1 to {MAX_LIMIT}, got {limit!r}")
+    _check_count("limit", limit)
     rows = list(itertools.islice(iter_rows(backend, job_class=job_class), limit + 1))
     return {
         "locks": [row.to_json() for row in rows[:limit]],
@@ -79,8 +83,7 @@ def locks_tool(backend: Backend, job_class: str | None = None, limit: int = LIMI
 
 def concurrency_tool(backend: Backend, top: int = 20, job_class: str | None = None) -> dict[str, Any]:
     """The ``concurrency`` tool's answer: the ``top`` busiest keys and the totals over every key."""
-    if isinstance(top, bool) or not isinstance(top, int) or not 0 < top <= MAX_LIMIT:
-        raise ValueError(f"top must be a whole number from 1 to {MAX_LIMIT}, got {top!r}")
+    _check_count("top", top)
     report = concurrency(backend, top=top, job_class=job_class)
     return {
         "keys": [row.to_json() for row in report.keys],

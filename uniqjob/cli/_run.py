@@ -22,7 +22,6 @@ from ..settings import MAX_RUN_LEASE, MIN_RUN_LEASE
 from ._child import Child, SignalWaiter, signal_waiter, spawn
 from ._common import (
     EX_TEMPFAIL,
-    HelpFormatter,
     SubParsers,
     UsageError,
     add_quiet_option,
@@ -84,7 +83,6 @@ def add_run_parser(subparsers: SubParsers) -> None:
         description="Run CMD under a lock. If another `uniqjob run` of the same key is running\n"
         "(on this host, or on any host that shares the store), exit at once, or --wait.",
         epilog=_EXAMPLES.format(skew=MAX_SKEW),
-        formatter_class=HelpFormatter,
         usage="%(prog)s [options] -- CMD [ARG...]",
     )
     parser.add_argument("--key", help="lock key (default: derived from CMD and its arguments)")
@@ -242,22 +240,19 @@ def _why(lock: JobLock) -> str:
     )
 
 
-class _NotLoss(logging.Filter):
-    """Leaves out the heartbeat's own report of a lost lock: the run says it, with what it does about it."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not getattr(record, LOST_RECORD, False)
-
-
 @contextlib.contextmanager
 def _loss_said_by_us() -> Iterator[None]:
+    """Leave out the heartbeat's own report of a lost lock: the run says it, with what it does about it."""
     logger = logging.getLogger("uniqjob.heartbeat")
-    quiet = _NotLoss()
-    logger.addFilter(quiet)
+
+    def not_loss(record: logging.LogRecord) -> bool:
+        return not getattr(record, LOST_RECORD, False)
+
+    logger.addFilter(not_loss)
     try:
         yield
     finally:
-        logger.removeFilter(quiet)
+        logger.removeFilter(not_loss)
 
 
 def _acquire(lock: JobLock, wait: float, waiter: SignalWaiter, *, run: bool) -> tuple[bool, int | None]:

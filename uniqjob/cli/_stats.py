@@ -13,7 +13,7 @@ import sys
 
 from ..ops import Stats, stats
 from ..stores._drops import WINDOW
-from ._common import EX_DATAERR, EX_OK, HelpFormatter, SubParsers, add_url_option, escape, open_backend
+from ._common import EX_DATAERR, EX_OK, SubParsers, add_url_option, escape, open_backend
 
 __all__ = ["add_stats_parser"]
 
@@ -53,7 +53,6 @@ def add_stats_parser(subparsers: SubParsers) -> None:
         help="dropped duplicates per job class, and the store's lock and concurrency totals",
         description="Show what the store counted: duplicates dropped per job class, locks held, jobs parked.",
         epilog=_EPILOG,
-        formatter_class=HelpFormatter,
     )
     add_url_option(parser)
     parser.add_argument("--json", action="store_true", help="one JSON object")

@@ -7,15 +7,17 @@ limits"). The slots are kept by the stores (the contract,
 ``Backend.semaphores()``); this package is the policy and the glue above them:
 
 - :mod:`.semaphore`: :class:`Semaphore`, the policy above any store (liveness, heartbeat,
-  delivering promotions through the pusher the job layer registers, waiting inline);
+  pushing promoted calls to their queues, waiting inline);
 - ``_settings``: a job class's ``concurrency_*`` settings, checked and resolved into its semaphore;
-- ``_job``: the hooks ``UniqueJob`` calls, and that pusher (a promoted call to its class's queue);
+- ``_job``: the hooks ``UniqueJob`` calls;
 - :mod:`.codec`: parked calls stored as typed JSON;
 - :func:`sweep`: reclaim dead holders' slots and push what that promotes, for every key;
 - :func:`release_slots`, :func:`discard_parked`: an operator's escape hatches for one key.
 
-Each operation is written once, for asyncio (``_semaphore_async``, ``_job_async``); its sync
-twin is generated from it by ``scripts/unasync.py`` (``_semaphore_sync``, ``_job_sync``).
+Each operation that calls the store is written once, for asyncio (``_semaphore_async``,
+``_job_async``); its sync twin (``_semaphore_sync``, ``_job_sync``) is generated from it by
+``scripts/unasync.py``: edit the asyncio file, then run the script. What needs no I/O is
+imported by both (``_semaphore_base``, ``_job``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ at least once, as any promotion.
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 from collections import deque
@@ -89,7 +88,3 @@ class Courier:
         """Wait up to ``timeout`` seconds until everything sent so far is delivered; False if not."""
         with self._mutex:
             return self._idle.wait_for(lambda: not self._items and not self._busy, timeout)
-
-    def register_exit(self, timeout: float) -> None:
-        """At exit, give pending deliveries up to ``timeout`` seconds (the handoff covers the rest)."""
-        atexit.register(self.drain, timeout)

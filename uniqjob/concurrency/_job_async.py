@@ -1,12 +1,4 @@
-"""The concurrency hooks that ``UniqueJob`` calls, written once, for asyncio.
-
-``scripts/unasync.py`` makes ``_job_sync.py`` from this file (``await``
-dropped, each asyncio name replaced by its sync one): edit this one, then run
-the script. On the asyncio path a "block" is an awaited wait (the event loop
-runs on) and a promoted call pushed to an async queue such as arq's is
-awaited; the sync twin blocks, and runs such a push on the background loop.
-What the hooks do is described in :mod:`uniqjob.concurrency._job`.
-"""
+"""The concurrency hooks that ``UniqueJob`` calls, written once, for asyncio (see :mod:`._job`)."""
 
 from __future__ import annotations
 
@@ -18,19 +10,15 @@ from .._callouts import acall_out
 from .._undo import undos
 from ..errors import ConcurrencyLimitExceeded
 from ..locks import local_holder
-from ..stores.semaphores import Park, Promotion
-from . import _job_base as base
-from ._job_base import AAfter, ABody, Parked, Settle, log
+from ..stores.semaphores import Park
+from . import _job as base
+from ._job import ABody, Parked, Settle, log, semaphore_of
 from ._semaphore_base import Hold
-from ._settings import semaphore_of
-from ._stores import AsyncSemaphores
 from .semaphore import Semaphore
 
 if TYPE_CHECKING:
     from ..job import Queue, UniqueJob
     from ..joblock import JobLock
-
-__all__ = ["execute", "push", "push_promoted", "settle_slot", "undo_inline"]
 
 
 async def push(
@@ -101,7 +89,7 @@ async def settle_slot(lock: JobLock, retry_in: float | None) -> None:
     if hold is None:
         return
     if retry_in is None:
-        hold.unkeep()
+        hold.kept = False  # no retry is coming after all
     elif not hold.kept:
         await hold.semaphore.akeep(hold, retry_in)
 
@@ -150,11 +138,8 @@ async def execute(
             await _undo_delivery(semaphore, lock, settle, exc)
         raise
     try:
-        entered = base.with_hold(lock, hold)
-        try:
+        with base.held(lock, hold):
             return await body()
-        finally:
-            base.without_hold(entered)
     finally:
         await semaphore.aunhold(lock.token, hold)
 
@@ -250,32 +235,10 @@ async def _undo_delivery(
             await semaphore.arelease(lock.token)
         return
     hold = Hold(semaphore, lock.token, None) if semaphore is not None else None
-    entered = base.with_hold(lock, hold) if hold is not None else None
-    try:
-        await acall_out(settle, exc, None)
-    except Exception:
-        log.error("could not settle the failed delivery of %s", lock.key, exc_info=True)
-    finally:
-        if entered is not None:
-            base.without_hold(entered)
-    if semaphore is not None and hold is not None and not hold.kept:
-        await semaphore.arelease(lock.token)
-
-
-async def push_promoted(astore: AsyncSemaphores, key: str, promotion: Promotion) -> AAfter:
-    """Push a parked call whose turn came to its class's queue; return what to do after the handoff.
-
-    What follows the handoff records the queue's job id in the call's
-    uniqueness lock: from then on the queue may prove the job gone. Its
-    failure is logged: the job is pushed and handed, only the id is missing from its lock.
-    """
-    lock, push_it = base.promoted(astore, promotion)
-    await base.apush_call(push_it)
-
-    async def attach() -> None:
+    with base.held(lock, hold):
         try:
-            await lock.aattach()
+            await acall_out(settle, exc, None)
         except Exception:
-            base.unattached(lock)
-
-    return attach
+            log.error("could not settle the failed delivery of %s", lock.key, exc_info=True)
+    if hold is not None and not hold.kept:
+        await hold.semaphore.arelease(lock.token)

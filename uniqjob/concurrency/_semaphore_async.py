@@ -1,11 +1,4 @@
-"""A semaphore's operations that call its store, written once, for asyncio.
-
-``scripts/unasync.py`` makes ``_semaphore_sync.py`` from this file (``await``
-dropped, each asyncio name replaced by its sync one): edit this one, then run
-the script. On the asyncio path the store is awaited on its typed async face
-and a wait for a turn is awaited (the event loop runs on); the sync twin calls
-the store and blocks. The policy is described in :mod:`uniqjob.concurrency.semaphore`.
-"""
+"""A semaphore's operations that call its store, written once, for asyncio (see the package's docstring)."""
 
 from __future__ import annotations
 
@@ -13,7 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from ..errors import BackendError, CorruptRecordError
+from ..errors import CorruptRecordError
 from ..locks import Holder, holder_is_dead, local_holder
 from ..stores.semaphores import HANDOFF, Outcome, Park, Promotion, SemaphoreState
 from . import _semaphore_base as base
@@ -25,14 +18,13 @@ from ._semaphore_base import (
     SWEEP_HEAD,
     Hold,
     SemaphoreBase,
-    aensured,
+    dead,
     log,
+    promoted,
     waiting,
     wake,
 )
 from ._stores import AsyncSemaphores
-
-__all__ = ["AsyncSemaphore", "adeliver", "asweep_key"]
 
 
 async def adeliver(
@@ -64,14 +56,20 @@ async def adeliver(
 
 
 async def _apush(astore: AsyncSemaphores, key: str, promotion: Promotion, caller: Holder) -> None:
-    """Push one promotion through the registered pusher, mark it handed, then finish its handoff."""
-    if not base._apushers:
-        raise BackendError(f"nothing registered to push parked job {promotion.token} of {key}", astore.name)
+    """Push one promotion to its class's queue, mark it handed, then record the queue's job id in its lock.
+
+    From that record on, the queue may prove the job gone. Its failure is only
+    logged: the job is pushed and handed, just its id is missing from its lock.
+    """
     if promotion.redo:
         log.warning("pushing parked job %s of %s again (its promoter stopped)", promotion.token, key)
-    after = await base._apushers[0](astore, key, promotion)
+    lock, push = promoted(astore, promotion)
+    await base.apush_call(push)
     await astore.handed(key, promotion.token, caller)
-    await after()
+    try:
+        await lock.aattach()
+    except Exception:
+        log.warning("could not record job id %s in the lock of %s", lock.meta.job_id, lock.key, exc_info=True)
 
 
 async def asweep_key(astore: AsyncSemaphores, key: str, *, handoff: float = HANDOFF) -> int:
@@ -88,10 +86,7 @@ async def asweep_key(astore: AsyncSemaphores, key: str, *, handoff: float = HAND
         # One damaged key must not stop the upkeep of every other: it stays blocked, and says so.
         log.error("%s", exc)
         return 0
-    held = [(s.token, s.holder) for s in state.slots if s.holder is not None]
-    places = [(p.token, p.holder) for p in state.head if p.holder is not None]
-    dead = [(token, holder) for token, holder in held + places if holder_is_dead(holder)]
-    outcome = await astore.reap(key, dead, caller=me, handoff=handoff)
+    outcome = await astore.reap(key, dead([*state.slots, *state.head]), caller=me, handoff=handoff)
     await adeliver(astore, key, outcome.promotions, me)
     return outcome.count
 
@@ -139,11 +134,11 @@ class AsyncSemaphore(SemaphoreBase):
             await self._adeliver(outcome.promotions)
             if outcome.status == "taken":
                 return outcome
-            dead = self._dead(outcome.slots)
-            if not dead:
+            gone = dead(outcome.slots)
+            if not gone:
                 return outcome
-            log.warning("reclaiming %d concurrency slot(s) of %s from dead holders", len(dead), self.key)
-            reaped = await self.astore.reap(self.key, dead, caller=me, handoff=self.handoff)
+            log.warning("reclaiming %d concurrency slot(s) of %s from dead holders", len(gone), self.key)
+            reaped = await self.astore.reap(self.key, gone, caller=me, handoff=self.handoff)
             await self._adeliver(reaped.promotions)
             if outcome.status == "parked":
                 return outcome  # the reap promoted the oldest calls, ours among them if its turn came
@@ -225,7 +220,7 @@ class AsyncSemaphore(SemaphoreBase):
             # the task is cancelled meanwhile (token-checked: made twice, it frees nothing
             # more), what it promotes delivered, and the cancellation goes on.
             try:
-                outcome = await aensured(
+                outcome = await base.aensured(
                     self.astore.release(self.key, token, caller=me, handoff=self.handoff)
                 )
             except Exception:
@@ -302,11 +297,7 @@ class AsyncSemaphore(SemaphoreBase):
     # -- upkeep ----------------------------------------------------------------------
 
     async def asweep(self) -> int:
-        """Reclaim slots and places of holders proved dead, and deliver what that promotes.
-
-        Returns how many slots and places went. Lapsed leases are freed by any
-        store call; this adds the same-host liveness check, which needs no wait.
-        """
+        """Reap this key's slots and places of holders proved dead (see :func:`asweep_key`); how many went."""
         return await asweep_key(self.astore, self.key, handoff=self.handoff)
 
     async def aread(self, head: int = 5) -> SemaphoreState:

@@ -1,49 +1,37 @@
-"""What the semaphore's sync and asyncio code share that does no I/O.
+"""What the semaphore's two twins share, none of it a store call.
 
-The waits' wake-ups (:class:`Waker`), the registry of inline waiters, the
-pusher the job layer registers, a running slot's :class:`Hold`, and
-:class:`SemaphoreBase`: a semaphore's settings and the decisions that need no
-store. ``_semaphore_async.py`` (the source) and ``_semaphore_sync.py`` (made
-from it by ``scripts/unasync.py``) build the operations on these.
+The waits' wake-ups (:class:`Waker`) and the registry of this process's inline
+waiters, a promoted call's push to its queue (an async queue's, on the sync
+path, awaited on a background loop), a running slot's :class:`Hold`, and
+:class:`SemaphoreBase`: a semaphore's settings and the decisions that need no store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import inspect
 import logging
+import os
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import replace
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..errors import BackendError
 from ..heartbeat import Beat
 from ..locks import Holder, holder_is_dead
 from ..stores.aio import completed
-from ..stores.semaphores import HANDOFF, Promotion, SemaphoreStore, SlotInfo
+from ..stores.semaphores import HANDOFF, ParkedInfo, Promotion, SemaphoreStore, SlotInfo
 from ..stores.semaphores_aio import AsyncSemaphores
 from ._stores import async_semaphores
+from .codec import decode_call
 
 if TYPE_CHECKING:
+    from ..joblock import JobLock
     from .semaphore import Semaphore
-
-__all__ = [
-    "ATTEMPTS",
-    "POLL_MAX",
-    "POLL_MIN",
-    "SWEEP_EVERY",
-    "SWEEP_HEAD",
-    "APusher",
-    "Hold",
-    "Pusher",
-    "SemaphoreBase",
-    "Waker",
-    "aensured",
-    "ensured",
-    "log",
-    "on_promotion",
-    "waiting",
-    "wake",
-]
 
 T = TypeVar("T")
 
@@ -138,21 +126,77 @@ def wake(store: SemaphoreStore | AsyncSemaphores, key: str, token: str) -> None:
         event.set()
 
 
-#: Hands a call parked for a queue, whose turn came, to that queue: ``push(store, key,
-#: promotion)`` pushes it and returns what to do once the store knows it was handed (record
-#: the queue's job id in its lock). The job layer registers it (:func:`on_promotion`): this
-#: package's semaphore never imports a job class.
-Pusher = Callable[[SemaphoreStore, str, Promotion], Callable[[], None]]
-#: :data:`Pusher` on the asyncio path: awaited, on the store's async face; so is what it returns.
-APusher = Callable[[AsyncSemaphores, str, Promotion], Awaitable[Callable[[], Awaitable[None]]]]
-_pushers: list[Pusher] = []
-_apushers: list[APusher] = []
+def promoted(
+    store: SemaphoreStore | AsyncSemaphores, promotion: Promotion
+) -> tuple[JobLock, Callable[[], Any]]:
+    """The lock of a parked call whose turn came, and its push to its class's queue."""
+    call = decode_call(promotion.payload)
+    cls = call.job_class
+    queue = cls.unique_queue
+    if queue is None:
+        raise BackendError(f"{cls.job_name()} has no unique_queue to push its parked job to", store.name)
+    lock = cls.lock_from(call.lock_key, promotion.token)
+    # In a context of its own: the promoted call is not the caller's call, and must not see
+    # its context (Celery reads the task id and options of an apply_async from it).
+    context = contextvars.Context()
+    lock.meta = replace(lock.meta, job_id=context.run(queue.new_job_id))
+    return lock, partial(context.run, queue.push, cls, lock, call.args, call.kwargs)
 
 
-def on_promotion(push: Pusher, apush: APusher | None = None) -> None:
-    """Make ``push`` (and ``apush``, its asyncio twin) hand promoted calls to their queues."""
-    _pushers[:] = [push]
-    _apushers[:] = [apush] if apush is not None else []
+class _Background:
+    """An event loop on a daemon thread of its own (started on first use), kept for the process.
+
+    A promotion found on the sync path (the courier thread, a sync sweep) may be
+    for a job class whose queue pushes with a coroutine (arq's): it is awaited
+    there, and the caller waits for its result. The loop is kept, so the
+    queue's connection pool, made per loop, is kept too.
+    """
+
+    def __init__(self) -> None:
+        self._after_fork()
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._mutex = threading.Lock()  # the parent's loop thread does not survive fork
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def run(self, awaitable: Awaitable[T]) -> T:
+        """Await ``awaitable`` on the background loop; its result (or its exception, raised here)."""
+        with self._mutex:
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="uniqjob-background", daemon=True).start()
+
+        async def awaited() -> Any:
+            return await awaitable
+
+        return asyncio.run_coroutine_threadsafe(awaited(), loop).result()  # type: ignore[no-any-return]
+
+
+_background = _Background()
+
+
+def push_call(push: Callable[[], Any]) -> Any:
+    """Call ``push``; an async queue's push (arq's) awaited on the background loop."""
+    handle = push()
+    if inspect.isawaitable(handle):
+        return _background.run(handle)
+    return handle
+
+
+async def apush_call(push: Callable[[], Any]) -> Any:
+    """:func:`push_call` on the asyncio path: an async queue's push awaited here."""
+    handle = push()
+    if inspect.isawaitable(handle):
+        return await handle
+    return handle
+
+
+def dead(entries: Iterable[SlotInfo | ParkedInfo]) -> list[tuple[str, Holder]]:
+    """(token, holder) of the slots or places whose holder is provably dead (this host only; elsewhere
+    the lease decides)."""
+    return [(e.token, e.holder) for e in entries if e.holder is not None and holder_is_dead(e.holder)]
 
 
 class Hold:
@@ -169,18 +213,9 @@ class Hold:
         #: True once the slot went to the job's retry: it is not released when the body ends.
         self.kept = False
 
-    def unkeep(self) -> None:
-        """No retry is coming after all (it was never sent): release the slot when the body ends."""
-        self.kept = False
-
 
 class SemaphoreBase:
-    """The counting semaphore of one concurrency ``key``: up to ``limit`` slots.
-
-    ``lease`` is how long a slot outlives its holder's silence; a running
-    slot is renewed every ``interval`` seconds by the shared heartbeat.
-    ``handoff`` bounds how long a promoter may take to push a promoted job.
-    """
+    """A :class:`~.semaphore.Semaphore`'s settings, and what it decides without its store."""
 
     def __init__(
         self,
@@ -208,10 +243,6 @@ class SemaphoreBase:
     def astore(self) -> AsyncSemaphores:
         """The store's async face (the asyncio API awaits its primitives there)."""
         return async_semaphores(self.store)
-
-    def _dead(self, slots: Sequence[SlotInfo]) -> list[tuple[str, Holder]]:
-        """The slots whose holder is provably dead (this host only; elsewhere the lease decides)."""
-        return [(s.token, s.holder) for s in slots if s.holder is not None and holder_is_dead(s.holder)]
 
     def _unreleased(self) -> None:
         log.error(

@@ -1,8 +1,8 @@
 """A job class's concurrency settings: checked when the class is defined, and resolved per call.
 
-:func:`check` refuses a bad ``concurrency_*`` setting by name; :func:`key_of`,
-:func:`lease_of` and :func:`semaphore_of` turn a call's arguments into its
-concurrency key and the :class:`~.semaphore.Semaphore` it counts against.
+:func:`check` refuses a bad ``concurrency_*`` setting by name; :func:`key_of`
+and :func:`semaphore_of` turn a call's arguments into its concurrency key and
+the :class:`~.semaphore.Semaphore` it counts against.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .semaphore import Semaphore
 if TYPE_CHECKING:
     from ..job import UniqueJob
 
-__all__ = ["POLICIES", "SETTINGS", "ConcurrencyPolicy", "check", "key_of", "lease_of", "semaphore_of"]
+__all__ = ["POLICIES", "SETTINGS", "ConcurrencyPolicy", "check", "key_of", "semaphore_of"]
 
 ConcurrencyPolicy = Literal["block", "discard", "raise"]
 POLICIES: tuple[ConcurrencyPolicy, ...] = ("block", "discard", "raise")
@@ -97,24 +97,18 @@ def key_of(cls: type[UniqueJob], args: Sequence[Any], kwargs: dict[str, Any]) ->
     return f"{base}:#{digest(value, 'concurrency_key()')}"
 
 
-def lease_of(cls: type[UniqueJob]) -> tuple[float, float]:
-    """Return (lease, heartbeat interval) of ``cls``'s slots: the lease is floored at two beats."""
-    interval = float(cls.unique_run_lease) / 3
-    duration = _seconds(cls.concurrency_duration, f"{cls.__qualname__}.concurrency_duration")
-    assert duration is not None
-    return max(duration, 2 * interval), interval
-
-
 def semaphore_of(cls: type[UniqueJob], args: Sequence[Any], kwargs: dict[str, Any]) -> Semaphore:
     """Return the semaphore a call of ``cls`` with these arguments counts against."""
     if cls.concurrency_limit is None:
         raise ConfigurationError(f"{cls.__qualname__} has no concurrency_limit")
-    lease, interval = lease_of(cls)
+    interval = float(cls.unique_run_lease) / 3
+    duration = _seconds(cls.concurrency_duration, f"{cls.__qualname__}.concurrency_duration")
+    assert duration is not None
     return Semaphore(
         store_for(cls.backend()),
         key_of(cls, args, kwargs),
         limit=cls.concurrency_limit,
-        lease=lease,
+        lease=max(duration, 2 * interval),  # floored at two heartbeats
         interval=interval,
         job_class=cls.job_name(),
     )

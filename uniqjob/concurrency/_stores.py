@@ -1,18 +1,15 @@
-"""The semaphore store that goes with each lock backend: same place, separate key space.
+"""The semaphore store that goes with each lock backend (same place, separate key space), and its async face.
 
-And its typed async face, for the asyncio API (:func:`async_semaphores`, an
-:class:`~uniqjob.stores.semaphores_aio.AsyncSemaphores`): the memory store is
-called in the event loop itself (it never waits), Redis awaited through
-``redis.asyncio`` on the lock store's async connections
-(:mod:`uniqjob.stores.redis._async_semaphores`), any other store (files, a
-plugin) called in a thread (``asyncio.to_thread``).
+The async face (an :class:`~uniqjob.stores.semaphores_aio.AsyncSemaphores`) is
+what the asyncio API awaits: the memory store is called in the event loop
+itself (it never waits), Redis awaited through ``redis.asyncio`` on the lock
+store's async connections, any other store (files, a plugin) called in a thread.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from typing import TypeVar
 
 from ..errors import ConfigurationError
 from ..stores.aio import async_backend
@@ -22,13 +19,10 @@ from ..stores.semaphores_aio import AsyncSemaphores, DirectSemaphores
 
 __all__ = ["AsyncSemaphores", "SemaphoreStore", "async_semaphores", "store_for"]
 
-T = TypeVar("T")
-
 _stores: weakref.WeakKeyDictionary[Backend, SemaphoreStore] = weakref.WeakKeyDictionary()
 _backends: weakref.WeakKeyDictionary[SemaphoreStore, weakref.ref[Backend]] = weakref.WeakKeyDictionary()
-_mutex = threading.Lock()
-
 _faces: weakref.WeakKeyDictionary[SemaphoreStore, AsyncSemaphores] = weakref.WeakKeyDictionary()
+_mutex = threading.Lock()
 
 
 def store_for(backend: Backend) -> SemaphoreStore:
@@ -41,17 +35,13 @@ def store_for(backend: Backend) -> SemaphoreStore:
     with _mutex:
         store = _stores.get(backend)
         if store is None:
-            store = _stores[backend] = _make(backend)
+            store = backend.semaphores()
+            if not isinstance(store, SemaphoreStore):
+                found = type(store).__name__
+                raise ConfigurationError(f"{backend!r}.semaphores() returned {found}, not a SemaphoreStore")
+            _stores[backend] = store
             _backends[store] = weakref.ref(backend)
         return store
-
-
-def _make(backend: Backend) -> SemaphoreStore:
-    made = backend.semaphores()
-    if not isinstance(made, SemaphoreStore):
-        found = type(made).__name__
-        raise ConfigurationError(f"{backend!r}.semaphores() returned {found}, not a SemaphoreStore")
-    return made
 
 
 def async_semaphores(store: SemaphoreStore) -> AsyncSemaphores:
@@ -67,12 +57,10 @@ def _face_of(store: SemaphoreStore) -> AsyncSemaphores:
 
     if isinstance(store, MemorySemaphores):
         return DirectSemaphores(store)
-    try:
-        from ..stores.redis._async import RedisAsync
-        from ..stores.redis._async_semaphores import RedisAsyncSemaphores
-        from ..stores.redis._semaphores import RedisSemaphores
-    except ImportError:  # pragma: no cover - redis is a dependency
-        return AsyncSemaphores(store)
+    from ..stores.redis._async import RedisAsync
+    from ..stores.redis._async_semaphores import RedisAsyncSemaphores
+    from ..stores.redis._semaphores import RedisSemaphores
+
     ref = _backends.get(store)
     backend = ref() if ref is not None else None
     if isinstance(store, RedisSemaphores) and backend is not None:
@@ -80,4 +68,3 @@ def _face_of(store: SemaphoreStore) -> AsyncSemaphores:
         if isinstance(face, RedisAsync):
             return RedisAsyncSemaphores(store, face)
     return AsyncSemaphores(store)
-

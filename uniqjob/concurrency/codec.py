@@ -75,14 +75,11 @@ def _seq(value: Any, path: str) -> list[Any]:
 
 
 def _dict(value: dict[Any, Any], path: str) -> Any:
-    pairs = []
-    for k, v in value.items():
-        pairs.append([encode_value(k, f"{path} key {k!r}"), encode_value(v, f"{path}[{k!r}]")])
+    pairs = [
+        [encode_value(k, f"{path} key {k!r}"), encode_value(v, f"{path}[{k!r}]")]
+        for k, v in value.items()
+    ]
     return _tagged("dict", pairs)
-
-
-def _enum(value: enum.Enum, path: str) -> Any:
-    return _tagged("enum", [class_path(type(value), path), value.name])
 
 
 _Encoder = Callable[[Any, str], Any]
@@ -116,7 +113,7 @@ def encode_value(value: Any, path: str = "") -> Any:
     if encoder is not None:
         return encoder(value, path)
     if isinstance(value, enum.Enum):
-        return _enum(value, path)
+        return _tagged("enum", [class_path(type(value), path), value.name])
     raise UnstorableCallError(
         path,
         f"values of type {type(value).__module__}.{type(value).__qualname__} cannot be stored with a "

@@ -4,12 +4,11 @@ The policy lives here once for every store: proving holders dead on this host
 (pid gone or reused) before their lease says so, keeping a running slot alive
 with the shared heartbeat, waiting inline for a turn, and **delivering
 promotions**. Every store primitive may hand the caller parked calls that were
-just given a slot; the caller delivers each through the same hook:
+just given a slot; the caller delivers each (``deliver``):
 
-- a call parked for a queue is handed to the job layer's pusher (see
-  :func:`on_promotion`; it goes to its class's ``unique_queue.push(cls, lock,
-  args, kwargs)``, with the lock rebuilt from the stored key and the slot's
-  token), and is then marked handed; its uniqueness lock then records the
+- a call parked for a queue is pushed to its class's ``unique_queue.push(cls,
+  lock, args, kwargs)``, with the lock rebuilt from the stored key and the
+  slot's token, and is then marked handed; its uniqueness lock then records the
   queue's job id, as an enqueue's does. If the promoter dies before that, the
   promotion is claimed again by the next process that settles the key (at
   once when the promoter is provably dead, else after ``handoff`` seconds) and
@@ -19,16 +18,11 @@ just given a slot; the caller delivers each through the same hook:
   (``_courier.py``), never by the heartbeat itself.
 - a call parked inline is run by the process waiting for it, which polls its
   place; a promotion in this process wakes it at once.
-
-Each operation is written once, for asyncio, in ``_semaphore_async.py``
-(``aacquire``, ``arelease``, ``await_``, ...); its sync twin
-``_semaphore_sync.py`` (``acquire``, ``release``, ``wait``, ...) is generated
-from it by ``scripts/unasync.py``. What needs no I/O is in ``_semaphore_base.py``.
-:class:`Semaphore` has both.
 """
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -37,26 +31,15 @@ from ..locks import Holder, local_holder
 from ..stores.semaphores import HANDOFF, Promotion, SemaphoreStore
 from ._courier import Courier
 from ._semaphore_async import AsyncSemaphore, adeliver, asweep_key
-from ._semaphore_base import APusher, Hold, Pusher, on_promotion, wake
+from ._semaphore_base import Hold, wake
 from ._semaphore_sync import SyncSemaphore, deliver, sweep_key
 
-__all__ = [
-    "APusher",
-    "Hold",
-    "Pusher",
-    "Semaphore",
-    "adeliver",
-    "asweep_key",
-    "courier",
-    "deliver",
-    "deliver_later",
-    "on_promotion",
-    "sweep_key",
-]
+__all__ = ["Hold", "Semaphore", "adeliver", "asweep_key", "courier", "deliver", "deliver_later", "sweep_key"]
 
 #: Pushes the promotions that the heartbeat's renewals find (see ``_courier.py``).
 courier = Courier(deliver)
-courier.register_exit(HANDOFF / 6)
+# At exit, pending deliveries get a sixth of the handoff time (the handoff covers the rest).
+atexit.register(courier.drain, HANDOFF / 6)
 
 
 def deliver_later(store: SemaphoreStore, key: str, promotions: Sequence[Promotion], caller: Holder) -> None:
@@ -77,7 +60,8 @@ class Semaphore(SyncSemaphore, AsyncSemaphore):
     ``lease`` is how long a slot outlives its holder's silence; a running
     slot is renewed every ``interval`` seconds by the shared heartbeat.
     ``handoff`` bounds how long a promoter may take to push a promoted job.
-    Each operation has a sync method (``acquire``) and an asyncio one (``aacquire``).
+    Each operation has a sync method (``acquire``, in ``_semaphore_sync.py``,
+    generated) and an asyncio one (``aacquire``, in ``_semaphore_async.py``).
     """
 
     def renew(self, token: str) -> bool:
