@@ -8,15 +8,19 @@ A script reads everything it needs before it writes anything, so a record of
 the wrong shape stops it before any change: it then answers with an error
 reply ``UNIQJOB_CORRUPT <i> <reason>`` naming ``KEYS[i]``, which RedisBackend
 raises as :class:`~uniqjob.errors.CorruptRecordError`.
+
+``CHECKS`` (the corrupt-record reply, the check of a failed ``redis.pcall``)
+and ``CLOCK`` (the server's ``TIME`` in whole microseconds) are the semaphore
+scripts' too (``_semaphore_lua``): every script reads the time through ``clock()``.
 """
 
 from __future__ import annotations
 
-from ._prelude import CHECKS, CLOCK, CORRUPT
-
 __all__ = [
     "ATTACH",
+    "CHECKS",
     "CLAIM",
+    "CLOCK",
     "CORRUPT",
     "DEQUEUE",
     "FINISH",
@@ -26,7 +30,55 @@ __all__ = [
     "RENEW",
     "REQUEUE",
     "START",
+    "corrupt_reply",
 ]
+
+#: The start of the error reply a script gives for a damaged record: then the index of its key
+#: (1-based, as in KEYS), a space, and why (a raised one ends its reason with a tab; see ``halt``).
+CORRUPT = "UNIQJOB_CORRUPT "
+
+CHECKS = """
+-- The reply for a damaged record in KEYS[i]: returned by the lock scripts, raised by halt().
+local function corrupt(i, why)
+  return redis.error_reply('UNIQJOB_CORRUPT ' .. i .. ' ' .. why)
+end
+-- Stop the script for a damaged record in KEYS[i]. The tab ends the reason: Redis may add
+-- where the error was raised after it.
+local function halt(i, why)
+  error(corrupt(i, why .. '\\t'))
+end
+local function failed(v) return type(v) == 'table' and v.err ~= nil end
+"""
+
+CLOCK = """
+-- Redis < 5 replicates scripts verbatim and refuses a write after TIME; this opts in.
+-- (Redis 7, which names its version here, replicates only effects: no call needed.)
+if not redis.REDIS_VERSION_NUM and redis.replicate_commands then pcall(redis.replicate_commands) end
+-- The server's clock in whole microseconds, as text (the microseconds zero-padded to 6 digits),
+-- so no float ever rounds it; tonumber() of it is exact (below 2^53 until 2255).
+local function clock()
+  local t = redis.call('TIME')
+  return t[1] .. string.sub('00000', #t[2]) .. t[2]
+end
+-- The same instant in whole milliseconds (the unit the semaphore records are stored in).
+local function ms(us)
+  return math.floor(tonumber(us) / 1000)
+end
+"""
+
+
+def corrupt_reply(exc: BaseException, count: int) -> tuple[int, str] | None:
+    """Which of a script's ``count`` keys (0-based) a ``UNIQJOB_CORRUPT`` error ``exc`` names, and why.
+
+    None if ``exc`` is no such reply. A reason raised by ``halt`` ends at its tab.
+    """
+    message = str(exc)
+    if not message.startswith(CORRUPT):
+        return None
+    index, _, reason = message[len(CORRUPT) :].partition(" ")
+    if not (index.isdigit() and 0 < int(index) <= count):
+        return None  # not ours after all
+    return int(index) - 1, reason.rpartition("\t")[0] or reason
 
 
 # The fields a snapshot reports, by name, each with its letter in the lock's hash; the
