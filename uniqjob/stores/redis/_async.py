@@ -12,7 +12,7 @@ must go on the connection to the slot's primary, which the async cluster
 client does not hand out).
 
 The async client is made from the sync client's settings, one per event loop
-(an asyncio connection belongs to the loop that opened it): ``_async_clients``.
+(an asyncio connection belongs to the loop that opened it): ``_clients.maker``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ...locks import LockState, QueueMeta, RunClaim
 from .._async_base import AsyncBackend, in_thread
 from ..base import Backend, QueueMode
 from ._acks import check_wait
-from ._async_clients import POOL_SIZE, maker
+from ._clients import POOL_SIZE, maker
 from ._store import Call, RedisBackend
 from ._wire import is_cluster, is_noscript, judged, plain
 

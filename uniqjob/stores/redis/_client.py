@@ -7,7 +7,8 @@ redis-py's forks with exception classes of their own. This module:
 - describes a client for messages (:func:`where`): its server and database,
   the Sentinel service and its Sentinels, or a cluster's nodes; never raises;
 - tells the client library's own errors from anything else (:func:`is_client_error`,
-  :func:`is_response_error`), whichever library raised them;
+  :func:`is_response_error`), whichever library raised them, and words a URL's mistake
+  (no password, a wrong one, no such database) as its fix (:func:`backend_error`);
 - lists key names matching a pattern on every primary (:func:`scan_pages`),
   page by page;
 - names the Redis keys of a user's key so that all of them share one
@@ -25,7 +26,6 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import redis
 
 from ...errors import BackendError, StoreRefusedURLError
-from ._errors import url_mistake
 
 if TYPE_CHECKING:
     from redis.cluster import RedisCluster
@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     Client: TypeAlias = redis.Redis | RedisCluster
 
 __all__ = [
+    "NEEDS_PASSWORD",
+    "NO_SUCH_DB",
+    "WRONG_PASSWORD",
     "Client",
     "backend_error",
     "is_client_error",
@@ -99,6 +102,25 @@ def is_client_error(exc: BaseException) -> bool:
     return isinstance(exc, _classes("RedisError") + _classes("RedisClusterException"))
 
 
+NEEDS_PASSWORD = (
+    "the server needs a password: put it in the URL (redis://:PASSWORD@HOST:6379/0, or ?password=...)"
+)
+WRONG_PASSWORD = "the server refused the user name or password in the URL: check them"
+NO_SUCH_DB = "the server has no database of the URL's number (its `databases` setting; 16 by default)"
+# The server's words for each mistake of a URL (RESP3's HELLO, RESP2's commands): redis-py passes
+# them through, and asked for nothing but a password a server speaks of HELLO and AUTH.
+_URL_MISTAKES = {
+    "HELLO must be called with the client already authenticated": NEEDS_PASSWORD,
+    "NOAUTH": NEEDS_PASSWORD,
+    "Authentication required": NEEDS_PASSWORD,
+    "WRONGPASS": WRONG_PASSWORD,
+    "invalid username-password pair": WRONG_PASSWORD,
+    "invalid password": WRONG_PASSWORD,
+    "DB index is out of range": NO_SUCH_DB,
+    "ERR DB index is out of range": NO_SUCH_DB,
+}
+
+
 def backend_error(exc: Exception, owner: object, store: str) -> BackendError:
     """The BackendError a caller of ``owner`` (a store) sees for ``exc``; raise it ``from exc``.
 
@@ -110,8 +132,10 @@ def backend_error(exc: Exception, owner: object, store: str) -> BackendError:
     text = str(exc) or type(exc).__name__
     if not is_client_error(exc):
         text = f"{type(exc).__name__}: {text}"
-    elif (mistake := url_mistake(text)) is not None:  # no password, a wrong one, no such database
-        return StoreRefusedURLError(f"{mistake} ({owner!r})", store)
+    else:
+        for start, mistake in _URL_MISTAKES.items():
+            if text.startswith(start):
+                return StoreRefusedURLError(f"{mistake} ({owner!r})", store)
     return BackendError(f"{text} ({owner!r})", store)
 
 
