@@ -193,36 +193,24 @@ local function new_fence(now, floor)
 end
 -- ARGV[i..i+5]: host, node, pid, pstart, lease_ms, attempt ('' : keep any the lock has).
 -- started: when the token's run began (kept across its renewals and re-takes).
--- One HSET for all fields: on a cold server each call costs more than its
--- own work, so the hot paths make as few as they can.
+-- One HSET for all fields: on a cold server each call costs more than its own work.
 local function set_run(token, started, i, fence)
-  if ARGV[i + 5] ~= '' then
-    redis.call('HSET', KEYS[2], 't', token, 'h', ARGV[i], 'o', ARGV[i + 1], 'i', ARGV[i + 2],
-               'b', ARGV[i + 3], 'a', started, 'l', ARGV[i + 4], 'f', fence, 'x', ARGV[i + 5])
-  else
-    redis.call('HSET', KEYS[2], 't', token, 'h', ARGV[i], 'o', ARGV[i + 1], 'i', ARGV[i + 2],
-               'b', ARGV[i + 3], 'a', started, 'l', ARGV[i + 4], 'f', fence)
-  end
+  local hset = {'HSET', KEYS[2], 't', token, 'h', ARGV[i], 'o', ARGV[i + 1], 'i', ARGV[i + 2],
+                'b', ARGV[i + 3], 'a', started, 'l', ARGV[i + 4], 'f', fence}
+  if ARGV[i + 5] ~= '' then hset[#hset + 1] = 'x'; hset[#hset + 1] = ARGV[i + 5] end
+  redis.call(unpack(hset))
   redis.call('PEXPIRE', KEYS[2], ARGV[i + 4])
 end
 -- ARGV[2..6]: ttl_ms (0: none), cls, cls length in the key ('' : none), args, job_id.
 -- KEYS[1] does not exist here, so no field of an earlier lock can linger.
 local function set_queue(token, state, now)
+  local hset = {'HSET', KEYS[1], 't', token, 's', state, 'a', now}
   local name, value = 'n', ARGV[4]
   if value == '' then name, value = 'c', ARGV[3] end
-  if value ~= '' and ARGV[6] == '' then  -- the usual shapes, without building a table
-    if ARGV[5] ~= '' then
-      redis.call('HSET', KEYS[1], 't', token, 's', state, 'a', now, name, value, 'p', ARGV[5])
-    else
-      redis.call('HSET', KEYS[1], 't', token, 's', state, 'a', now, name, value)
-    end
-  else
-    local hset = {'HSET', KEYS[1], 't', token, 's', state, 'a', now}
-    if value ~= '' then hset[#hset + 1] = name; hset[#hset + 1] = value end
-    if ARGV[5] ~= '' then hset[#hset + 1] = 'p'; hset[#hset + 1] = ARGV[5] end
-    if ARGV[6] ~= '' then hset[#hset + 1] = 'j'; hset[#hset + 1] = ARGV[6] end
-    redis.call(unpack(hset))
-  end
+  if value ~= '' then hset[#hset + 1] = name; hset[#hset + 1] = value end
+  if ARGV[5] ~= '' then hset[#hset + 1] = 'p'; hset[#hset + 1] = ARGV[5] end
+  if ARGV[6] ~= '' then hset[#hset + 1] = 'j'; hset[#hset + 1] = ARGV[6] end
+  redis.call(unpack(hset))
   if ARGV[2] ~= '0' then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 end
 -- A run lock of this token whose attempt is this one (or that names none): the caller's own.
