@@ -218,9 +218,13 @@ class RedisAsync(AsyncBackend):
         """Send ``call`` (acknowledged by replicas if it grants and the store asks for them); its answer."""
         sync = self.sync
         acks = sync._acks
-        if acks is None or call.grant is None:
-            return call.decode(await self._sent(call))
         wire = self.wire()
+        if acks is None or call.grant is None:
+            try:
+                reply = await wire.call(call.script, call.numkeys, call.items)
+            except Exception as exc:
+                raise sync._failure(exc, call.items[: call.numkeys]) from exc
+            return call.decode(reply)
         if wire.cluster:  # WAIT goes on the slot owner's connection: the sync store's way, in a thread
             answer: T = await in_thread(sync._done, call)
             return answer
@@ -240,13 +244,6 @@ class RedisAsync(AsyncBackend):
                 raise acks.refused(told, sync, sync.name, exc, undone=False) from exc
             raise acks.refused(told, sync, sync.name, undone=True)
         return call.decode(reply)
-
-    async def _sent(self, call: Call[Any]) -> Any:
-        """Send ``call``'s script (no wait); its reply. Errors as the sync store raises them."""
-        try:
-            return await self.wire().call(call.script, call.numkeys, call.items)
-        except Exception as exc:
-            raise self.sync._failure(exc, call.items[: call.numkeys]) from exc
 
     async def ping(self) -> Any:
         """PING through this loop's client (the benchmarks' yardstick)."""

@@ -9,8 +9,6 @@ redis-py's forks with exception classes of their own. This module:
 - tells the client library's own errors from anything else (:func:`is_client_error`,
   :func:`is_response_error`), whichever library raised them, and words a URL's mistake
   (no password, a wrong one, no such database) as its fix (:func:`backend_error`);
-- lists key names matching a pattern on every primary (:func:`scan_pages`),
-  page by page;
 - names the Redis keys of a user's key so that all of them share one
   cluster slot, and reads the key back from a name (:func:`names`, :func:`key_of`).
 """
@@ -20,7 +18,7 @@ from __future__ import annotations
 import itertools
 import sys
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import redis
@@ -42,9 +40,7 @@ __all__ = [
     "is_client_error",
     "is_response_error",
     "key_of",
-    "match",
     "names",
-    "scan_pages",
     "where",
 ]
 
@@ -144,39 +140,6 @@ def is_response_error(exc: BaseException) -> bool:
     return isinstance(exc, _classes("ResponseError"))
 
 
-def scan_pages(client: Any, pattern: str, count: int) -> Iterator[list[str]]:
-    """The names matching ``pattern``, a SCAN page at a time, from every primary of a cluster.
-
-    A name may come twice (SCAN's own promise, and a key that moved between
-    primaries during the scan); callers drop repeats of what they yield.
-    """
-    get_primaries = getattr(client, "get_primaries", None)
-    if not callable(get_primaries):
-        yield from _node_pages(client, pattern, count, {})
-        return
-    primaries = get_primaries()
-    if not primaries:  # redis-py 5 forgets every node when the cluster cannot be reached
-        client.nodes_manager.initialize()  # finds them again, or raises what it cannot reach
-        primaries = get_primaries()
-    for node in primaries:
-        yield from _node_pages(client, pattern, count, {"target_nodes": node})
-
-
-def _node_pages(client: Any, pattern: str, count: int, target: dict[str, Any]) -> Iterator[list[str]]:
-    cursor: Any = 0
-    while True:
-        cursor, page = client.scan(cursor, match=pattern, count=count, **target)
-        if isinstance(cursor, dict):  # a cluster client's reply: a cursor per node asked
-            cursor = next(iter(cursor.values()), 0)
-        yield [_text(name) for name in page]
-        if int(cursor) == 0:
-            return
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
-
-
 # -- names: one slot per key -------------------------------------------------------------
 #
 # A key's Redis names are ``<prefix>{<key>}:<part>``: the hash tag (the text between the
@@ -209,9 +172,3 @@ def key_of(prefix: str, name: str, part: str) -> str | None:
     if body.startswith("{") and body.endswith("}") and len(body) >= 3 and body[1] != "}":
         return body[1:-1]
     return None
-
-
-def match(prefix: str, part: str) -> str:
-    """A SCAN pattern for every name :func:`names` gives ``part`` under ``prefix`` (both forms)."""
-    escaped = "".join("\\" + c if c in "*?[]\\" else c for c in prefix)
-    return f"{escaped}[{{~]*:{part}"

@@ -34,10 +34,11 @@ from redis.commands.core import Script
 from ...errors import BackendError, CorruptRecordError
 from ...locks import Holder
 from ..semaphores import HANDOFF, TOMBSTONE, Outcome, Park, SemaphoreState, SemaphoreStore, encode_holder
+from . import _listing
 from . import _semaphore_lua as lua
 from . import _semaphore_replies as replies
 from ._acks import Acks
-from ._client import backend_error, is_response_error, key_of, match, names, scan_pages, where
+from ._client import backend_error, is_response_error, names, where
 from ._lua import corrupt_reply
 from ._url import check_store_options
 from ._wire import Wire, text
@@ -196,14 +197,12 @@ class RedisSemaphores(SemaphoreStore):
             token, renew = call.argv[0], call.renew
             granted = [f"the {'lease of the ' if renew else ''}slot of {token}"] if mine else []
             granted += [f"{promoted} promoted call{'s' if promoted > 1 else ''}"] if promoted else []
-            undo = partial(self._release_token, key, token, caller) if mine and not renew else None
+            # the undo: the token's slot freed, as a release frees it
+            argv = [token, encode_holder(caller), _ms(HANDOFF), _ms(TOMBSTONE)]
+            undo = partial(self._eval, self._release, key, argv) if mine and not renew else None
             what = f"{' and '.join(granted)} of {key!r}, granted"
             acks.confirm(acked, what, undo, self, self.name, name=self._keys(key)[0])
         return reply
-
-    def _release_token(self, key: str, token: str, caller: Holder) -> None:
-        """Free ``token``'s slot: the undo of a grant too few replicas acknowledged."""
-        self._eval(self._release, key, [token, encode_holder(caller), _ms(HANDOFF), _ms(TOMBSTONE)])
 
     # Each primitive is a script call (:class:`SemCall`: what to send, and how to read the reply)
     # and its sending; the calls are the async face's too (_async_semaphores), only the sending differs.
@@ -408,16 +407,4 @@ class RedisSemaphores(SemaphoreStore):
         return states
 
     def scan(self) -> Iterator[str]:
-        # Every primary of a cluster, a page at a time; a key is listed once, however often it is met.
-        prefix = self._prefix
-        pages = self._call(partial(scan_pages, self.client, match(prefix, "meta"), 1000))
-        seen: set[str] = set()
-        while True:
-            page = self._call(partial(next, pages, None))
-            if page is None:
-                return
-            for name in page:
-                key = key_of(prefix, name, "meta")
-                if key is not None and key not in seen:
-                    seen.add(key)
-                    yield key
+        return _listing.semaphore_keys(self.client, self._prefix, self._call)
