@@ -82,7 +82,7 @@ def corrupt_reply(exc: BaseException, count: int) -> tuple[int, str] | None:
 
 
 # The fields a snapshot reports, by name, each with its letter in the lock's hash; the
-# scripts read them in this order (HMGET), and _store.py unpacks them by these names.
+# scripts read them in this order (HMGET), and _replies.py unpacks them by these names.
 QUEUE_FIELDS = {
     "token": "t", "state": "s", "since": "a", "cls": "c", "cls_len": "n", "args": "p", "job_id": "j",
 }  # fmt: skip

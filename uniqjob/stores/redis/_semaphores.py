@@ -35,8 +35,8 @@ from ...errors import BackendError, CorruptRecordError
 from ...locks import Holder
 from ..semaphores import HANDOFF, TOMBSTONE, Outcome, Park, SemaphoreState, SemaphoreStore, encode_holder
 from . import _listing
+from . import _replies as replies
 from . import _semaphore_lua as lua
-from . import _semaphore_replies as replies
 from ._acks import Acks
 from ._client import backend_error, is_response_error, names, where
 from ._lua import corrupt_reply

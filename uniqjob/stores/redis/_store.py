@@ -36,8 +36,8 @@ from . import _lua as lua
 from ._acks import Acks, check_wait
 from ._client import backend_error, key_of, names, where
 from ._clients import client_for, redis_client_from_url
+from ._replies import parts
 from ._semaphores import RedisSemaphores
-from ._snapshots import parts
 from ._url import check_store_options, parse
 from ._wire import Wire, text
 
@@ -183,7 +183,7 @@ class RedisBackend(Backend):
         return self._snapshot(key, reply)
 
     def _snapshot(self, key: str, reply: str) -> LockState:
-        """The state a snapshot reply describes, read at once, each field checked (``_snapshots``)."""
+        """The state a snapshot reply describes, read at once, each field checked (``_replies``)."""
         return LockState(key, *parts(key, reply, self._keys(key), self.name))
 
     def _items(
