@@ -7,7 +7,7 @@ milliseconds, ``ms(clock())``, as 0.3.0 stored them), and settles the key
 before acting, exactly as ``stores/_machine.py`` does for the file and memory stores.
 
 Each script's head states its KEYS, ARGV and reply; an array reply is named
-field by field (``Returns {status, promotions, ...}``), and ``_semaphores.py``
+field by field (``Returns {status, promotions, ...}``), and ``_replies.py``
 reads it by those names (its ``REPLIES``; a test holds the two in step).
 """
 
