@@ -17,6 +17,8 @@ when there is one; importing ``a.b.c`` counts as importing ``a.b.c`` only, not t
 - No cycle between modules: none at all through the imports a module runs when it is imported
   (those at module level), and none through those put off into a function either, but for
   :data:`PENDING_CYCLES`.
+- No module over :data:`MAX_LINES` lines (a generated ``*_sync.py`` twin too): more is a sign
+  that it holds two ideas; an exception is named in :data:`LONG_MODULES` with why.
 
 ``python tests/test_layers.py`` prints what it finds.
 """
@@ -36,6 +38,11 @@ LEAVES = frozenset({"errors", "keys", "locks", "heartbeat"})
 #: The module cycles still allowed, each closed by an import inside a function: none since the
 #: Redis store's rewrite (issue 21 §1) removed the last two.
 PENDING_CYCLES: frozenset[frozenset[str]] = frozenset()
+
+#: The most lines a module may have.
+MAX_LINES = 500
+#: The modules allowed over MAX_LINES (dotted name -> why): none.
+LONG_MODULES: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -197,6 +204,31 @@ def _shown(found: list[Import], groups: list[list[str]], node: Callable[[str], s
     return "\n".join(f"{' <-> '.join(g)}:\n" + "\n".join(_show(found, g, node)) for g in groups)
 
 
+def long_modules(package: Path = PACKAGE, most: int = MAX_LINES) -> dict[str, int]:
+    """The modules of ``package`` over ``most`` lines, by dotted name: how many lines each has."""
+    counts = {
+        _module_name(path, package): len(path.read_bytes().splitlines()) for path in package.rglob("*.py")
+    }
+    return {name: count for name, count in sorted(counts.items()) if count > most}
+
+
+def test_no_module_is_over_max_lines_but_the_named_ones() -> None:
+    found = long_modules()
+    over = {name: count for name, count in found.items() if name not in LONG_MODULES}
+    assert not over, f"over {MAX_LINES} lines: {over}; split each, or name it in LONG_MODULES with why"
+    stale = sorted(set(LONG_MODULES) - set(found))
+    assert not stale, f"no longer over {MAX_LINES} lines: remove from LONG_MODULES: {stale}"
+
+
+def test_a_long_module_would_be_found(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "short.py").write_text("x = 1\n" * MAX_LINES)
+    (package / "sub" / "long_sync.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    assert long_modules(package) == {"pkg.sub.long_sync": MAX_LINES + 1}
+
+
 def test_the_reader_sees_imports() -> None:
     found = imports()
     pairs = {(i.source, i.target) for i in found}
@@ -285,6 +317,8 @@ if __name__ == "__main__":
     found = imports()
     for i in store_layer_violations(found):
         print(f"store layer imports above it: {i.source} -> {i.target} (line {i.line})")
+    for name, count in long_modules().items():
+        print(f"over {MAX_LINES} lines: {name} ({count}){' (named)' if name in LONG_MODULES else ''}")
     for group in cycles(found):
         print(f"cycle of parts: {' <-> '.join(group)}")
         print("\n".join(_show(found, group)))

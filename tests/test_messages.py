@@ -14,7 +14,7 @@ import uniqjob
 from tests.redis_server import RedisServer
 from uniqjob import BackendError, ConfigurationError, JobNotUnique, UniqueJob
 from uniqjob.errors import StoreRefusedURLError, holder_text
-from uniqjob.stores.redis._errors import NEEDS_PASSWORD, NO_SUCH_DB, WRONG_PASSWORD
+from uniqjob.stores.redis._client import NEEDS_PASSWORD, NO_SUCH_DB, WRONG_PASSWORD
 
 UNIQJOB = [sys.executable, "-m", "uniqjob"]
 

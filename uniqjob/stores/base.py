@@ -20,9 +20,8 @@ from typing import Literal
 
 from ..errors import ConfigurationError, CorruptRecordError
 from ..locks import LockState, QueueMeta, RunClaim
-from ._batches import read_each
 from ._drops import check_window
-from .semaphores import SemaphoreStore
+from .semaphores import SemaphoreStore, read_each
 
 __all__ = ["Backend", "QueueMode", "SemaphoreStore"]
 

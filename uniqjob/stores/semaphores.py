@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Literal
+from typing import Literal, TypeVar
 
 from ..errors import CorruptRecordError
 from ..locks import Holder
-from ._batches import read_each
 
 __all__ = [
     "HANDOFF",
@@ -46,7 +45,25 @@ __all__ = [
     "SlotInfo",
     "decode_holder",
     "encode_holder",
+    "read_each",
 ]
+
+T = TypeVar("T")
+
+
+def read_each(read: Callable[[str], T], keys: Sequence[str]) -> list[T | CorruptRecordError]:
+    """``read(key)`` for each of ``keys``, in order; a :class:`CorruptRecordError` raised in its place.
+
+    (Both store contracts' default batched read.)
+    """
+    states: list[T | CorruptRecordError] = []
+    for key in keys:
+        try:
+            states.append(read(key))
+        except CorruptRecordError as exc:
+            states.append(exc)
+    return states
+
 
 #: Seconds a promoter has to hand a promoted job to its queue before anyone may push it again.
 HANDOFF = 30.0

@@ -12,15 +12,16 @@ must go on the connection to the slot's primary, which the async cluster
 client does not hand out).
 
 The async client is made from the sync client's settings, one per event loop
-(an asyncio connection belongs to the loop that opened it): ``_async_clients``.
+(an asyncio connection belongs to the loop that opened it): ``_clients.maker``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import Any, TypeVar
 
 from redis.commands.core import Script
 
@@ -29,11 +30,13 @@ from ...locks import LockState, QueueMeta, RunClaim
 from .._async_base import AsyncBackend, in_thread
 from ..base import Backend, QueueMode
 from ._acks import check_wait
-from ._async_clients import POOL_SIZE, maker
+from ._clients import POOL_SIZE, maker
 from ._store import Call, RedisBackend
 from ._wire import is_cluster, is_noscript, judged, plain
 
 __all__ = ["POOL_SIZE", "AsyncWire", "RedisAsync"]
+
+T = TypeVar("T")
 
 
 class AsyncWire:
@@ -51,12 +54,15 @@ class AsyncWire:
         waits = type(pool).__name__ == "BlockingConnectionPool"
         self._gate = None if waits else asyncio.Semaphore(POOL_SIZE)
 
+    async def _gated(self, send: Callable[[], Awaitable[T]]) -> T:
+        if self._gate is None:
+            return await send()
+        async with self._gate:
+            return await send()
+
     async def call(self, script: Script, numkeys: int, items: Sequence[Any]) -> Any:
         """Run ``script`` with ``items`` (its ``numkeys`` keys, then its arguments); its reply (``plain``)."""
-        if self._gate is None:
-            return await self._call(script, numkeys, items)
-        async with self._gate:
-            return await self._call(script, numkeys, items)
+        return await self._gated(partial(self._call, script, numkeys, items))
 
     async def _call(self, script: Script, numkeys: int, items: Sequence[Any]) -> Any:
         client = self.client
@@ -68,43 +74,36 @@ class AsyncWire:
         script.sha = await client.script_load(script.script)
         return plain(await client.evalsha(script.sha, numkeys, *items))
 
-    async def many(self, script: Script, numkeys: int, batch: Sequence[Sequence[Any]]) -> list[Any]:
-        """``script`` once per entry of ``batch``, in one pipeline: as ``_wire.Wire.many`` does."""
-        if not batch:
-            return []
+    async def _piped(
+        self, script: Script, numkeys: int, batch: Sequence[Sequence[Any]], *tail: Any
+    ) -> list[Any]:
+        """``script`` once per entry of ``batch``, then the command ``tail`` if any, in one pipeline
+        (``_wire.piped``'s twin): the replies, errors in their place; sent again once if the
+        server lost the script."""
         for attempt in (0, 1):
             pipe = self.client.pipeline(transaction=False)
             for items in batch:
                 pipe.execute_command("EVALSHA", script.sha, numkeys, *items)
-            if self._gate is None:
-                replies = await pipe.execute(raise_on_error=False)
-            else:
-                async with self._gate:
-                    replies = await pipe.execute(raise_on_error=False)
+            if tail:
+                pipe.execute_command(*tail)
+            replies: list[Any] = await self._gated(partial(pipe.execute, raise_on_error=False))
             if attempt or not any(isinstance(r, Exception) and is_noscript(r) for r in replies):
-                return [r if isinstance(r, Exception) else plain(r) for r in replies]
+                return replies
             script.sha = await self.client.script_load(script.script)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def many(self, script: Script, numkeys: int, batch: Sequence[Sequence[Any]]) -> list[Any]:
+        """``script`` once per entry of ``batch``, in one pipeline: as ``_wire.Wire.many`` does."""
+        if not batch:
+            return []
+        replies = await self._piped(script, numkeys, batch)
+        return [r if isinstance(r, Exception) else plain(r) for r in replies]
 
     async def acked(
         self, script: Script, numkeys: int, items: Sequence[Any], wait: tuple[int, int]
     ) -> tuple[Any, int | Exception]:
         """``EVALSHA`` then ``WAIT`` in one pipeline (one server): as ``_wire.piped`` does."""
-        for attempt in (0, 1):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.execute_command("EVALSHA", script.sha, numkeys, *items)
-            pipe.execute_command("WAIT", *wait)
-            if self._gate is None:
-                replies = await pipe.execute(raise_on_error=False)
-            else:
-                async with self._gate:
-                    replies = await pipe.execute(raise_on_error=False)
-            reply, acked = replies[-2:]
-            if is_noscript(reply) and not attempt:
-                script.sha = await self.client.script_load(script.script)
-                continue
-            return judged(reply, acked)
-        raise AssertionError("unreachable")  # pragma: no cover
+        return judged(*(await self._piped(script, numkeys, [items], "WAIT", *wait)))
 
     async def connected_replicas(self) -> int | None:
         """How many replicas the server has connected; None if it cannot be told."""
@@ -156,8 +155,7 @@ class RedisAsync(AsyncBackend):
         counted: float | None = None,
     ) -> LockState | None:
         call = self.sync._claim_call(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted)
-        result: LockState | None = await self._done(call)
-        return result
+        return await self._done(call)
 
     async def start(
         self,
@@ -176,34 +174,30 @@ class RedisAsync(AsyncBackend):
             key, token, run=run, meta=meta, ttl=ttl, adopt=adopt, queue_lock=queue_lock,
             count=count, counted=counted,
         )  # fmt: skip
-        result: LockState | None = await self._done(call)
-        return result
+        return await self._done(call)
 
     async def attach(self, key: str, token: str, job_id: str) -> bool:
-        return bool(await self._done(self.sync._attach_call(key, token, job_id)))
+        return await self._done(self.sync._attach_call(key, token, job_id))
 
     async def requeue(
         self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = ""
     ) -> bool:
-        return bool(
-            await self._done(self.sync._requeue_call(key, token, meta=meta, ttl=ttl, attempt=attempt))
-        )
+        return await self._done(self.sync._requeue_call(key, token, meta=meta, ttl=ttl, attempt=attempt))
 
     async def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
-        return bool(await self._done(self.sync._renew_call(key, token, lease, attempt)))
+        return await self._done(self.sync._renew_call(key, token, lease, attempt))
 
     async def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
         await self._done(self.sync._finish_call(key, token, keep_queue=keep_queue, attempt=attempt))
 
     async def dequeue(self, key: str, token: str | None = None) -> bool:
-        return bool(await self._done(self.sync._dequeue_call(key, token)))
+        return await self._done(self.sync._dequeue_call(key, token))
 
     async def reclaim(self, key: str, queue_token: str | None, run_token: str | None) -> bool:
-        return bool(await self._done(self.sync._reclaim_call(key, queue_token, run_token)))
+        return await self._done(self.sync._reclaim_call(key, queue_token, run_token))
 
     async def read(self, key: str) -> LockState:
-        state: LockState = await self._done(self.sync._read_call(key))
-        return state
+        return await self._done(self.sync._read_call(key))
 
     async def read_many(self, keys: Sequence[str]) -> list[LockState | CorruptRecordError]:
         """:meth:`RedisBackend.read_many`, awaited: the READ calls ``read`` makes, in one pipeline."""
@@ -220,15 +214,20 @@ class RedisAsync(AsyncBackend):
 
     # -- sending ---------------------------------------------------------------------------------
 
-    async def _done(self, call: Call) -> Any:
+    async def _done(self, call: Call[T]) -> T:
         """Send ``call`` (acknowledged by replicas if it grants and the store asks for them); its answer."""
         sync = self.sync
         acks = sync._acks
-        if acks is None or call.grant is None:
-            return call.decode(await self._sent(call))
         wire = self.wire()
+        if acks is None or call.grant is None:
+            try:
+                reply = await wire.call(call.script, call.numkeys, call.items)
+            except Exception as exc:
+                raise sync._failure(exc, call.items[: call.numkeys]) from exc
+            return call.decode(reply)
         if wire.cluster:  # WAIT goes on the slot owner's connection: the sync store's way, in a thread
-            return await in_thread(sync._done, call)
+            answer: T = await in_thread(sync._done, call)
+            return answer
         try:
             reply, acked = await wire.acked(call.script, call.numkeys, call.items, acks.wait)
         except Exception as exc:
@@ -245,13 +244,6 @@ class RedisAsync(AsyncBackend):
                 raise acks.refused(told, sync, sync.name, exc, undone=False) from exc
             raise acks.refused(told, sync, sync.name, undone=True)
         return call.decode(reply)
-
-    async def _sent(self, call: Call) -> Any:
-        """Send ``call``'s script (no wait); its reply. Errors as the sync store raises them."""
-        try:
-            return await self.wire().call(call.script, call.numkeys, call.items)
-        except Exception as exc:
-            raise self.sync._failure(exc, call.items[: call.numkeys]) from exc
 
     async def ping(self) -> Any:
         """PING through this loop's client (the benchmarks' yardstick)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import TypeVar
 
 from ...locks import Holder
 from .._async_base import in_thread
@@ -26,6 +26,8 @@ from ._semaphores import _PARTS, RedisSemaphores, SemCall
 
 __all__ = ["RedisAsyncSemaphores"]
 
+T = TypeVar("T")
+
 
 class RedisAsyncSemaphores(AsyncSemaphores):
     """Awaits ``store``'s primitives on ``face``, the async face of the lock store on the same client."""
@@ -35,10 +37,11 @@ class RedisAsyncSemaphores(AsyncSemaphores):
         self.store = store
         self.face = face
 
-    async def _done(self, call: SemCall) -> Any:
+    async def _done(self, call: SemCall[T]) -> T:
         store = self.store
         if store._acks is not None:  # replicas > 0: the sync store's acknowledged grants, in a thread
-            return await in_thread(store._done, call)
+            answer: T = await in_thread(store._done, call)
+            return answer
         try:
             reply = await self.face.wire().call(
                 call.script, len(_PARTS), [*store._keys(call.key), *call.argv]
@@ -62,12 +65,10 @@ class RedisAsyncSemaphores(AsyncSemaphores):
         caller: Holder,
         handoff: float = HANDOFF,
     ) -> Outcome:
-        call = self.store._acquire_call(
+        return await self._done(self.store._acquire_call(
             key, token, limit=limit, lease=lease, running=running, holder=holder, park=park,
             job_class=job_class, args=args, caller=caller, handoff=handoff,
-        )  # fmt: skip
-        outcome: Outcome = await self._done(call)
-        return outcome
+        ))  # fmt: skip
 
     async def start(
         self,
@@ -80,25 +81,17 @@ class RedisAsyncSemaphores(AsyncSemaphores):
         caller: Holder,
         handoff: float = HANDOFF,
     ) -> Outcome:
-        call = self.store._start_call(
+        return await self._done(self.store._start_call(
             key, token, holder=holder, lease=lease, takeover=takeover, caller=caller, handoff=handoff
-        )
-        outcome: Outcome = await self._done(call)
-        return outcome
+        ))  # fmt: skip
 
     async def renew(
         self, key: str, token: str, lease: float, *, caller: Holder, handoff: float = HANDOFF
     ) -> Outcome:
-        outcome: Outcome = await self._done(
-            self.store._renew_call(key, token, lease, caller=caller, handoff=handoff)
-        )
-        return outcome
+        return await self._done(self.store._renew_call(key, token, lease, caller=caller, handoff=handoff))
 
     async def release(self, key: str, token: str, *, caller: Holder, handoff: float = HANDOFF) -> Outcome:
-        outcome: Outcome = await self._done(
-            self.store._release_call(key, token, caller=caller, handoff=handoff)
-        )
-        return outcome
+        return await self._done(self.store._release_call(key, token, caller=caller, handoff=handoff))
 
     async def requeue(
         self,
@@ -110,36 +103,28 @@ class RedisAsyncSemaphores(AsyncSemaphores):
         caller: Holder,
         handoff: float = HANDOFF,
     ) -> Outcome:
-        call = self.store._requeue_call(key, token, lease, holder=holder, caller=caller, handoff=handoff)
-        outcome: Outcome = await self._done(call)
-        return outcome
+        return await self._done(
+            self.store._requeue_call(key, token, lease, holder=holder, caller=caller, handoff=handoff)
+        )
 
     async def handed(self, key: str, token: str, promoter: Holder) -> bool:
-        return bool(await self._done(self.store._handed_call(key, token, promoter)))
+        return await self._done(self.store._handed_call(key, token, promoter))
 
     async def withdraw(self, key: str, token: str) -> Outcome:
-        outcome: Outcome = await self._done(self.store._withdraw_call(key, token))
-        return outcome
+        return await self._done(self.store._withdraw_call(key, token))
 
     async def reap(
         self, key: str, dead: Sequence[tuple[str, Holder]], *, caller: Holder, handoff: float = HANDOFF
     ) -> Outcome:
-        outcome: Outcome = await self._done(self.store._reap_call(key, dead, caller=caller, handoff=handoff))
-        return outcome
+        return await self._done(self.store._reap_call(key, dead, caller=caller, handoff=handoff))
 
     async def discard_parked(self, key: str) -> list[tuple[str, str]]:
-        pairs: list[tuple[str, str]] = await self._done(self.store._discard_parked_call(key))
-        return pairs
+        return await self._done(self.store._discard_parked_call(key))
 
     async def drop(
         self, key: str, tokens: Sequence[str], *, caller: Holder, handoff: float = HANDOFF
     ) -> Outcome:
-        outcome: Outcome = await self._done(
-            self.store._drop_call(key, tokens, caller=caller, handoff=handoff)
-        )
-        return outcome
+        return await self._done(self.store._drop_call(key, tokens, caller=caller, handoff=handoff))
 
     async def read(self, key: str, *, head: int = 5) -> SemaphoreState:
-        state: SemaphoreState = await self._done(self.store._read_call(key, head=head))
-        return state
-
+        return await self._done(self.store._read_call(key, head=head))

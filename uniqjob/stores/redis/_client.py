@@ -7,9 +7,8 @@ redis-py's forks with exception classes of their own. This module:
 - describes a client for messages (:func:`where`): its server and database,
   the Sentinel service and its Sentinels, or a cluster's nodes; never raises;
 - tells the client library's own errors from anything else (:func:`is_client_error`,
-  :func:`is_response_error`), whichever library raised them;
-- lists key names matching a pattern on every primary (:func:`scan_pages`),
-  page by page;
+  :func:`is_response_error`), whichever library raised them, and words a URL's mistake
+  (no password, a wrong one, no such database) as its fix (:func:`backend_error`);
 - names the Redis keys of a user's key so that all of them share one
   cluster slot, and reads the key back from a name (:func:`names`, :func:`key_of`).
 """
@@ -19,13 +18,12 @@ from __future__ import annotations
 import itertools
 import sys
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import redis
 
 from ...errors import BackendError, StoreRefusedURLError
-from ._errors import url_mistake
 
 if TYPE_CHECKING:
     from redis.cluster import RedisCluster
@@ -34,14 +32,15 @@ if TYPE_CHECKING:
     Client: TypeAlias = redis.Redis | RedisCluster
 
 __all__ = [
+    "NEEDS_PASSWORD",
+    "NO_SUCH_DB",
+    "WRONG_PASSWORD",
     "Client",
     "backend_error",
     "is_client_error",
     "is_response_error",
     "key_of",
-    "match",
     "names",
-    "scan_pages",
     "where",
 ]
 
@@ -99,6 +98,25 @@ def is_client_error(exc: BaseException) -> bool:
     return isinstance(exc, _classes("RedisError") + _classes("RedisClusterException"))
 
 
+NEEDS_PASSWORD = (
+    "the server needs a password: put it in the URL (redis://:PASSWORD@HOST:6379/0, or ?password=...)"
+)
+WRONG_PASSWORD = "the server refused the user name or password in the URL: check them"
+NO_SUCH_DB = "the server has no database of the URL's number (its `databases` setting; 16 by default)"
+# The server's words for each mistake of a URL (RESP3's HELLO, RESP2's commands): redis-py passes
+# them through, and asked for nothing but a password a server speaks of HELLO and AUTH.
+_URL_MISTAKES = {
+    "HELLO must be called with the client already authenticated": NEEDS_PASSWORD,
+    "NOAUTH": NEEDS_PASSWORD,
+    "Authentication required": NEEDS_PASSWORD,
+    "WRONGPASS": WRONG_PASSWORD,
+    "invalid username-password pair": WRONG_PASSWORD,
+    "invalid password": WRONG_PASSWORD,
+    "DB index is out of range": NO_SUCH_DB,
+    "ERR DB index is out of range": NO_SUCH_DB,
+}
+
+
 def backend_error(exc: Exception, owner: object, store: str) -> BackendError:
     """The BackendError a caller of ``owner`` (a store) sees for ``exc``; raise it ``from exc``.
 
@@ -110,47 +128,16 @@ def backend_error(exc: Exception, owner: object, store: str) -> BackendError:
     text = str(exc) or type(exc).__name__
     if not is_client_error(exc):
         text = f"{type(exc).__name__}: {text}"
-    elif (mistake := url_mistake(text)) is not None:  # no password, a wrong one, no such database
-        return StoreRefusedURLError(f"{mistake} ({owner!r})", store)
+    else:
+        for start, mistake in _URL_MISTAKES.items():
+            if text.startswith(start):
+                return StoreRefusedURLError(f"{mistake} ({owner!r})", store)
     return BackendError(f"{text} ({owner!r})", store)
 
 
 def is_response_error(exc: BaseException) -> bool:
     """Whether ``exc`` is an error reply of the server, as redis-py or valkey-py raises it."""
     return isinstance(exc, _classes("ResponseError"))
-
-
-def scan_pages(client: Any, pattern: str, count: int) -> Iterator[list[str]]:
-    """The names matching ``pattern``, a SCAN page at a time, from every primary of a cluster.
-
-    A name may come twice (SCAN's own promise, and a key that moved between
-    primaries during the scan); callers drop repeats of what they yield.
-    """
-    get_primaries = getattr(client, "get_primaries", None)
-    if not callable(get_primaries):
-        yield from _node_pages(client, pattern, count, {})
-        return
-    primaries = get_primaries()
-    if not primaries:  # redis-py 5 forgets every node when the cluster cannot be reached
-        client.nodes_manager.initialize()  # finds them again, or raises what it cannot reach
-        primaries = get_primaries()
-    for node in primaries:
-        yield from _node_pages(client, pattern, count, {"target_nodes": node})
-
-
-def _node_pages(client: Any, pattern: str, count: int, target: dict[str, Any]) -> Iterator[list[str]]:
-    cursor: Any = 0
-    while True:
-        cursor, page = client.scan(cursor, match=pattern, count=count, **target)
-        if isinstance(cursor, dict):  # a cluster client's reply: a cursor per node asked
-            cursor = next(iter(cursor.values()), 0)
-        yield [_text(name) for name in page]
-        if int(cursor) == 0:
-            return
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
 
 
 # -- names: one slot per key -------------------------------------------------------------
@@ -185,9 +172,3 @@ def key_of(prefix: str, name: str, part: str) -> str | None:
     if body.startswith("{") and body.endswith("}") and len(body) >= 3 and body[1] != "}":
         return body[1:-1]
     return None
-
-
-def match(prefix: str, part: str) -> str:
-    """A SCAN pattern for every name :func:`names` gives ``part`` under ``prefix`` (both forms)."""
-    escaped = "".join("\\" + c if c in "*?[]\\" else c for c in prefix)
-    return f"{escaped}[{{~]*:{part}"

@@ -1,6 +1,7 @@
-"""The Redis lock store's listings: held keys, dropped duplicates, namespaces, found with ``SCAN``.
+"""The Redis stores' listings, found with ``SCAN``, never ``KEYS``: held lock keys, semaphore
+keys, dropped duplicates, namespaces.
 
-Every primary of a cluster is visited, a page at a time (``_client.scan_pages``);
+Every primary of a cluster is visited, a page at a time (:func:`scan_pages`);
 a name met twice (SCAN's own promise, a key that moved mid-reshard) counts
 once. ``call`` runs each request as the store does, its failures BackendErrors.
 """
@@ -10,13 +11,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from functools import partial
+from itertools import islice
 from typing import Any
 
 from .._drops import check_window, first_minute
-from ._client import key_of, match, names, scan_pages
+from ._client import key_of, names
 from ._wire import text
 
-__all__ = ["duplicates", "lock_keys", "namespaces"]
+__all__ = ["duplicates", "lock_keys", "match", "namespaces", "scan_pages", "semaphore_keys"]
 
 #: How the store runs a request: its failures raised as BackendErrors.
 Call = Callable[[Callable[[], Any]], Any]
@@ -27,18 +29,67 @@ _SCAN_PAGE = 1000
 _QUEUE = ("q",)
 
 
+def scan_pages(client: Any, pattern: str, count: int = _SCAN_PAGE) -> Iterator[list[str]]:
+    """The names matching ``pattern``, a SCAN page at a time, from every primary of a cluster.
+
+    A name may come twice (SCAN's own promise, and a key that moved between
+    primaries during the scan); callers drop repeats of what they yield.
+    """
+    get_primaries = getattr(client, "get_primaries", None)
+    if not callable(get_primaries):
+        yield from _node_pages(client, pattern, count, {})
+        return
+    primaries = get_primaries()
+    if not primaries:  # redis-py 5 forgets every node when the cluster cannot be reached
+        client.nodes_manager.initialize()  # finds them again, or raises what it cannot reach
+        primaries = get_primaries()
+    for node in primaries:
+        yield from _node_pages(client, pattern, count, {"target_nodes": node})
+
+
+def _node_pages(client: Any, pattern: str, count: int, target: dict[str, Any]) -> Iterator[list[str]]:
+    cursor: Any = 0
+    while True:
+        cursor, page = client.scan(cursor, match=pattern, count=count, **target)
+        if isinstance(cursor, dict):  # a cluster client's reply: a cursor per node asked
+            cursor = next(iter(cursor.values()), 0)
+        yield [text(name) for name in page]
+        if int(cursor) == 0:
+            return
+
+
+def match(prefix: str, part: str) -> str:
+    """A SCAN pattern for every name ``_client.names`` gives ``part`` under ``prefix`` (both forms)."""
+    escaped = "".join("\\" + c if c in "*?[]\\" else c for c in prefix)
+    return f"{escaped}[{{~]*:{part}"
+
+
+def _pages(client: Any, pattern: str, call: Call) -> Iterator[list[str]]:
+    """:func:`scan_pages`, each request run by ``call``."""
+    pages = scan_pages(client, pattern)
+    while (page := call(partial(next, pages, None))) is not None:
+        yield page
+
+
+def semaphore_keys(client: Any, prefix: str, call: Call) -> Iterator[str]:
+    """The semaphore keys under ``prefix`` (by their ``meta`` hash): RedisSemaphores.scan."""
+    seen: set[str] = set()
+    for page in _pages(client, match(prefix, "meta"), call):
+        for name in page:
+            key = key_of(prefix, name, "meta")
+            if key is not None and key not in seen:
+                seen.add(key)
+                yield key
+
+
 def lock_keys(client: Any, prefix: str, call: Call) -> Iterator[str]:
     """The lock keys held under ``prefix``: RedisBackend.scan.
 
     By name, never by content: a key whose record is damaged is listed too. Every
     primary of a cluster, a page at a time; a key is listed once, however often it is met.
     """
-    pages = call(partial(scan_pages, client, match(prefix, "[qr]"), _SCAN_PAGE))
     seen: set[str] = set()
-    while True:
-        page = call(partial(next, pages, None))
-        if page is None:
-            return
+    for page in _pages(client, match(prefix, "[qr]"), call):
         held = [(key, name[-1]) for name in page if (key := key_of(prefix, name, name[-1:])) is not None]
         queued = {key for key, part in held if part == "q"}
         # A run lock whose queue lock autoexpired is still a held key.
@@ -54,15 +105,11 @@ def lock_keys(client: Any, prefix: str, call: Call) -> Iterator[str]:
 def duplicates(client: Any, prefix: str, call: Call, window: float) -> dict[str, int]:
     """The dropped duplicates per class under ``prefix`` over ``window`` seconds: RedisBackend.duplicates."""
     check_window(window)
-    pages = call(partial(scan_pages, client, match(prefix, "d"), _SCAN_PAGE))
     out: dict[str, int] = {}
     first: int | None = None
     seen: set[str] = set()  # a key met twice (a cluster mid-reshard) is counted once
-    while True:
-        page = call(partial(next, pages, None))
-        if page is None:
-            return out
-        page = [name for name in page if name not in seen]
+    for found in _pages(client, match(prefix, "d"), call):
+        page = [name for name in found if name not in seen]
         seen.update(page)
         if first is None:  # the window ends at the server's clock, as the counts began on it
             seconds, micros = call(client.time)
@@ -82,16 +129,13 @@ def duplicates(client: Any, prefix: str, call: Call, window: float) -> dict[str,
             total = sum(int(n) for m, n in counts.items() if m.isdigit() and n.isdigit() and int(m) >= first)
             if cls and total:
                 out[cls] = out.get(cls, 0) + total
+    return out
 
 
 def namespaces(client: Any, call: Call, limit: int) -> list[str]:
     """The namespaces holding locks, sorted, from about ``limit`` names: RedisBackend.namespaces."""
-    pages = call(partial(scan_pages, client, "*:[{~]*:[qr]", _SCAN_PAGE))
     found: set[str] = set()
-    for _ in range(max(0, -(-limit // _SCAN_PAGE))):
-        page = call(partial(next, pages, None))
-        if page is None:
-            break
+    for page in islice(_pages(client, "*:[{~]*:[qr]", call), max(0, -(-limit // _SCAN_PAGE))):
         for name in page:
             head = name[: max(0, name.find("{"))]  # a namespace holds no '{': it ends before one
             namespace = head.removesuffix("~").removesuffix(":")

@@ -8,15 +8,19 @@ A script reads everything it needs before it writes anything, so a record of
 the wrong shape stops it before any change: it then answers with an error
 reply ``UNIQJOB_CORRUPT <i> <reason>`` naming ``KEYS[i]``, which RedisBackend
 raises as :class:`~uniqjob.errors.CorruptRecordError`.
+
+``CHECKS`` (the corrupt-record reply, the check of a failed ``redis.pcall``)
+and ``CLOCK`` (the server's ``TIME`` in whole microseconds) are the semaphore
+scripts' too (``_semaphore_lua``): every script reads the time through ``clock()``.
 """
 
 from __future__ import annotations
 
-from ._prelude import CHECKS, CLOCK, CORRUPT
-
 __all__ = [
     "ATTACH",
+    "CHECKS",
     "CLAIM",
+    "CLOCK",
     "CORRUPT",
     "DEQUEUE",
     "FINISH",
@@ -26,11 +30,59 @@ __all__ = [
     "RENEW",
     "REQUEUE",
     "START",
+    "corrupt_reply",
 ]
+
+#: The start of the error reply a script gives for a damaged record: then the index of its key
+#: (1-based, as in KEYS), a space, and why (a raised one ends its reason with a tab; see ``halt``).
+CORRUPT = "UNIQJOB_CORRUPT "
+
+CHECKS = """
+-- The reply for a damaged record in KEYS[i]: returned by the lock scripts, raised by halt().
+local function corrupt(i, why)
+  return redis.error_reply('UNIQJOB_CORRUPT ' .. i .. ' ' .. why)
+end
+-- Stop the script for a damaged record in KEYS[i]. The tab ends the reason: Redis may add
+-- where the error was raised after it.
+local function halt(i, why)
+  error(corrupt(i, why .. '\\t'))
+end
+local function failed(v) return type(v) == 'table' and v.err ~= nil end
+"""
+
+CLOCK = """
+-- Redis < 5 replicates scripts verbatim and refuses a write after TIME; this opts in.
+-- (Redis 7, which names its version here, replicates only effects: no call needed.)
+if not redis.REDIS_VERSION_NUM and redis.replicate_commands then pcall(redis.replicate_commands) end
+-- The server's clock in whole microseconds, as text (the microseconds zero-padded to 6 digits),
+-- so no float ever rounds it; tonumber() of it is exact (below 2^53 until 2255).
+local function clock()
+  local t = redis.call('TIME')
+  return t[1] .. string.sub('00000', #t[2]) .. t[2]
+end
+-- The same instant in whole milliseconds (the unit the semaphore records are stored in).
+local function ms(us)
+  return math.floor(tonumber(us) / 1000)
+end
+"""
+
+
+def corrupt_reply(exc: BaseException, count: int) -> tuple[int, str] | None:
+    """Which of a script's ``count`` keys (0-based) a ``UNIQJOB_CORRUPT`` error ``exc`` names, and why.
+
+    None if ``exc`` is no such reply. A reason raised by ``halt`` ends at its tab.
+    """
+    message = str(exc)
+    if not message.startswith(CORRUPT):
+        return None
+    index, _, reason = message[len(CORRUPT) :].partition(" ")
+    if not (index.isdigit() and 0 < int(index) <= count):
+        return None  # not ours after all
+    return int(index) - 1, reason.rpartition("\t")[0] or reason
 
 
 # The fields a snapshot reports, by name, each with its letter in the lock's hash; the
-# scripts read them in this order (HMGET), and _store.py unpacks them by these names.
+# scripts read them in this order (HMGET), and _replies.py unpacks them by these names.
 QUEUE_FIELDS = {
     "token": "t", "state": "s", "since": "a", "cls": "c", "cls_len": "n", "args": "p", "job_id": "j",
 }  # fmt: skip
@@ -141,36 +193,24 @@ local function new_fence(now, floor)
 end
 -- ARGV[i..i+5]: host, node, pid, pstart, lease_ms, attempt ('' : keep any the lock has).
 -- started: when the token's run began (kept across its renewals and re-takes).
--- One HSET for all fields: on a cold server each call costs more than its
--- own work, so the hot paths make as few as they can.
+-- One HSET for all fields: on a cold server each call costs more than its own work.
 local function set_run(token, started, i, fence)
-  if ARGV[i + 5] ~= '' then
-    redis.call('HSET', KEYS[2], 't', token, 'h', ARGV[i], 'o', ARGV[i + 1], 'i', ARGV[i + 2],
-               'b', ARGV[i + 3], 'a', started, 'l', ARGV[i + 4], 'f', fence, 'x', ARGV[i + 5])
-  else
-    redis.call('HSET', KEYS[2], 't', token, 'h', ARGV[i], 'o', ARGV[i + 1], 'i', ARGV[i + 2],
-               'b', ARGV[i + 3], 'a', started, 'l', ARGV[i + 4], 'f', fence)
-  end
+  local hset = {'HSET', KEYS[2], 't', token, 'h', ARGV[i], 'o', ARGV[i + 1], 'i', ARGV[i + 2],
+                'b', ARGV[i + 3], 'a', started, 'l', ARGV[i + 4], 'f', fence}
+  if ARGV[i + 5] ~= '' then hset[#hset + 1] = 'x'; hset[#hset + 1] = ARGV[i + 5] end
+  redis.call(unpack(hset))
   redis.call('PEXPIRE', KEYS[2], ARGV[i + 4])
 end
 -- ARGV[2..6]: ttl_ms (0: none), cls, cls length in the key ('' : none), args, job_id.
 -- KEYS[1] does not exist here, so no field of an earlier lock can linger.
 local function set_queue(token, state, now)
+  local hset = {'HSET', KEYS[1], 't', token, 's', state, 'a', now}
   local name, value = 'n', ARGV[4]
   if value == '' then name, value = 'c', ARGV[3] end
-  if value ~= '' and ARGV[6] == '' then  -- the usual shapes, without building a table
-    if ARGV[5] ~= '' then
-      redis.call('HSET', KEYS[1], 't', token, 's', state, 'a', now, name, value, 'p', ARGV[5])
-    else
-      redis.call('HSET', KEYS[1], 't', token, 's', state, 'a', now, name, value)
-    end
-  else
-    local hset = {'HSET', KEYS[1], 't', token, 's', state, 'a', now}
-    if value ~= '' then hset[#hset + 1] = name; hset[#hset + 1] = value end
-    if ARGV[5] ~= '' then hset[#hset + 1] = 'p'; hset[#hset + 1] = ARGV[5] end
-    if ARGV[6] ~= '' then hset[#hset + 1] = 'j'; hset[#hset + 1] = ARGV[6] end
-    redis.call(unpack(hset))
-  end
+  if value ~= '' then hset[#hset + 1] = name; hset[#hset + 1] = value end
+  if ARGV[5] ~= '' then hset[#hset + 1] = 'p'; hset[#hset + 1] = ARGV[5] end
+  if ARGV[6] ~= '' then hset[#hset + 1] = 'j'; hset[#hset + 1] = ARGV[6] end
+  redis.call(unpack(hset))
   if ARGV[2] ~= '0' then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 end
 -- A run lock of this token whose attempt is this one (or that names none): the caller's own.

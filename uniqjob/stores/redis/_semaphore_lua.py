@@ -2,18 +2,18 @@
 
 Every script gets the key's six structures as KEYS (slots, parked, entries,
 waiters, meta, done; see ``_semaphores.py``), reads the server's ``TIME``
-through the shared ``clock()`` (``_prelude.py``; the records keep their times in
+through the shared ``clock()`` (``_lua.py``; the records keep their times in
 milliseconds, ``ms(clock())``, as 0.3.0 stored them), and settles the key
 before acting, exactly as ``stores/_machine.py`` does for the file and memory stores.
 
 Each script's head states its KEYS, ARGV and reply; an array reply is named
-field by field (``Returns {status, promotions, ...}``), and ``_semaphores.py``
+field by field (``Returns {status, promotions, ...}``), and ``_replies.py``
 reads it by those names (its ``REPLIES``; a test holds the two in step).
 """
 
 from __future__ import annotations
 
-from ._prelude import CHECKS, CLOCK
+from ._lua import CHECKS, CLOCK
 
 __all__ = [
     "ACQUIRE",
@@ -36,7 +36,7 @@ PRELUDE = (
     + CLOCK
     + """
 local SLOTS, PARKED, ENTRIES, WAITERS, META, DONE = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
--- A record of the wrong shape stops the script (halt, in _prelude): the caller gets it as a
+-- A record of the wrong shape stops the script (halt, in _lua.CHECKS): the caller gets it as a
 -- CorruptRecordError naming the structure (1-6, as in KEYS), never a Lua error halfway through a step.
 local STATES = {reserved = true, promoted = true, running = true}
 local VIAS = {queue = true, inline = true}

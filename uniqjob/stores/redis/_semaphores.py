@@ -25,44 +25,21 @@ client, a valkey client, a bug in a wire path) is a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar, cast
 
 import redis
 from redis.commands.core import Script
 
 from ...errors import BackendError, CorruptRecordError
 from ...locks import Holder
-from ..semaphores import (
-    HANDOFF,
-    TOMBSTONE,
-    Outcome,
-    Park,
-    SemaphoreState,
-    SemaphoreStore,
-    encode_holder,
-)
+from ..semaphores import HANDOFF, TOMBSTONE, Outcome, Park, SemaphoreState, SemaphoreStore, encode_holder
+from . import _listing
+from . import _replies as replies
 from . import _semaphore_lua as lua
 from ._acks import Acks
-from ._client import backend_error, is_response_error, key_of, match, names, scan_pages, where
-from ._prelude import CORRUPT
-from ._semaphore_replies import (
-    _Acquired,
-    _acquired,
-    _Counted,
-    _counted,
-    _Malformed,
-    _pairs,
-    _parked,
-    _Read,
-    _Settled,
-    _settled,
-    _slots,
-    _Started,
-    _started,
-    _withdrawn,
-)
+from ._client import backend_error, is_response_error, names, where
+from ._lua import corrupt_reply
 from ._url import check_store_options
 from ._wire import Wire, text
 
@@ -72,7 +49,6 @@ if TYPE_CHECKING:
 __all__ = ["RedisSemaphores", "SemCall"]
 
 T = TypeVar("T")
-
 
 _PARTS = ("slots", "parked", "entries", "waiters", "meta", "done")
 _TYPES = ("hash", "list", "hash", "zset", "hash", "zset")  # what each of _PARTS must be
@@ -84,7 +60,7 @@ def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
-class SemCall(NamedTuple):
+class SemCall(NamedTuple, Generic[T]):
     """One semaphore primitive's script call on ``key``: its arguments after the keys, and its reply's reader.
 
     ``shape`` names the fields of an array reply; ``own`` (with ``caller``, for a
@@ -95,7 +71,7 @@ class SemCall(NamedTuple):
     script: Script
     key: str
     argv: list[Any]
-    decode: Callable[[Any], Any]
+    decode: Callable[[Any], T]
     shape: type[tuple[Any, ...]] = tuple
     own: frozenset[str] | None = None
     caller: Holder | None = None
@@ -160,24 +136,20 @@ class RedisSemaphores(SemaphoreStore):
 
     def _explain(self, key: str, exc: Exception) -> BackendError:
         """A script's error: a corrupt record by name if a record caused it, else a BackendError."""
-        message = str(exc)
-        if message.startswith(CORRUPT):  # halt() in _prelude: the part, a space, the reason, a tab
-            part, _, rest = message[len(CORRUPT) :].partition(" ")
-            reason = rest.rpartition("\t")[0] or rest
-            if part.isdigit() and 1 <= int(part) <= len(_PARTS):
-                return self._corrupt(key, int(part) - 1, reason)
-        if message.startswith("WRONGTYPE"):
-            found = self._wrong_type(key)
-            if found is not None:
-                return found
+        found = corrupt_reply(exc, len(_PARTS))  # halt() in _lua.CHECKS
+        if found is not None:
+            return self._corrupt(key, *found)
+        if str(exc).startswith("WRONGTYPE"):
+            wrong = self._wrong_type(key)
+            if wrong is not None:
+                return wrong
         return self._failed(exc)
 
     def _wrong_type(self, key: str) -> CorruptRecordError | None:
         """Name the structure of ``key`` that holds the wrong kind of value; None if none does (now)."""
-        names = self._keys(key)
         try:
             pipe = self.client.pipeline(transaction=False)
-            for name in names:
+            for name in self._keys(key):
                 pipe.type(name)
             kinds = [text(kind) for kind in pipe.execute()]
         except Exception:
@@ -186,14 +158,6 @@ class RedisSemaphores(SemaphoreStore):
             if kind not in ("none", expected):
                 return self._corrupt(key, part, f"holds a {kind}, not a {expected}")
         return None
-
-    @contextmanager
-    def _reading(self, key: str) -> Iterator[None]:
-        """Turn a malformed record met while reading a script's reply into a CorruptRecordError."""
-        try:
-            yield
-        except _Malformed as bad:
-            raise self._corrupt(key, bad.part, bad.reason) from None
 
     def _eval(self, script: Script, key: str, args: Sequence[Any]) -> Any:
         try:
@@ -206,7 +170,7 @@ class RedisSemaphores(SemaphoreStore):
         valkey-py's may name a record (:meth:`_explain`); anything else is a BackendError."""
         return self._explain(key, exc) if is_response_error(exc) else self._failed(exc)
 
-    def _granting(self, call: SemCall) -> Any:
+    def _granting(self, call: SemCall[Any]) -> Any:
         """Run ``call`` (its reply ``[status, promotions, ...]``); with ``replicas``, acknowledged.
 
         What it granted: the slot of its token (``call.argv[0]``) if the status is in
@@ -233,24 +197,24 @@ class RedisSemaphores(SemaphoreStore):
             token, renew = call.argv[0], call.renew
             granted = [f"the {'lease of the ' if renew else ''}slot of {token}"] if mine else []
             granted += [f"{promoted} promoted call{'s' if promoted > 1 else ''}"] if promoted else []
-            undo = partial(self._release_token, key, token, caller) if mine and not renew else None
+            # the undo: the token's slot freed, as a release frees it
+            argv = [token, encode_holder(caller), _ms(HANDOFF), _ms(TOMBSTONE)]
+            undo = partial(self._eval, self._release, key, argv) if mine and not renew else None
             what = f"{' and '.join(granted)} of {key!r}, granted"
             acks.confirm(acked, what, undo, self, self.name, name=self._keys(key)[0])
         return reply
 
-    def _release_token(self, key: str, token: str, caller: Holder) -> None:
-        """Free ``token``'s slot: the undo of a grant too few replicas acknowledged."""
-        self._eval(self._release, key, [token, encode_holder(caller), _ms(HANDOFF), _ms(TOMBSTONE)])
-
     # Each primitive is a script call (:class:`SemCall`: what to send, and how to read the reply)
     # and its sending; the calls are the async face's too (_async_semaphores), only the sending differs.
 
-    def decoded(self, call: SemCall, reply: Any) -> Any:
+    def decoded(self, call: SemCall[T], reply: Any) -> T:
         """``call``'s reply read, a malformed record in it a CorruptRecordError naming it."""
-        with self._reading(call.key):
+        try:
             return call.decode(reply)
+        except replies.Malformed as bad:
+            raise self._corrupt(call.key, bad.part, bad.reason) from None
 
-    def _done(self, call: SemCall) -> Any:
+    def _done(self, call: SemCall[T]) -> T:
         return self.decoded(call, self._granting(call))
 
     def _acquire_call(
@@ -267,14 +231,14 @@ class RedisSemaphores(SemaphoreStore):
         args: str,
         caller: Holder,
         handoff: float = HANDOFF,
-    ) -> SemCall:
+    ) -> SemCall[Outcome]:
         argv = [
             token, limit, _ms(lease), "1" if running else "0", encode_holder(holder),
             park.via if park else "", park.payload if park else "",
             encode_holder(park.holder if park else None), _ms(park.lease) if park and park.lease else 0,
             job_class, args, encode_holder(caller), _ms(handoff),
         ]  # fmt: skip
-        return SemCall(self._acquire, key, argv, _acquired, _Acquired, _TAKEN, caller)
+        return SemCall(self._acquire, key, argv, replies.acquired, replies.Acquired, _TAKEN, caller)
 
     def _start_call(
         self,
@@ -286,26 +250,25 @@ class RedisSemaphores(SemaphoreStore):
         takeover: Holder | None,
         caller: Holder,
         handoff: float = HANDOFF,
-    ) -> SemCall:
+    ) -> SemCall[Outcome]:
         argv = [
-            token,
-            encode_holder(holder),
-            _ms(lease),
-            encode_holder(takeover),
-            encode_holder(caller),
+            token, encode_holder(holder), _ms(lease), encode_holder(takeover), encode_holder(caller),
             _ms(handoff),
-        ]
-        return SemCall(self._start, key, argv, partial(_started, token), _Started, _RUN, caller)
+        ]  # fmt: skip
+        decode = partial(replies.started, token)
+        return SemCall(self._start, key, argv, decode, replies.Started, _RUN, caller)
 
     def _renew_call(
         self, key: str, token: str, lease: float, *, caller: Holder, handoff: float = HANDOFF
-    ) -> SemCall:
+    ) -> SemCall[Outcome]:
         argv = [token, _ms(lease), encode_holder(caller), _ms(handoff)]
-        return SemCall(self._renew, key, argv, _settled, _Settled, _OK, caller, renew=True)
+        return SemCall(self._renew, key, argv, replies.settled, replies.Settled, _OK, caller, renew=True)
 
-    def _release_call(self, key: str, token: str, *, caller: Holder, handoff: float = HANDOFF) -> SemCall:
+    def _release_call(
+        self, key: str, token: str, *, caller: Holder, handoff: float = HANDOFF
+    ) -> SemCall[Outcome]:
         argv = [token, encode_holder(caller), _ms(handoff), _ms(TOMBSTONE)]
-        return SemCall(self._release, key, argv, _settled, _Settled, _NONE, caller)
+        return SemCall(self._release, key, argv, replies.settled, replies.Settled, _NONE, caller)
 
     def _requeue_call(
         self,
@@ -316,35 +279,35 @@ class RedisSemaphores(SemaphoreStore):
         holder: Holder,
         caller: Holder,
         handoff: float = HANDOFF,
-    ) -> SemCall:
+    ) -> SemCall[Outcome]:
         argv = [token, _ms(lease), encode_holder(holder), encode_holder(caller), _ms(handoff)]
-        return SemCall(self._requeue, key, argv, _settled, _Settled)
+        return SemCall(self._requeue, key, argv, replies.settled, replies.Settled)
 
-    def _handed_call(self, key: str, token: str, promoter: Holder) -> SemCall:
+    def _handed_call(self, key: str, token: str, promoter: Holder) -> SemCall[bool]:
         return SemCall(self._handed, key, [token, encode_holder(promoter)], bool)
 
-    def _withdraw_call(self, key: str, token: str) -> SemCall:
-        return SemCall(self._withdraw, key, [token], _withdrawn)
+    def _withdraw_call(self, key: str, token: str) -> SemCall[Outcome]:
+        return SemCall(self._withdraw, key, [token], replies.withdrawn)
 
     def _reap_call(
         self, key: str, dead: Sequence[tuple[str, Holder]], *, caller: Holder, handoff: float = HANDOFF
-    ) -> SemCall:
+    ) -> SemCall[Outcome]:
         argv: list[Any] = [encode_holder(caller), _ms(handoff)]
         for token, holder in dead:
             argv += [token, encode_holder(holder)]
-        return SemCall(self._reap, key, argv, _counted, _Counted)
+        return SemCall(self._reap, key, argv, replies.counted, replies.Counted)
 
-    def _discard_parked_call(self, key: str) -> SemCall:
-        return SemCall(self._discard, key, [], _pairs)
+    def _discard_parked_call(self, key: str) -> SemCall[list[tuple[str, str]]]:
+        return SemCall(self._discard, key, [], replies.pairs)
 
     def _drop_call(
         self, key: str, tokens: Sequence[str], *, caller: Holder, handoff: float = HANDOFF
-    ) -> SemCall:
+    ) -> SemCall[Outcome]:
         argv = [encode_holder(caller), _ms(handoff), *tokens]
-        return SemCall(self._drop, key, argv, _counted, _Counted)
+        return SemCall(self._drop, key, argv, replies.counted, replies.Counted)
 
-    def _read_call(self, key: str, *, head: int = 5) -> SemCall:
-        return SemCall(self._read, key, [head], partial(self._snapshot, key))
+    def _read_call(self, key: str, *, head: int = 5) -> SemCall[SemaphoreState]:
+        return SemCall(self._read, key, [head], partial(replies.state, key))
 
     def acquire(
         self,
@@ -361,12 +324,10 @@ class RedisSemaphores(SemaphoreStore):
         caller: Holder,
         handoff: float = HANDOFF,
     ) -> Outcome:
-        call = self._acquire_call(
+        return self._done(self._acquire_call(
             key, token, limit=limit, lease=lease, running=running, holder=holder, park=park,
             job_class=job_class, args=args, caller=caller, handoff=handoff,
-        )  # fmt: skip
-        outcome: Outcome = self._done(call)
-        return outcome
+        ))  # fmt: skip
 
     def start(
         self,
@@ -379,21 +340,17 @@ class RedisSemaphores(SemaphoreStore):
         caller: Holder,
         handoff: float = HANDOFF,
     ) -> Outcome:
-        call = self._start_call(
+        return self._done(self._start_call(
             key, token, holder=holder, lease=lease, takeover=takeover, caller=caller, handoff=handoff
-        )
-        outcome: Outcome = self._done(call)
-        return outcome
+        ))  # fmt: skip
 
     def renew(
         self, key: str, token: str, lease: float, *, caller: Holder, handoff: float = HANDOFF
     ) -> Outcome:
-        outcome: Outcome = self._done(self._renew_call(key, token, lease, caller=caller, handoff=handoff))
-        return outcome
+        return self._done(self._renew_call(key, token, lease, caller=caller, handoff=handoff))
 
     def release(self, key: str, token: str, *, caller: Holder, handoff: float = HANDOFF) -> Outcome:
-        outcome: Outcome = self._done(self._release_call(key, token, caller=caller, handoff=handoff))
-        return outcome
+        return self._done(self._release_call(key, token, caller=caller, handoff=handoff))
 
     def requeue(
         self,
@@ -405,34 +362,29 @@ class RedisSemaphores(SemaphoreStore):
         caller: Holder,
         handoff: float = HANDOFF,
     ) -> Outcome:
-        call = self._requeue_call(key, token, lease, holder=holder, caller=caller, handoff=handoff)
-        outcome: Outcome = self._done(call)
-        return outcome
+        return self._done(
+            self._requeue_call(key, token, lease, holder=holder, caller=caller, handoff=handoff)
+        )
 
     def handed(self, key: str, token: str, promoter: Holder) -> bool:
-        return bool(self._done(self._handed_call(key, token, promoter)))
+        return self._done(self._handed_call(key, token, promoter))
 
     def withdraw(self, key: str, token: str) -> Outcome:
-        outcome: Outcome = self._done(self._withdraw_call(key, token))
-        return outcome
+        return self._done(self._withdraw_call(key, token))
 
     def reap(
         self, key: str, dead: Sequence[tuple[str, Holder]], *, caller: Holder, handoff: float = HANDOFF
     ) -> Outcome:
-        outcome: Outcome = self._done(self._reap_call(key, dead, caller=caller, handoff=handoff))
-        return outcome
+        return self._done(self._reap_call(key, dead, caller=caller, handoff=handoff))
 
     def discard_parked(self, key: str) -> list[tuple[str, str]]:
-        pairs: list[tuple[str, str]] = self._done(self._discard_parked_call(key))
-        return pairs
+        return self._done(self._discard_parked_call(key))
 
     def drop(self, key: str, tokens: Sequence[str], *, caller: Holder, handoff: float = HANDOFF) -> Outcome:
-        outcome: Outcome = self._done(self._drop_call(key, tokens, caller=caller, handoff=handoff))
-        return outcome
+        return self._done(self._drop_call(key, tokens, caller=caller, handoff=handoff))
 
     def read(self, key: str, *, head: int = 5) -> SemaphoreState:
-        state: SemaphoreState = self._done(self._read_call(key, head=head))
-        return state
+        return self._done(self._read_call(key, head=head))
 
     def read_many(self, keys: Sequence[str], *, head: int = 5) -> list[SemaphoreState | CorruptRecordError]:
         """Read ``keys`` as :meth:`read` does, their READ scripts sent together (``_wire.Wire.many``).
@@ -443,51 +395,16 @@ class RedisSemaphores(SemaphoreStore):
         if getattr(self.read, "__func__", None) is not RedisSemaphores.read:
             return super().read_many(keys, head=head)
         batch = [[*self._keys(key), head] for key in keys]
-        replies = self._call(partial(self._wire.many, self._read, len(_PARTS), batch))
+        answers = self._call(partial(self._wire.many, self._read, len(_PARTS), batch))
         states: list[SemaphoreState | CorruptRecordError] = []
-        for key, reply in zip(keys, replies, strict=True):
+        for key, reply in zip(keys, answers, strict=True):
             try:
                 if isinstance(reply, Exception):
                     raise self._explain(key, reply) from reply
-                states.append(self._snapshot(key, reply))
+                states.append(self.decoded(self._read_call(key, head=head), reply))
             except CorruptRecordError as exc:
                 states.append(exc)
         return states
 
-    def _snapshot(self, key: str, raw: Any) -> SemaphoreState:
-        """The state a READ reply describes, each record checked."""
-        reply = _Read._make(raw)
-        flat = reply.meta
-        meta = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)}
-        with self._reading(key):
-            limit = meta.get("limit", "1")
-            if not limit.isdigit():
-                raise _Malformed(4, f"field limit is {limit!r}, not a whole number")
-            infos = [
-                _parked(text(token), raw) for token, raw in zip(reply.head, reply.entries, strict=True) if raw
-            ]
-            slots = _slots(reply.slots, int(reply.now_ms))
-        return SemaphoreState(
-            key=key,
-            limit=int(limit),
-            job_class=meta.get("cls", ""),
-            slots=slots,
-            parked=int(reply.parked),
-            head=tuple(infos),
-            now=int(reply.now_ms) / 1000,
-        )
-
     def scan(self) -> Iterator[str]:
-        # Every primary of a cluster, a page at a time; a key is listed once, however often it is met.
-        prefix = self._prefix
-        pages = self._call(partial(scan_pages, self.client, match(prefix, "meta"), 1000))
-        seen: set[str] = set()
-        while True:
-            page = self._call(partial(next, pages, None))
-            if page is None:
-                return
-            for name in page:
-                key = key_of(prefix, name, "meta")
-                if key is not None and key not in seen:
-                    seen.add(key)
-                    yield key
+        return _listing.semaphore_keys(self.client, self._prefix, self._call)

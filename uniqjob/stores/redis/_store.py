@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar, cast
 
 import redis
 from redis.commands.core import Script
 
 from ...errors import BackendError, ConfigurationError, CorruptRecordError
-from ...locks import Holder, LockState, Parts, QueueMeta, RunClaim
+from ...locks import Holder, LockState, QueueMeta, RunClaim
 from .._drops import WINDOW, minute
 from ..base import Backend, QueueMode
 from ..semaphores import SemaphoreStore
@@ -36,8 +36,8 @@ from . import _lua as lua
 from ._acks import Acks, check_wait
 from ._client import backend_error, key_of, names, where
 from ._clients import client_for, redis_client_from_url
+from ._replies import parts
 from ._semaphores import RedisSemaphores
-from ._snapshots import parts
 from ._url import check_store_options, parse
 from ._wire import Wire, text
 
@@ -54,7 +54,7 @@ _PARTS = ("q", "r", "f")  # queue lock, run lock, last fence
 _TALLIED = (*_PARTS, "d")  # and the dropped duplicates
 
 
-class Call(NamedTuple):
+class Call(NamedTuple, Generic[T]):
     """One primitive's script call: the script, how many of ``items`` are keys, and its reply's reader.
 
     ``grant`` names what a reply granted ("": nothing), for a primitive whose grant replicas must
@@ -65,9 +65,9 @@ class Call(NamedTuple):
     script: Script
     numkeys: int
     items: list[Any]
-    decode: Callable[[Any], Any]
+    decode: Callable[[Any], T]
     grant: Callable[[Any], str] | None = None
-    undo: Callable[[], Call] | None = None
+    undo: Callable[[], Call[Any]] | None = None
 
 
 class RedisBackend(Backend):
@@ -118,7 +118,6 @@ class RedisBackend(Backend):
         try:
             client.execute_command  # noqa: B018  (not a client at all: a ConfigurationError now)
             self._wire = Wire(client)
-            self._run = self._wire.call
             self._claim = self._script(lua.CLAIM)
             self._start = self._script(lua.START)
             self._renew = self._script(lua.RENEW)
@@ -165,55 +164,27 @@ class RedisBackend(Backend):
         except Exception as exc:
             raise self._fail(exc) from exc
 
-    def _failure(self, exc: Exception, names: list[Any]) -> Exception:
+    def _failure(self, exc: Exception, names: list[Any]) -> BackendError:
         """What a script call that raised ``exc`` on keys ``names`` raises instead (``from exc``):
-        a CorruptRecordError, else a BackendError."""
-        if str(exc).startswith(lua.CORRUPT):
-            try:
-                self._corrupt(exc, names)
-            except CorruptRecordError as corrupt:
-                return corrupt
-        return self._fail(exc)
-
-    def _acked(self, call: Call) -> Any:
-        """Run ``call`` with ``WAIT`` behind it, acknowledged by ``replicas`` (see _acks); its reply.
-
-        A grant too few replicas acknowledged is undone by ``call.undo`` and fails closed.
-        """
-        acks = self._acks
-        assert acks is not None and call.grant is not None
-        try:
-            reply, acked = acks.wire.acked(call.script, call.numkeys, call.items, acks.wait)
-        except Exception as exc:
-            raise self._failure(exc, call.items[: call.numkeys]) from exc
-        what = call.grant(reply)
-        if what:
-            undo = call.undo
-            acks.confirm(
-                acked, what, undo and (lambda: self._done(undo())), self, self.name, name=call.items[0]
-            )
-        return reply
-
-    def _corrupt(self, exc: Exception, names: list[Any]) -> None:
-        """Raise the CorruptRecordError a script's ``UNIQJOB_CORRUPT <i> <reason>`` reply stands for."""
-        index, _, reason = str(exc)[len(lua.CORRUPT) :].partition(" ")
-        if index.isdigit() and 0 < int(index) <= len(names):  # else not ours after all: a BackendError
-            name = text(names[int(index) - 1])
-            raise CorruptRecordError(name, reason, key=self._key_of(name), backend=self.name) from exc
-
-    def _key_of(self, name: str) -> str:
-        """The lock key a Redis key name of this namespace belongs to."""
-        return key_of(self._prefix, name, name[-1:]) or name
+        a CorruptRecordError naming the key a ``UNIQJOB_CORRUPT`` reply points at, else a BackendError."""
+        found = lua.corrupt_reply(exc, len(names))
+        if found is None:
+            return self._fail(exc)
+        name = text(names[found[0]])
+        key = key_of(self._prefix, name, name[-1:]) or name
+        return CorruptRecordError(name, found[1], key=key, backend=self.name)
 
     def _state(self, key: str, reply: str) -> LockState:
         """The state a script's snapshot reply describes; the usual duplicate's ("Q"), unread until used."""
         if reply[:1] == _QUIET:
-            return LockState.unread(key, partial(self._parts, key, reply), nothing_to_reclaim=True)
-        return LockState(key, *self._parts(key, reply))
+            return LockState.unread(
+                key, partial(parts, key, reply, self._keys(key), self.name), nothing_to_reclaim=True
+            )
+        return self._snapshot(key, reply)
 
-    def _parts(self, key: str, reply: str) -> Parts:
-        """The queue lock, run lock and clock a snapshot holds, each field checked (``_snapshots``)."""
-        return parts(key, reply, self._keys(key), self.name)
+    def _snapshot(self, key: str, reply: str) -> LockState:
+        """The state a snapshot reply describes, read at once, each field checked (``_replies``)."""
+        return LockState(key, *parts(key, reply, self._keys(key), self.name))
 
     def _items(
         self,
@@ -233,9 +204,8 @@ class RedisBackend(Backend):
         if cls and key.startswith(cls):
             cls, cls_len = "", str(len(cls))  # the key already holds it
         ttl_ms = str(_ms(ttl)) if ttl else "0"  # text: the encoder's quickest case
-        # QUEUE_ARGV: token, ttl_ms, cls, cls_len, args, job_id
         items = [*(keys or self._keys(key)), token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
-        if run is not None:  # RUN_ARGV: host, node, pid, pstart (said once), lease_ms, attempt
+        if run is not None:
             holder = run.holder
             said = self._holder
             if said[0] is not holder:  # nearly always this process: its fields as text, once
@@ -250,18 +220,30 @@ class RedisBackend(Backend):
     # Each primitive is a script call (:class:`Call`: what to send, and how to read the reply) and
     # its sending; the calls are the async store's too (_async.RedisAsync), only the sending differs.
 
-    def _done(self, call: Call) -> Any:
-        if self._acks is None or call.grant is None:
+    def _done(self, call: Call[T]) -> T:
+        """Send ``call``; a grant with ``WAIT`` behind it when replicas must acknowledge it (see _acks).
+
+        A grant too few replicas acknowledged is undone by ``call.undo`` and fails closed.
+        """
+        acks = self._acks
+        if acks is None or call.grant is None:
             return call.decode(self._eval(call.script, call.numkeys, call.items))
-        return call.decode(self._acked(call))
+        try:
+            reply, acked = acks.wire.acked(call.script, call.numkeys, call.items, acks.wait)
+        except Exception as exc:
+            raise self._failure(exc, call.items[: call.numkeys]) from exc
+        what = call.grant(reply)
+        if what:
+            undo = call.undo
+            acks.confirm(
+                acked, what, undo and (lambda: self._done(undo())), self, self.name, name=call.items[0]
+            )
+        return call.decode(reply)
 
     def _eval(self, script: Script, numkeys: int, items: list[Any]) -> Any:
-        """Run ``script`` with ``items``: its ``numkeys`` keys, then its arguments; its raw reply.
-
-        (_wire.Wire sends it; a failure is raised as :meth:`_failure` says.)
-        """
+        """Run ``script`` with ``items``: its ``numkeys`` keys, then its arguments; its raw reply."""
         try:
-            return self._run(script, numkeys, items)
+            return self._wire.call(script, numkeys, items)
         except Exception as exc:
             raise self._failure(exc, items[:numkeys]) from exc
 
@@ -283,49 +265,14 @@ class RedisBackend(Backend):
         run: RunClaim | None = None,
         count: bool = False,
         counted: float | None = None,
-    ) -> Call:
-        items = self._claim_items(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted)
-        return self._claim_of(key, token, run, items)
-
-    def _claim_of(self, key: str, token: str, run: RunClaim | None, items: list[Any]) -> Call:
-        """The CLAIM call that sends ``items`` (see :meth:`_claim_items`)."""
-        if self._acks is None:  # no replicas to acknowledge it: no grant text, nothing to undo
-            return Call(self._claim, 4, items, partial(self._granted, key, run))
-        undo = partial(self._reclaim_call, key, token, token if run is not None else None)
-        what = partial(_claimed, key, run is not None)  # its text made only for a grant to acknowledge
-        return Call(self._claim, 4, items, partial(self._granted, key, run), what, undo)
-
-    def _claim_items(
-        self,
-        key: str,
-        token: str,
-        *,
-        meta: QueueMeta,
-        ttl: float | None,
-        run: RunClaim | None,
-        count: bool,
-        counted: float | None,
-    ) -> list[Any]:
-        """CLAIM's keys and ARGV (see _lua.CLAIM)."""
+    ) -> Call[LockState | None]:
         flag = ("q" if run is None else "r") + _drop(count, counted)
-        return self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
-
-    def _start_items(
-        self,
-        key: str,
-        token: str,
-        *,
-        run: RunClaim,
-        meta: QueueMeta,
-        ttl: float | None,
-        adopt: bool,
-        queue_lock: QueueMode,
-        count: bool,
-        counted: float | None,
-    ) -> list[Any]:
-        """START's keys and ARGV (see _lua.START)."""
-        flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock] + _drop(count, counted)
-        return self._items(key, token, meta, ttl, flag=flags, run=run, keys=self._tallied(key))
+        items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
+        decode = partial(self._granted, key, run)
+        if self._acks is None:  # no replicas to acknowledge it: no grant text, nothing to undo
+            return Call(self._claim, 4, items, decode)
+        undo = partial(self._reclaim_call, key, token, token if run is not None else None)
+        return Call(self._claim, 4, items, decode, partial(_claimed, key, run is not None), undo)
 
     def _start_call(
         self,
@@ -339,62 +286,48 @@ class RedisBackend(Backend):
         queue_lock: QueueMode = "run",
         count: bool = False,
         counted: float | None = None,
-    ) -> Call:
-        items = self._start_items(
-            key,
-            token,
-            run=run,
-            meta=meta,
-            ttl=ttl,
-            adopt=adopt,
-            queue_lock=queue_lock,
-            count=count,
-            counted=counted,
-        )
-        return self._start_of(key, token, run, items)
-
-    def _start_of(self, key: str, token: str, run: RunClaim, items: list[Any]) -> Call:
-        """The START call that sends ``items`` (see :meth:`_start_items`)."""
+    ) -> Call[LockState | None]:
+        flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock] + _drop(count, counted)
+        items = self._items(key, token, meta, ttl, flag=flags, run=run, keys=self._tallied(key))
+        decode = partial(self._granted, key, run)
         if self._acks is None:
-            return Call(self._start, 4, items, partial(self._granted, key, run))
+            return Call(self._start, 4, items, decode)
         # Undone: the run lock of this token and attempt; the queue lock is left as a failed
         # start leaves it (an orphan once the run lock is gone, reclaimed by the next claim).
         undo = partial(self._finish_call, key, token, keep_queue=True, attempt=run.attempt)
-        what = partial(_started, key)
-        return Call(self._start, 4, items, partial(self._granted, key, run), what, undo)
+        return Call(self._start, 4, items, decode, partial(_started, key), undo)
 
-    def _attach_call(self, key: str, token: str, job_id: str) -> Call:
+    def _attach_call(self, key: str, token: str, job_id: str) -> Call[bool]:
         return Call(self._attach, 1, [self._keys(key)[0], token, job_id], bool)
 
     def _requeue_call(
         self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = ""
-    ) -> Call:
+    ) -> Call[bool]:
         # REQUEUE touches no fence: its keys are the two locks only; its ARGV ends with the attempt.
         items = self._items(key, token, meta, ttl, flag=attempt, run=None, keys=self._keys(key)[:2])
         return Call(self._requeue, 2, items, bool)
 
-    def _renew_call(self, key: str, token: str, lease: float, attempt: str = "") -> Call:
+    def _renew_call(self, key: str, token: str, lease: float, attempt: str = "") -> Call[bool]:
         # A renewal extends a held lease: nothing to undo, but one the replicas did not see must not
         # count as confirmed, or the holder would trust a lease a promoted replica ends sooner.
         what = partial(_if_one, f"the lease of the run lock of {key!r}, extended")
         return Call(self._renew, 1, [self._keys(key)[1], token, str(_ms(lease)), attempt], bool, what)
 
-    def _finish_call(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> Call:
+    def _finish_call(
+        self, key: str, token: str, *, keep_queue: bool = False, attempt: str = ""
+    ) -> Call[bool]:
         items = [*self._keys(key)[:2], token, "1" if keep_queue else "0", attempt]
-        return Call(self._finish, 2, items, _nothing)
+        return Call(self._finish, 2, items, bool)
 
-    def _dequeue_call(self, key: str, token: str | None = None) -> Call:
+    def _dequeue_call(self, key: str, token: str | None = None) -> Call[bool]:
         return Call(self._dequeue, 1, [self._keys(key)[0], token or ""], bool)
 
-    def _reclaim_call(self, key: str, queue_token: str | None, run_token: str | None) -> Call:
+    def _reclaim_call(self, key: str, queue_token: str | None, run_token: str | None) -> Call[bool]:
         return Call(self._reclaim, 2, [*self._keys(key)[:2], queue_token or "", run_token or ""], bool)
 
-    def _read_call(self, key: str) -> Call:
+    def _read_call(self, key: str) -> Call[LockState]:
         # Read at once, every field checked: a damaged record fails this call, not a later use.
         return Call(self._read, 2, self._keys(key)[:2], partial(self._snapshot, key))
-
-    def _snapshot(self, key: str, reply: str) -> LockState:
-        return LockState(key, *self._parts(key, reply))
 
     def claim(
         self,
@@ -407,11 +340,8 @@ class RedisBackend(Backend):
         count: bool = False,
         counted: float | None = None,
     ) -> LockState | None:
-        items = self._claim_items(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted)
-        if self._acks is None:  # the call _claim_of would make, sent as it is made: no Call to build
-            return self._granted(key, run, self._eval(self._claim, 4, items))
-        result: LockState | None = self._done(self._claim_of(key, token, run, items))
-        return result
+        call = self._claim_call(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted)
+        return self._done(call)
 
     def start(
         self,
@@ -426,43 +356,32 @@ class RedisBackend(Backend):
         count: bool = False,
         counted: float | None = None,
     ) -> LockState | None:
-        items = self._start_items(
-            key,
-            token,
-            run=run,
-            meta=meta,
-            ttl=ttl,
-            adopt=adopt,
-            queue_lock=queue_lock,
-            count=count,
-            counted=counted,
-        )
-        if self._acks is None:  # as claim(): the call _start_of would make, sent as it is made
-            return self._granted(key, run, self._eval(self._start, 4, items))
-        result: LockState | None = self._done(self._start_of(key, token, run, items))
-        return result
+        call = self._start_call(
+            key, token, run=run, meta=meta, ttl=ttl, adopt=adopt, queue_lock=queue_lock,
+            count=count, counted=counted,
+        )  # fmt: skip
+        return self._done(call)
 
     def attach(self, key: str, token: str, job_id: str) -> bool:
-        return bool(self._done(self._attach_call(key, token, job_id)))
+        return self._done(self._attach_call(key, token, job_id))
 
     def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = "") -> bool:
-        return bool(self._done(self._requeue_call(key, token, meta=meta, ttl=ttl, attempt=attempt)))
+        return self._done(self._requeue_call(key, token, meta=meta, ttl=ttl, attempt=attempt))
 
     def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
-        return bool(self._done(self._renew_call(key, token, lease, attempt)))
+        return self._done(self._renew_call(key, token, lease, attempt))
 
     def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
         self._done(self._finish_call(key, token, keep_queue=keep_queue, attempt=attempt))
 
     def dequeue(self, key: str, token: str | None = None) -> bool:
-        return bool(self._done(self._dequeue_call(key, token)))
+        return self._done(self._dequeue_call(key, token))
 
     def reclaim(self, key: str, queue_token: str | None, run_token: str | None) -> bool:
-        return bool(self._done(self._reclaim_call(key, queue_token, run_token)))
+        return self._done(self._reclaim_call(key, queue_token, run_token))
 
     def read(self, key: str) -> LockState:
-        state: LockState = self._done(self._read_call(key))
-        return state
+        return self._done(self._read_call(key))
 
     def read_many(self, keys: Sequence[str]) -> list[LockState | CorruptRecordError]:
         """Read ``keys`` as :meth:`read` does, their READ scripts sent together (``_wire.Wire.many``).
@@ -476,7 +395,9 @@ class RedisBackend(Backend):
         replies = self._call(partial(self._wire.many, self._read, 2, [call.items for call in calls]))
         return self._states(calls, replies)
 
-    def _states(self, calls: list[Call], replies: list[Any]) -> list[LockState | CorruptRecordError]:
+    def _states(
+        self, calls: list[Call[LockState]], replies: list[Any]
+    ) -> list[LockState | CorruptRecordError]:
         """The states READ ``replies`` to ``calls`` describe; a damaged record's error in its place."""
         states: list[LockState | CorruptRecordError] = []
         for call, reply in zip(calls, replies, strict=True):
@@ -533,10 +454,6 @@ def _started(key: str, reply: Any) -> str:
 
 def _if_one(what: str, reply: Any) -> str:
     return what if reply == 1 else ""
-
-
-def _nothing(reply: Any) -> None:
-    return None
 
 
 def _drop(count: bool, counted: float | None) -> str:

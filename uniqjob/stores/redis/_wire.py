@@ -82,24 +82,12 @@ class Wire:
         return plain(client.evalsha(script.sha, numkeys, *items))
 
     def many(self, script: Script, numkeys: int, batch: Sequence[Sequence[Any]]) -> list[Any]:
-        """Run ``script`` once for each entry of ``batch`` (its keys, then its arguments), all sent together.
-
-        The replies come in ``batch``'s order, an error reply in its place (returned,
-        not raised); a failure to talk to the server is raised. A cluster client's
-        pipeline sends each call to the node of its keys' slot. If the server lost
-        the script, it is loaded and the batch sent again.
-        """
+        """Run ``script`` once for each entry of ``batch`` (its keys, then its arguments), all sent
+        together (:func:`piped`); the replies in order, each through :func:`plain`, errors in place."""
         if not batch:
             return []
-        for attempt in (0, 1):
-            pipe = self.client.pipeline(transaction=False)
-            for items in batch:  # (a cluster pipeline refuses its evalsha method, not the command)
-                pipe.execute_command("EVALSHA", script.sha, numkeys, *items)
-            replies = pipe.execute(raise_on_error=False)
-            if attempt or not any(isinstance(r, Exception) and is_noscript(r) for r in replies):
-                return [r if isinstance(r, Exception) else plain(r) for r in replies]
-            script.sha = self.client.script_load(script.script)
-        raise AssertionError("unreachable")  # pragma: no cover
+        replies = piped(self.client, script, numkeys, batch)
+        return [r if isinstance(r, Exception) else plain(r) for r in replies]
 
     def acked(
         self, script: Script, numkeys: int, items: Sequence[Any], wait: tuple[int, int]
@@ -114,21 +102,21 @@ class Wire:
         again once, should that node redirect it).
         """
         if not is_cluster(self.client):
-            return piped(self.client, script, numkeys, items, wait)
+            return waited(self.client, script, numkeys, items, wait)
         cluster = self.client
         node = cluster.get_node_from_key(items[0])
         try:
-            return piped(node_client(node), script, numkeys, items, wait)
+            return waited(node_client(node), script, numkeys, items, wait)
         except _classes("AskError") as exc:  # MovedError too: the slot map this client holds is out of date
             if isinstance(exc, _classes("MovedError")):
                 cluster.nodes_manager.initialize()
                 node = cluster.get_node_from_key(items[0])
-                return piped(node_client(node), script, numkeys, items, wait)
+                return waited(node_client(node), script, numkeys, items, wait)
             # ASK: the slot is moving and the key is not on this node: ask the one it names (ASKING first)
             target = cluster.get_node(host=exc.host, port=exc.port)  # type: ignore[attr-defined]
             if target is None:
                 raise
-            return piped(node_client(target), script, numkeys, items, wait, asking=True)
+            return waited(node_client(target), script, numkeys, items, wait, asking=True)
         except _classes("ConnectionError") + _classes("TimeoutError") + (OSError,):
             # a node that cannot be reached (a master killed): the next call finds the slot's new owner
             with contextlib.suppress(Exception):
@@ -154,33 +142,51 @@ def piped(
     client: Any,
     script: Script,
     numkeys: int,
-    items: Sequence[Any],
-    wait: tuple[int, int],
-    *,
+    batch: Sequence[Sequence[Any]],
+    *tail: Any,
     asking: bool = False,
-) -> tuple[Any, int | Exception]:
-    """``EVALSHA`` then ``WAIT`` through ``client``'s pipeline: one connection, one round trip.
+) -> list[Any]:
+    """``script`` once per entry of ``batch``, then the command ``tail`` if any, in one pipeline of
+    ``client`` (``ASKING`` first if ``asking``): one connection, one round trip.
 
-    An error reply to the script is raised once both replies are read (the script
-    loaded and both sent again if the server did not know it); one to ``WAIT`` is
-    returned in place of its count.
+    The replies come in order, an error reply in its place (returned, not raised); a
+    failure to talk to the server is raised. A cluster client's pipeline sends each call
+    to the node of its keys' slot. If the server lost the script, it is loaded and all
+    is sent again, once.
     """
     for attempt in (0, 1):
         pipe = client.pipeline(transaction=False)
         if asking:
             pipe.execute_command("ASKING")
-        pipe.execute_command("EVALSHA", script.sha, numkeys, *items)
-        pipe.execute_command("WAIT", *wait)
-        reply, acked = pipe.execute(raise_on_error=False)[-2:]
-        if is_noscript(reply) and not attempt:
-            script.sha = client.script_load(script.script)
-            continue
-        return judged(reply, acked)
+        for items in batch:  # (a cluster pipeline refuses its evalsha method, not the command)
+            pipe.execute_command("EVALSHA", script.sha, numkeys, *items)
+        if tail:
+            pipe.execute_command(*tail)
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+        if attempt or not any(isinstance(r, Exception) and is_noscript(r) for r in replies):
+            return replies[1:] if asking else replies
+        script.sha = client.script_load(script.script)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def waited(
+    client: Any,
+    script: Script,
+    numkeys: int,
+    items: Sequence[Any],
+    wait: tuple[int, int],
+    *,
+    asking: bool = False,
+) -> tuple[Any, int | Exception]:
+    """``EVALSHA`` then ``WAIT`` through ``client``'s pipeline (:func:`piped`); see :func:`judged`."""
+    return judged(*piped(client, script, numkeys, [items], "WAIT", *wait, asking=asking))
+
+
 def judged(reply: Any, acked: Any) -> tuple[Any, int | Exception]:
-    """A script's reply (raised if an error) and ``WAIT``'s count (an error reply kept as it is)."""
+    """A script's reply (raised if an error) and ``WAIT``'s count (an error reply kept as it is).
+
+    An error reply to the script is raised once both replies are read.
+    """
     if isinstance(reply, Exception):
         raise reply
     if not isinstance(acked, Exception) and type(acked) is not int:
