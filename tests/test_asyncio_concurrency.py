@@ -11,6 +11,7 @@ task cancelled while it waits, or while it holds a slot, leaves nothing behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
@@ -363,6 +364,46 @@ def test_a_task_cancelled_while_it_waits_for_a_slot_leaves_nothing_behind() -> N
 
     run(main())
     assert OneAtATime.tally.ran == [1, 3]
+    assert OneAtATime.semaphore().read().empty
+
+
+def test_a_cancellation_a_store_call_swallows_still_ends_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A waiter cancelled in its acquire, whose reply came with the cancellation and dropped it.
+
+    On Python 3.11 ``asyncio.wait_for``, which redis-py's asyncio client awaits its socket
+    through, does that: the waiter then waited on, parked, and the test awaiting it hung
+    (1 run in 10 on a loaded machine).
+    """
+    face = _stores.async_semaphores(OneAtATime.semaphore().store)
+    real = face.acquire
+    entered, reply = asyncio.Event(), asyncio.Event()
+
+    async def acquire(*args: Any, **kwargs: Any) -> Any:
+        result = await real(*args, **kwargs)
+        if result.status != "parked":
+            return result  # not the waiter's
+        entered.set()
+        # The reply and the cancellation come together: the result wins, as wait_for's on 3.11.
+        with contextlib.suppress(asyncio.CancelledError):
+            await reply.wait()
+        return result
+
+    monkeypatch.setattr(face, "acquire", acquire)
+
+    async def main() -> None:
+        OneAtATime.gates[1] = asyncio.Event()
+        holder = asyncio.create_task(OneAtATime.arun(1))
+        await until(lambda: OneAtATime.tally.now == 1)
+        waiter = asyncio.create_task(OneAtATime.arun(2))
+        await entered.wait()
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(waiter, 10)  # not a TimeoutError: the waiter honours it
+        assert parked(OneAtATime) == 0 and not await OneAtATime.ais_locked(2)
+        OneAtATime.gates[1].set()
+        await holder
+
+    run(main())
     assert OneAtATime.semaphore().read().empty
 
 

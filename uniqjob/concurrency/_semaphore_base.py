@@ -83,14 +83,26 @@ class Waker:
         return self._event.wait(seconds)
 
     async def await_(self, seconds: float) -> bool:
-        """Await up to ``seconds`` (the event loop runs on); True if woken."""
+        """Await up to ``seconds`` (the event loop runs on); True if woken.
+
+        A task whose cancellation was swallowed on the way here is cancelled now: on Python
+        3.11, ``asyncio.wait_for`` (which redis-py's asyncio client awaits its socket through)
+        returns a result that came with the cancellation and drops the cancellation, and the
+        waiter would wait on for good, parked, with its caller awaiting it.
+        """
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError
         if self._aevent is None:
             self._aevent = asyncio.Event()
             self._loop = asyncio.get_running_loop()
         if self._event.is_set():
             return True
         try:
-            await asyncio.wait_for(self._aevent.wait(), seconds)
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that comes as the
+            # event is set (it returns the result instead), and the cancelled waiter waits on.
+            async with asyncio.timeout(seconds):
+                await self._aevent.wait()
         except TimeoutError:
             return self._event.is_set()
         return True
