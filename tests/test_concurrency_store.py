@@ -314,6 +314,51 @@ def test_withdraw(s: Store) -> None:
     assert s.store.read(K).parked == 0
 
 
+def _pushed_twice_and_started(s: Store) -> None:
+    """p1 promoted by OTHER, who went silent: claimed again (a second copy pushed), then one copy runs."""
+    take(s, "a", limit=1)
+    take(s, "p1", limit=1, park=queued())
+    s.store.release(K, "a", caller=OTHER, handoff=SHORT)
+    s.age(SHORT)
+    s.store.renew(K, "x", LONG, caller=ME)  # claims p1 again: redo 1
+    assert s.store.start(K, "p1", holder=OTHER, lease=LONG, takeover=None, caller=OTHER).status == "run"
+
+
+def _only_the_other_copy_runs(s: Store) -> None:
+    (slot,) = s.store.read(K).slots
+    assert (slot.token, slot.status, slot.holder, slot.redo) == ("p1", "reserved", None, 1)  # kept for it
+    assert s.store.start(K, "p1", holder=ME, lease=LONG, takeover=None, caller=ME).status == "run"
+    assert s.store.release(K, "p1", caller=ME).status == "released"
+    # a third delivery (the dead run's retry, or the copy that found it running) never runs
+    assert s.store.start(K, "p1", holder=WAITER, lease=LONG, takeover=None, caller=WAITER).status == "done"
+    assert s.store.read(K).empty
+
+
+def test_a_dead_runner_s_slot_pushed_twice_is_kept_for_the_other_copy(s: Store) -> None:
+    """Freed outright, each later copy took a new slot and ran: the job ran twice (seen in the races)."""
+    _pushed_twice_and_started(s)
+    out = s.store.reap(K, [("p1", OTHER)], caller=ME)  # its runner died
+    assert out.count == 1
+    _only_the_other_copy_runs(s)
+
+
+def test_a_lapsed_run_s_slot_pushed_twice_is_kept_for_the_other_copy(s: Store) -> None:
+    _pushed_twice_and_started(s)
+    s.age(LONG)  # its runner stopped renewing
+    s.store.renew(K, "x", LONG, caller=ME)  # settles
+    _only_the_other_copy_runs(s)
+    take(s, "b", limit=1)
+
+
+def test_a_slot_kept_for_another_copy_is_freed_after_a_lease(s: Store) -> None:
+    _pushed_twice_and_started(s)
+    s.store.reap(K, [("p1", OTHER)], caller=ME)
+    s.age(LONG)
+    s.store.renew(K, "x", LONG, caller=ME)  # settles: no copy came
+    assert s.store.read(K).empty
+    assert s.store.start(K, "p1", holder=ME, lease=LONG, takeover=None, caller=ME).status == "missing"
+
+
 def test_reap_frees_dead_holders_only_while_they_still_hold(s: Store) -> None:
     take(s, "a", limit=2, running=True)  # held by ME
     take(s, "b", limit=2)

@@ -72,13 +72,25 @@ class Machine:
             if slot["st"] == "promoted" and slot["via"] == "queue":
                 promos.append(self._claim_again(token, slot, caller, handoff))
             else:
-                del self.slots[token]
+                self._free(token, slot)
             self.changed = True
         kept = [e for e in self.parked if e["via"] != "inline" or e["dl"] > now]
         if len(kept) != len(self.parked):
             self.parked, self.changed = kept, True
         promos += self._promote(caller, handoff)
         return promos
+
+    def _free(self, token: str, slot: dict[str, Any]) -> None:
+        """Free a lapsed or dead holder's slot; one that ran a call pushed twice waits for its other copy.
+
+        That copy (or the dead run's retry) then starts the slot, and its release remembers the
+        token as done, so a third delivery never runs: freed outright, each would take a new
+        slot and run. Kept for one lease; if no copy comes by then it is freed.
+        """
+        if slot["st"] == "running" and slot["redo"] > 0:
+            slot.update(st="reserved", via="queue", h="", dl=self.now + slot["ls"], p="")
+        else:
+            del self.slots[token]
 
     def _claim_again(self, token: str, slot: dict[str, Any], caller: str, handoff: float) -> Promotion:
         slot.update(h=caller, dl=self.now + handoff, redo=slot["redo"] + 1)
@@ -240,7 +252,7 @@ class Machine:
                 if slot["st"] == "promoted" and slot["via"] == "queue":
                     promos.append(self._claim_again(token, slot, caller, handoff))
                 else:
-                    del self.slots[token]
+                    self._free(token, slot)
                     count += 1
                     self.changed = True
                 continue

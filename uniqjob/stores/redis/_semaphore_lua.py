@@ -81,6 +81,16 @@ local function claim_again(token, s, now, caller, handoff, promos)
   redis.call('HSET', SLOTS, token, cjson.encode(s))
   promos[#promos + 1] = {token, 'queue', s.p, s.redo}
 end
+-- a lapsed or dead holder's slot; one that ran a call pushed twice waits (one lease) for its other
+-- copy, whose release then remembers the token as done (see _machine.Machine._free)
+local function free(token, s, now)
+  if s.st == 'running' and s.redo > 0 then
+    s.st = 'reserved'; s.via = 'queue'; s.h = ''; s.dl = now + s.ls; s.p = ''
+    redis.call('HSET', SLOTS, token, cjson.encode(s))
+  else
+    redis.call('HDEL', SLOTS, token)
+  end
+end
 local function unpark(token)
   redis.call('LREM', PARKED, 1, token)
   redis.call('HDEL', ENTRIES, token)
@@ -122,7 +132,7 @@ local function settle(now, caller, handoff)
       if s.st == 'promoted' and s.via == 'queue' then
         claim_again(all[i], s, now, caller, handoff, promos)
       else
-        redis.call('HDEL', SLOTS, all[i])
+        free(all[i], s, now)
       end
     end
   end
@@ -313,7 +323,7 @@ for i = 3, #ARGV, 2 do
       if s.st == 'promoted' and s.via == 'queue' then
         claim_again(token, s, now, caller, handoff, promos)
       else
-        redis.call('HDEL', SLOTS, token)
+        free(token, s, now)
         count = count + 1
       end
     end
