@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
+from benchmarks.replay import Raw, record
 from benchmarks.report import Report, Row, Target
 from benchmarks.sampling import Paired, interleaved
 from benchmarks.workload import Workload, job_class
-from uniqjob.locks import RunClaim, local_holder
 from uniqjob.stores.redis import RedisBackend
 
 __all__ = ["ACKED", "LABELS", "LAYERS", "load_locks", "run_replicas", "run_scale"]
@@ -56,47 +57,58 @@ def run_replicas(report: Report, client: redis.Redis, iterations: int, warmup: i
     )
 
 
-def load_locks(backend: RedisBackend, count: int, *, first_id: int, running: bool = False) -> None:
-    """Take ``count`` queue locks (``running``: with their run locks) in pipelined batches.
+def load_locks(backend: RedisBackend, count: int, *, first_id: int, running: bool = False) -> list[list[Any]]:
+    """Take ``count`` queue locks (``running``: with their run locks) in pipelined batches; return
+    the Redis keys the first 1,000 wrote.
 
-    Each lock goes through the backend's own claim script with what ``enqueue``
-    would send, but a thousand per round trip, so 100k load in seconds.
+    One lock is taken for real, ``job.lock(...).acquire(run=running)`` (as an enqueue
+    takes it, or ``Job.run()`` with both locks: its run lock records the attempt
+    too), and its commands recorded
+    (``benchmarks.replay``); the rest are those commands on fresh keys of the same
+    length, a thousand per round trip, so 100k load in seconds.
     """
+    client = backend.client
     job = job_class(backend)
-    run = RunClaim(local_holder(), 30.0) if running else None
-    pipe = backend.client.pipeline(transaction=False)
-    # Reaching into the backend on purpose: its claim script and argument layout
-    # are what a real enqueue sends; the benchmark only batches them.
+    # Keys of their own (ids just past the range: not the Workload's), with a preview of usual length.
+    warm = job.lock(first_id + count + 1)
+    warm.acquire(run=running)  # its scripts loaded: the recording holds the claim alone
+    warm.release()
+    lock = job.lock(first_id + count)
+    sent, taken = record(client, lambda: lock.acquire(run=running))
+    if not taken:
+        raise RuntimeError(f"{lock.key} was already held: use a fresh store")
+    raw = Raw(client, sent, fresh=True)
+    pipe = client.pipeline(transaction=False)
+    written: list[list[Any]] = []
     for i in range(count):
-        lock = job.lock(first_id + i)
-        items = backend._items(
-            lock.key, lock.token, lock.meta, None, flag="q" if run is None else "r", run=run
-        )
-        backend._claim(keys=items[:3], args=items[3:], client=pipe)  # three keys: the locks and the fence
+        commands, keys = raw.fresh_commands()
+        for args in commands:
+            pipe.execute_command(*args)  # type: ignore[no-untyped-call]
+        if i < 1000:
+            written.append(keys)
         # Taken: 1, or with a run lock its fence; a conflict is a snapshot string.
         if (len(pipe) >= 1000 or i == count - 1) and any(type(r) is not int for r in pipe.execute()):
             raise RuntimeError("a lock loaded for the scale section was already held")
+    return written
 
 
-def bytes_per_lock(backend: RedisBackend, count: int, *, first_id: int) -> float:
-    """Redis memory per lock of ``count`` loaded by :func:`load_locks` from ``first_id``.
+def bytes_per_lock(client: redis.Redis, locks: list[list[Any]]) -> float:
+    """Redis memory per lock of ``locks`` (each the keys one lock wrote: :func:`load_locks`).
 
     ``MEMORY USAGE`` of each key the lock wrote (key, value and entry), summed, averaged over the
-    first 1,000: exact and the same on every run, where an ``INFO memory`` delta moves by tens of
+    locks: exact and the same on every run, where an ``INFO memory`` delta moves by tens of
     kilobytes with the keyspace's table growth and client buffers. Not counted: the keyspace's
     own tables (a few bytes per key, amortised).
     """
-    job = job_class(backend)
-    sample = min(count, 1000)
-    pipe = backend.client.pipeline(transaction=False)
-    for i in range(sample):
-        for key in backend._keys(job.lock(first_id + i).key):
+    pipe = client.pipeline(transaction=False)
+    for keys in locks:
+        for key in keys:
             pipe.memory_usage(key, samples=0)
     used: list[int | None] = pipe.execute()
     total = sum(n for n in used if n is not None)
     if not total:  # the keys named here are not the ones the locks wrote: no figure rather than 0
-        raise RuntimeError(f"none of the keys of the {sample} locks loaded from {first_id} exist")
-    return total / sample
+        raise RuntimeError(f"none of the keys of the {len(locks)} locks loaded exist")
+    return total / len(locks)
 
 
 def run_scale(
@@ -116,14 +128,14 @@ def run_scale(
     backend = RedisBackend(loaded, namespace="scale")
     load_locks(backend, 10, first_id=10**9)  # scripts loaded, pool warm
     progress(f"loading {held:,} queue locks")
-    load_locks(backend, held, first_id=0)
+    queued = load_locks(backend, held, first_id=0)
     running = max(1, held // 10)
-    load_locks(backend, running, first_id=2 * 10**9, running=True)
-    per_lock = bytes_per_lock(backend, held, first_id=0)
+    runs = load_locks(backend, running, first_id=2 * 10**9, running=True)
+    per_lock = bytes_per_lock(loaded, queued)
     report.figures.update(
         held_locks=held,
         redis_bytes_per_queued_lock=round(per_lock, 1),
-        redis_bytes_per_running_job=round(bytes_per_lock(backend, running, first_id=2 * 10**9), 1),
+        redis_bytes_per_running_job=round(bytes_per_lock(loaded, runs), 1),
     )
     report.targets.append(Target("scale.memory", "Redis memory per held (queued) lock", per_lock, 256, "B"))
 

@@ -178,11 +178,7 @@ class Raw:
         plans = []
         for s in self.sent:
             base = list(s.args)
-            split = [
-                (i, str(a).split(subject))
-                for i, a in enumerate(base)
-                if isinstance(a, str | bytes) and subject in str(a)
-            ]
+            split = [(i, a.split(subject)) for i, a in enumerate(base) if isinstance(a, str) and subject in a]
             plans.append((_is_evalsha(s.args), base, split, s.options))
         key_positions = [
             [i for i, _ in split if i < (3 + int(base[2]) if is_script else 2)]
@@ -204,6 +200,17 @@ class Raw:
             return lambda: client.delete(*set(written))
 
         return fresh
+
+    def fresh_commands(self) -> tuple[list[tuple[Any, ...]], list[Any]]:
+        """The recorded commands for the next fresh key, as ``execute_command`` arguments (for a
+        pipeline), and the key names they write. (:meth:`op` inlines the same, for its timing.)"""
+        new = f"{self.subject[:-9]}~{next(self._ids):08x}"
+        commands, written = [], []
+        for s in self.sent:
+            args = tuple(a.replace(self.subject, new) if isinstance(a, str) else a for a in s.args)
+            commands.append(args)
+            written += _keys(args)
+        return commands, written
 
     def check(self) -> None:
         """Replay once and compare each reply's kind with the recorded one's: the same path, or raise."""
