@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "python": platform.python_version(),
             "redis-py": redis.__version__,
             "redis-server": client.info("server")["redis_version"],
-            "parser": _parser_name(),
+            "parser (other sections)": _parser_name(),
             "transport": "unix socket" if args.unix else "TCP loopback",
             "cpus": _cpus(),
             "iterations": args.iterations,
