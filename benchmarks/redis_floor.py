@@ -143,8 +143,12 @@ def run_section(
     """Run a leg per parser (each a process of its own, on ``url``); its rows and targets into ``report``."""
     legs: dict[str, list[FloorRow]] = {}
     for parser in PARSERS:
-        if parser == "hiredis" and importlib.util.find_spec("hiredis") is None:
-            why = "hiredis is not installed (pip install -e '.[hiredis]')"
+        if parser == "hiredis" and not redis.utils.HIREDIS_AVAILABLE:
+            why = (
+                "hiredis is not installed (pip install -e '.[hiredis]')"
+                if importlib.util.find_spec("hiredis") is None
+                else "redis-py does not use the hiredis installed (pip install -e '.[hiredis]')"
+            )
             specs = {f"redis.{name}": spec for name, spec in OPS.items()}
             legs[parser] = [
                 FloorRow(

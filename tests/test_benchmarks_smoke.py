@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.utils
 
 from benchmarks import async_bench
 from benchmarks.cli import main
@@ -58,7 +58,7 @@ def _check_floor_rows(report: dict[str, Any]) -> None:
     for (row_id, parser), row in rows.items():
         if row["skipped"]:
             # only an optional package may be missing, and then the row says how to get it
-            missing_hiredis = parser == "hiredis" and importlib.util.find_spec("hiredis") is None
+            missing_hiredis = parser == "hiredis" and not redis.utils.HIREDIS_AVAILABLE
             missing_peer = row_id.startswith("peers.redis_lock.") and peer_missing("redis_lock")
             assert missing_hiredis or missing_peer, row
             assert "pip install" in row["skipped"], row
