@@ -53,14 +53,22 @@ def parser() -> argparse.ArgumentParser:
     """Return the command's argument parser."""
     p = argparse.ArgumentParser(
         prog="python -m benchmarks",
-        description="Time uniqjob's locks against a bare PING / FileLock, its peers, and at scale.",
+        description="Time uniqjob's locks against their floor (their own raw Redis calls, a bare FileLock), "
+        "beside their peers, and at scale.",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
     p.add_argument("--quick", action="store_true", help="a short smoke run: few iterations, 2,000 held locks")
-    p.add_argument("--iterations", type=_count, help="samples per Redis and memory operation (default 3000)")
-    p.add_argument("--file-iterations", type=_count, help="samples per file operation (default 1500)")
+    p.add_argument(
+        "--iterations",
+        type=_count,
+        help="samples per Redis and memory operation; rounds of the redis section (default 1000)",
+    )
+    p.add_argument("--file-iterations", type=_count, help="samples per file operation (default 500)")
     p.add_argument(
         "--warmup", type=_warmup, help="untimed calls before each series (default: 1/10, at most 200)"
+    )
+    p.add_argument(
+        "--counted", type=_count, help="calls per operation whose round trips are counted (default 20)"
     )
     p.add_argument("--held", type=_count, help="locks held for the scale section (default 100000)")
     p.add_argument(
@@ -84,11 +92,12 @@ def _settings(args: argparse.Namespace) -> argparse.Namespace:
     """Fill the defaults left unset, from --quick or the full run."""
     quick = args.quick
     defaults = {
-        "iterations": 150 if quick else 3000,
-        "file_iterations": 60 if quick else 1500,
+        "iterations": 150 if quick else 1000,
+        "file_iterations": 60 if quick else 500,
         "held": 2000 if quick else 100_000,
         "parallel_ops": 20 if quick else 300,
         "rounds": 1 if quick else 3,
+        "counted": 5 if quick else 20,
     }
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -117,11 +126,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
 
+    began = time.monotonic()
+
     def progress(message: str) -> None:
-        print(f"== {message}", file=sys.stderr, flush=True)
+        print(f"== {time.monotonic() - began:5.1f}s {message}", file=sys.stderr, flush=True)
 
     report = Report()
-    began = time.monotonic()
     try:
         server = RedisServer()
         server.start()
@@ -136,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "python": platform.python_version(),
             "redis-py": redis.__version__,
             "redis-server": client.info("server")["redis_version"],
-            "parser": _parser_name(),
+            "parser (other sections)": _parser_name(),
             "transport": "unix socket" if args.unix else "TCP loopback",
             "cpus": _cpus(),
             "iterations": args.iterations,
@@ -163,11 +173,18 @@ def _run_sections(
     progress: Callable[[str], None],
 ) -> None:
     """Run each section ``args`` asks for, in order, into ``report``."""
-    from benchmarks import async_bench, local_bench, parallel, redis_bench
+    from benchmarks import async_bench, local_bench, parallel, redis_bench, redis_floor
 
     if "redis" in args.sections:
-        progress(f"redis and peers: {args.iterations} samples per operation")
-        redis_bench.run_redis(report, client, args.iterations, args.warmup)
+        redis_floor.run_section(
+            report,
+            client,
+            url,
+            iterations=args.iterations,
+            warmup=args.warmup,
+            counted=args.counted,
+            progress=progress,
+        )
     if "replicas" in args.sections:
         progress(f"replica acknowledgement: a replica of the server, {args.iterations} samples per operation")
         _with_replica(server, lambda: redis_bench.run_replicas(report, client, args.iterations, args.warmup))

@@ -13,7 +13,7 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks.report import Report, Row, Target
+from benchmarks.report import Report, Row
 
 __all__ = ["KINDS", "run_parallel"]
 
@@ -103,8 +103,4 @@ def run_parallel(report: Report, url: str, processes: int, count: int, rounds: i
                 ratio=ratio,
                 extra={"ops/s": 1e6 / us},
             )
-        )
-        layer = "JobLock" if kind.startswith("joblock") else "UniqueJob"
-        report.targets.append(
-            Target(f"parallel.{kind}", f"{processes}-process full cycle ({layer}) vs PING", ratio, 3.6, "x")
         )

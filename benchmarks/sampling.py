@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Op", "Paired", "Stats", "ainterleaved", "interleaved", "summarize"]
+__all__ = ["Op", "Paired", "Stats", "ainterleaved", "interleaved", "rounds", "summarize"]
 
 #: One operation: called once per sample, it makes its own fresh keys. If it
 #: returns a callable, that is called after the sample, off the clock: an
@@ -132,3 +132,35 @@ def _plan(
             if callable(undo):
                 yield undo
     return [Paired(summarize(f), summarize(o), summarize(a)) for f, o, a in samples]
+
+
+def rounds(groups: Sequence[Sequence[Op]], iterations: int, warmup: int) -> list[list[Stats]]:
+    """Time every operation of every group once a round; return each one's summary, by group.
+
+    The operations of a group (an operation and its floor, say) run back to back,
+    in alternating order from one round to the next, so neither always runs first;
+    the groups follow one another in every round, so drift of the machine hits
+    them all alike. An operation's undo (what it returns, if callable) runs after
+    its sample, off the clock.
+    """
+    if iterations < 1:
+        raise ValueError(f"iterations must be at least 1, got {iterations}")
+    for _ in range(warmup):
+        for group in groups:
+            for op in group:
+                undo = op()
+                if callable(undo):
+                    undo()
+    clock = time.perf_counter_ns
+    samples = [[[0] * iterations for _ in group] for group in groups]
+    orders = [(list(range(len(group))), list(reversed(range(len(group))))) for group in groups]
+    gc.collect()
+    for i in range(iterations):
+        for group, series, order in zip(groups, samples, orders, strict=True):
+            for j in order[i % 2]:
+                t0 = clock()
+                undo = group[j]()
+                series[j][i] = clock() - t0
+                if callable(undo):
+                    undo()
+    return [[summarize(s) for s in series] for series in samples]
