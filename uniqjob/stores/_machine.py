@@ -72,7 +72,7 @@ class Machine:
             if slot["st"] == "promoted" and slot["via"] == "queue":
                 promos.append(self._claim_again(token, slot, caller, handoff))
             else:
-                self._free(token, slot)
+                self._vacate(token, slot)
             self.changed = True
         kept = [e for e in self.parked if e["via"] != "inline" or e["dl"] > now]
         if len(kept) != len(self.parked):
@@ -80,7 +80,7 @@ class Machine:
         promos += self._promote(caller, handoff)
         return promos
 
-    def _free(self, token: str, slot: dict[str, Any]) -> None:
+    def _vacate(self, token: str, slot: dict[str, Any]) -> None:
         """Free a lapsed or dead holder's slot; one that ran a call pushed twice waits for its other copy.
 
         That copy (or the dead run's retry) then starts the slot, and its release remembers the
@@ -252,7 +252,7 @@ class Machine:
                 if slot["st"] == "promoted" and slot["via"] == "queue":
                     promos.append(self._claim_again(token, slot, caller, handoff))
                 else:
-                    self._free(token, slot)
+                    self._vacate(token, slot)
                     count += 1
                     self.changed = True
                 continue

@@ -82,7 +82,7 @@ local function claim_again(token, s, now, caller, handoff, promos)
   promos[#promos + 1] = {token, 'queue', s.p, s.redo}
 end
 -- a lapsed or dead holder's slot; one that ran a call pushed twice waits (one lease) for its other
--- copy, whose release then remembers the token as done (see _machine.Machine._free)
+-- copy, whose release then remembers the token as done (see _machine.Machine._vacate)
 local function free(token, s, now)
   if s.st == 'running' and s.redo > 0 then
     s.st = 'reserved'; s.via = 'queue'; s.h = ''; s.dl = now + s.ls; s.p = ''
