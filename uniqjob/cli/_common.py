@@ -14,9 +14,8 @@ from urllib.parse import parse_qsl, urlsplit
 from .. import config
 from ..errors import ConfigurationError
 from ..settings import run_lease
-from ..stores._urls import scheme_of, with_option
+from ..stores._urls import REDIS_SCHEMES, scheme_of, with_option
 from ..stores.base import Backend
-from ..stores.redis._url import REDIS_SCHEMES
 
 # sysexits(3) codes, so cron mail and scripts can tell the failures apart.
 EX_OK = 0

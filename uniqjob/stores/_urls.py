@@ -12,12 +12,15 @@ import ipaddress
 import math
 import re
 from collections.abc import Mapping
+from typing import Literal
 from urllib.parse import SplitResult, unquote, unquote_plus, urlencode, urlsplit
 
 from ..errors import ConfigurationError
 
 __all__ = [
+    "REDIS_SCHEMES",
     "Invalid",
+    "Topology",
     "bad",
     "flag",
     "nodes",
@@ -31,6 +34,26 @@ __all__ = [
     "whole",
     "with_option",
 ]
+
+Topology = Literal["server", "cluster", "sentinel"]
+
+#: Each URL scheme of the Redis store, in the order messages list them: (flavor, TLS, topology).
+#: Here, not in its package: the file store and the command need the names only.
+REDIS_SCHEMES: dict[str, tuple[str, bool, Topology]] = {
+    "redis": ("redis", False, "server"),
+    "rediss": ("redis", True, "server"),
+    "unix": ("redis", False, "server"),
+    "redis+cluster": ("redis", False, "cluster"),
+    "rediss+cluster": ("redis", True, "cluster"),
+    "redis+sentinel": ("redis", False, "sentinel"),
+    "rediss+sentinel": ("redis", True, "sentinel"),
+    "valkey": ("valkey", False, "server"),
+    "valkeys": ("valkey", True, "server"),
+    "valkey+cluster": ("valkey", False, "cluster"),
+    "valkeys+cluster": ("valkey", True, "cluster"),
+    "valkey+sentinel": ("valkey", False, "sentinel"),
+    "valkeys+sentinel": ("valkey", True, "sentinel"),
+}
 
 # user:pass@ after the scheme, and after a comma (credentials wrongly given per node of a list)
 _SECRET_USERINFO = re.compile(r"(?:(?<=://)|(?<=,))([^/?#@,]*?):[^/?#@]*@")
