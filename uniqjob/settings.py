@@ -7,7 +7,6 @@ with the mixin's own, are :mod:`uniqjob._names`'s.)
 
 from __future__ import annotations
 
-import inspect
 import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -96,6 +95,8 @@ def seconds(value: object, what: str) -> float | None:
 
 def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
     """Raise :class:`ConfigurationError` naming the first bad setting of job class ``cls``."""
+    import inspect  # here: the command, which never checks a job class, need not load it
+
     name = cls.__qualname__
     _one_of(name, "unique_on_conflict", cls.unique_on_conflict, POLICIES)
     _one_of(name, "unique_strategy", cls.unique_strategy, STRATEGIES)
