@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from types import FrameType
 
 from . import _supervisor
@@ -124,7 +123,6 @@ def signal_waiter() -> Iterator[SignalWaiter]:
         waiter.close()
 
 
-@dataclass
 class Child:
     """A running command (its supervisor, in ``proc``) and the limits it runs under.
 
@@ -139,14 +137,26 @@ class Child:
     through the supervisor.
     """
 
-    proc: subprocess.Popen[bytes]
-    name: str
-    kill_after: float | None
-    grace: float
-    lost: Callable[[], bool]
-    lapse: Callable[[], float]
-    presume_at: Callable[[], float]
-    why: Callable[[], str]
+    def __init__(  # noqa: PLR0917 - positional, as the dataclass it was
+        self,
+        proc: subprocess.Popen[bytes],
+        name: str,
+        kill_after: float | None,
+        grace: float,
+        lost: Callable[[], bool],
+        lapse: Callable[[], float],
+        presume_at: Callable[[], float],
+        why: Callable[[], str],
+    ) -> None:
+        # A plain class, not a dataclass: making a dataclass costs every `uniqjob run` its start-up.
+        self.proc = proc
+        self.name = name
+        self.kill_after = kill_after
+        self.grace = grace
+        self.lost = lost
+        self.lapse = lapse
+        self.presume_at = presume_at
+        self.why = why
 
     def supervise(self, waiter: SignalWaiter) -> int:
         """Forward signals, enforce the deadline, stop on a lost lock; return the command's exit status."""

@@ -7,7 +7,6 @@ import contextlib
 import logging
 import math
 import os
-import random
 import shlex
 import time
 from collections.abc import Iterator, Sequence
@@ -269,6 +268,8 @@ def _acquire(lock: JobLock, wait: float, waiter: SignalWaiter, *, run: bool) -> 
         if left <= 0:
             return False, None
         # Jitter keeps many waiters from polling in step after a long run ends.
+        import random  # here: a run that waits for nobody need not load it
+
         signum = waiter.wait(min(left, delay * random.uniform(0.8, 1.2)))
         if signum is not None:
             return False, signum

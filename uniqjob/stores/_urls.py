@@ -8,7 +8,6 @@ for anything malformed; :func:`bad` turns that into the
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import re
 from collections.abc import Mapping
@@ -140,6 +139,8 @@ def _node(entry: str, number: int, default_port: int) -> tuple[str, int]:
         raise Invalid(f"{where} is empty (two commas together, or one at an end)")
     if entry.startswith("["):
         address, bracket, port = entry[1:].partition("]")
+        import ipaddress  # here: only a bracketed host needs it
+
         try:
             ipaddress.IPv6Address(unquote(address))
         except ValueError:
