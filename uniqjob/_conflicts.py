@@ -7,6 +7,7 @@ import logging
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._log import get_logger
 from .errors import JobNotUnique, holder_text
 from .joblock import JobLock
 
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["RESCHEDULED", "apply"]
 
 # The job layer's logger, named in the README: a dropped duplicate is logged as the job's.
-log = logging.getLogger("uniqjob.job")
+log = get_logger("uniqjob.job")
 
 #: An inline call to try again after ``unique_reschedule_delay``.
 RESCHEDULED: Any = object()

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._log import get_logger
 from ._names import did_you_mean
 from .errors import ConfigurationError
 
@@ -68,7 +69,7 @@ REFUSED: dict[str, str] = {
 #: How many per-call classes are kept, the most recently used first.
 KEPT = 256
 
-_settings_log = logging.getLogger("uniqjob.settings")
+_settings_log = get_logger("uniqjob.settings")
 
 _Items = tuple[tuple[str, str, Any], ...]
 _made: OrderedDict[tuple[type[UniqueJob], _Items], type[UniqueJob]] = OrderedDict()  # the kept classes

@@ -22,15 +22,16 @@ locks`` shows it; a running one lapses with its lease.
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import threading
 import time
 from collections.abc import Callable
 
+from ._log import get_logger
+
 __all__ = ["Undos", "undos"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: Seconds between two rounds of tries; doubled after a round the store did not answer, up to MAX_RETRY.
 RETRY = 0.5

@@ -7,11 +7,11 @@ with the mixin's own, are :mod:`uniqjob._names`'s.)
 
 from __future__ import annotations
 
-import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import config
+from ._log import get_logger
 from ._ticks import parse_period
 from .errors import ConfigurationError
 from .joblock import STRATEGIES
@@ -33,7 +33,7 @@ __all__ = [
     "seconds",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 ConflictPolicy = Literal["log", "discard", "raise", "reschedule"]
 POLICIES: tuple[ConflictPolicy, ...] = ("log", "discard", "raise", "reschedule")

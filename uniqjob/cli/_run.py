@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import math
 import os
 import shlex
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
+from .. import _log
 from .._ticks import MAX_SKEW, parse_period, tick_of
 from ..errors import ConfigurationError
 from ..heartbeat import LOST_RECORD, TAKEN, TAKEN_TEXT
@@ -33,6 +34,9 @@ from ._common import (
     seconds,
     wait_seconds,
 )
+
+if TYPE_CHECKING:
+    import logging
 
 __all__ = ["RUN_JOB", "add_run_parser", "command_key"]
 
@@ -242,16 +246,19 @@ def _why(lock: JobLock) -> str:
 @contextlib.contextmanager
 def _loss_said_by_us() -> Iterator[None]:
     """Leave out the heartbeat's own report of a lost lock: the run says it, with what it does about it."""
-    logger = logging.getLogger("uniqjob.heartbeat")
 
     def not_loss(record: logging.LogRecord) -> bool:
         return not getattr(record, LOST_RECORD, False)
 
-    logger.addFilter(not_loss)
-    try:
+    def setup() -> Callable[[], None]:
+        import logging
+
+        logger = logging.getLogger("uniqjob.heartbeat")
+        logger.addFilter(not_loss)
+        return lambda: logger.removeFilter(not_loss)
+
+    with _log.configured(setup):  # when logging is used: a run that logs nothing never loads it
         yield
-    finally:
-        logger.removeFilter(not_loss)
 
 
 def _acquire(lock: JobLock, wait: float, waiter: SignalWaiter, *, run: bool) -> tuple[bool, int | None]:

@@ -34,7 +34,6 @@ task is due.
 from __future__ import annotations
 
 import inspect
-import logging
 import numbers
 import threading
 import time
@@ -56,6 +55,7 @@ except ModuleNotFoundError as exc:  # the optional extra
     ) from exc
 
 from .. import _percall
+from .._log import get_logger
 from ..concurrency import _job as _concurrency
 from ..errors import ConfigurationError
 from ..functions import _CALLABLES
@@ -66,7 +66,7 @@ from . import HEADER, KEEP, Decision, Ticket, perform, settle
 
 __all__ = ["CeleryQueue", "UniqueTask"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: The task that runs a rescheduled call's second try (policy "reschedule").
 ENQUEUE_LATER: Final = "uniqjob.enqueue_later"

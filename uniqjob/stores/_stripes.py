@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import logging
 import os
 import stat
 import sys
@@ -36,6 +35,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
+from .._log import get_logger
 from ..errors import BackendError, ConfigurationError
 
 __all__ = [
@@ -50,7 +50,7 @@ __all__ = [
     "private_directory",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 STRIPES = 64  # lock files guarding the records; bounded, never deleted
 DIR_MODE = 0o700  # a store's directories: this user's alone
