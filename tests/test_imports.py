@@ -79,8 +79,10 @@ def test_uniqjob_run_on_a_redis_url_loads_no_asyncio_of_its_own(
 
 # What `uniqjob run` on the file store does not need, and once loaded: filelock (the
 # stripes flock() on POSIX), the asyncio API's job lock and a store's async face, the
-# Redis store's URL module, and the stdlib modules only some key or client needs.
+# Redis store's URL module, the stdlib modules only some key or client needs, and
+# logging (loaded when a logger of ours is first used: a run that logs nothing).
 NOT_ON_THE_FILE_STORE = (
+    "logging",
     "filelock",
     "uniqjob._joblock_async",
     "uniqjob.stores.aio",
@@ -111,6 +113,27 @@ def test_uniqjob_run_on_the_default_store_loads_only_what_it_uses(tmp_path: Path
     loaded = _loaded(code)
     assert "uniqjob.stores.file" in loaded  # it did run on the file store
     assert [name for name in (*HEAVY, *NOT_ON_THE_FILE_STORE) if name in loaded] == []
+
+
+def test_a_library_warning_still_reaches_the_command_s_stderr_when_logging_loads_late() -> None:
+    """The command's one-line handler is put in place when a logger of ours is first used."""
+    code = (
+        "import sys\n"
+        "from uniqjob.cli import _library_warnings_to_stderr\n"
+        "from uniqjob._log import get_logger\n"
+        "log = get_logger('uniqjob.heartbeat')\n"
+        "with _library_warnings_to_stderr():\n"
+        "    assert 'logging' not in sys.modules\n"
+        "    log.warning('renewal of %s failed', 'k\\x1b')\n"
+        "    log.info('not shown')\n"
+        "import logging\n"
+        "assert logging.getLogger('uniqjob').handlers == []  # taken away when the command ends"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "uniqjob: renewal of k\\x1b failed\n"
 
 
 def test_each_subcommand_loads_only_its_own_module(tmp_path: Path) -> None:
