@@ -15,7 +15,6 @@ container that contains itself (a cycle), and nesting deeper than
 
 from __future__ import annotations
 
-import datetime as dt
 import enum
 import hashlib
 import json
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import UniqueKeyError
 
 if TYPE_CHECKING:
+    import datetime as dt
     import decimal
     import uuid
 
@@ -250,11 +250,7 @@ _EXACT: dict[type, _Encoder] = {
     dict: _enc_dict,
     set: _enc_set,
     frozenset: _enc_set,
-    dt.datetime: _enc_datetime,
-    dt.date: _enc_date,
-    dt.time: _enc_time,
-    dt.timedelta: _enc_timedelta,
-}  # and Decimal and UUID, once seen (see _late)
+}  # and the types of _LATE, once seen
 
 # Order matters: Enum before the types its members may also be (IntEnum is an
 # int), bool before int, datetime before date.
@@ -268,20 +264,27 @@ _BY_ISINSTANCE: tuple[tuple[type | tuple[type, ...], _Encoder], ...] = (
     ((list, tuple), _enc_seq),
     (Mapping, _enc_dict),
     ((set, frozenset), _enc_set),
-    (dt.datetime, _enc_datetime),
-    (dt.date, _enc_date),
-    (dt.time, _enc_time),
-    (dt.timedelta, _enc_timedelta),
-)  # then Decimal and UUID (see _late)
+    # then _LATE's, in order
+)
+
+#: The types of modules not imported here, in order (datetime before date): (module, type, encoder).
+_LATE: tuple[tuple[str, str, _Encoder], ...] = (
+    ("datetime", "datetime", _enc_datetime),
+    ("datetime", "date", _enc_date),
+    ("datetime", "time", _enc_time),
+    ("datetime", "timedelta", _enc_timedelta),
+    ("decimal", "Decimal", _enc_decimal),
+    ("uuid", "UUID", _enc_uuid),
+)
 
 
 def _late(value: Any) -> _Encoder | None:
-    """The encoder of a Decimal or a UUID, else None.
+    """The encoder of a value of one of :data:`_LATE`'s types, else None.
 
-    Their modules are not imported here (a process whose keys hold neither never
-    loads them): a Decimal or a UUID exists only once its module is loaded.
+    Their modules are not imported here (a process whose keys hold none of them
+    never loads them): a value of one exists only once its module is loaded.
     """
-    for module, name, encoder in (("decimal", "Decimal", _enc_decimal), ("uuid", "UUID", _enc_uuid)):
+    for module, name, encoder in _LATE:
         loaded = sys.modules.get(module)
         if loaded is not None:
             cls = getattr(loaded, name)

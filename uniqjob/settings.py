@@ -7,8 +7,8 @@ with the mixin's own, are :mod:`uniqjob._names`'s.)
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+import sys
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 from . import config
 from ._log import get_logger
@@ -18,6 +18,8 @@ from .joblock import STRATEGIES
 from .stores.base import Backend
 
 if TYPE_CHECKING:
+    from datetime import timedelta
+
     from .job import Queue, UniqueJob
 
 __all__ = [
@@ -78,11 +80,17 @@ def run_lease(value: object, what: str) -> float:
     return lease
 
 
+def _is_timedelta(value: object) -> TypeGuard[timedelta]:
+    """``isinstance(value, timedelta)``, without importing datetime: a timedelta exists only once it is."""
+    datetime = sys.modules.get("datetime")
+    return datetime is not None and isinstance(value, datetime.timedelta)
+
+
 def seconds(value: object, what: str) -> float | None:
     """Validate a duration setting: None, or a positive, finite number of seconds or timedelta."""
     if value is None:
         return None
-    if isinstance(value, timedelta):
+    if _is_timedelta(value):
         result = value.total_seconds()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         result = float(value)
