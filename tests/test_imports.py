@@ -91,7 +91,10 @@ NOT_ON_THE_FILE_STORE = (
     "uniqjob.stores.redis._url",
     "decimal",
     "uuid",
+    "datetime",
     "socket",
+    "shutil",
+    "random",
 )
 
 
