@@ -123,7 +123,7 @@ def test_a_library_warning_still_reaches_the_command_s_stderr_when_logging_loads
     code = (
         "import sys\n"
         "from uniqjob.cli import _library_warnings_to_stderr\n"
-        "from uniqjob._log import get_logger\n"
+        "from uniqjob.stores._log import get_logger\n"
         "log = get_logger('uniqjob.heartbeat')\n"
         "with _library_warnings_to_stderr():\n"
         "    assert 'logging' not in sys.modules\n"

@@ -7,9 +7,9 @@ import logging
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._log import get_logger
 from .errors import JobNotUnique, holder_text
 from .joblock import JobLock
+from .stores._log import get_logger
 
 if TYPE_CHECKING:
     from .job import UniqueJob

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, NoReturn
 
-from ._log import get_logger
 from .errors import ConfigurationError
+from .stores._log import get_logger
 
 if TYPE_CHECKING:
     from .job import UniqueJob

@@ -10,10 +10,10 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Literal
 
-from ._log import get_logger
 from ._undo import undos
 from .errors import holder_text
 from .locks import QUEUED, RUNNING, LockState, QueueMeta, holder_is_dead, new_token
+from .stores._log import get_logger
 from .stores.base import QueueMode
 
 if TYPE_CHECKING:

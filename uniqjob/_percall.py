@@ -25,9 +25,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._log import get_logger
 from ._names import did_you_mean
 from .errors import ConfigurationError
+from .stores._log import get_logger
 
 if TYPE_CHECKING:
     from .job import UniqueJob

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ._log import get_logger
+from .stores._log import get_logger
 
 __all__ = ["Undos", "undos"]
 

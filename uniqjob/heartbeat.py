@@ -59,7 +59,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ._log import get_logger
+from .stores._log import get_logger
 
 __all__ = [
     "LOST_RECORD",

@@ -11,10 +11,10 @@ import sys
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 from . import config
-from ._log import get_logger
 from ._ticks import parse_period
 from .errors import ConfigurationError
 from .joblock import STRATEGIES
+from .stores._log import get_logger
 from .stores.base import Backend
 
 if TYPE_CHECKING:

@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterator, Sequence
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from .. import __version__, _log
+from .. import __version__
 from ..errors import BackendError, ConfigurationError, CorruptRecordError, UniqJobError
+from ..stores import _log
 from ._common import (
     EX_CONFIG,
     EX_DATAERR,

@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from .. import _log
 from .._ticks import MAX_SKEW, parse_period, tick_of
 from ..errors import ConfigurationError
 from ..heartbeat import LOST_RECORD, TAKEN, TAKEN_TEXT
@@ -19,6 +18,7 @@ from ..joblock import JobLock
 from ..keys import make_key
 from ..locks import LockState, QueueMeta
 from ..settings import MAX_RUN_LEASE, MIN_RUN_LEASE
+from ..stores import _log
 from ._child import Child, SignalWaiter, signal_waiter, spawn
 from ._common import (
     EX_TEMPFAIL,

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from .._log import get_logger
 from ..locks import new_token
+from ..stores._log import get_logger
 from ..stores.semaphores import Park
 from ._semaphore_base import Hold
 from ._settings import check, semaphore_of

@@ -19,10 +19,10 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._log import get_logger
 from ..errors import BackendError
 from ..heartbeat import Beat
 from ..locks import Holder, holder_is_dead
+from ..stores._log import get_logger
 from ..stores.aio import completed
 from ..stores.semaphores import HANDOFF, ParkedInfo, Promotion, SemaphoreStore, SlotInfo
 from ..stores.semaphores_aio import AsyncSemaphores

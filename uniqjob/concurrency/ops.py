@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from functools import partial
 
 from .. import config
-from .._log import get_logger
 from .._undo import undos
 from ..locks import holder_is_dead, local_holder
+from ..stores._log import get_logger
 from ..stores.base import Backend
 from ..stores.semaphores import SlotInfo
 from ._stores import store_for

@@ -22,10 +22,10 @@ from importlib import import_module
 from typing import Any, Final, Literal
 
 from .. import _job_async, _job_sync
-from .._log import get_logger
 from ..errors import ConfigurationError
 from ..job import UniqueJob
 from ..joblock import JobLock
+from ..stores._log import get_logger
 from ..stores.aio import async_backend
 
 __all__ = [

@@ -55,10 +55,10 @@ except ModuleNotFoundError as exc:  # the optional extra (beside celery: see doc
     ) from exc
 
 from .. import _percall
-from .._log import get_logger
 from ..errors import BackendError, ConfigurationError
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
+from ..stores._log import get_logger
 from . import HEADER, Decision, Ticket, aperform, job_ref, resolve_job
 
 __all__ = ["AGAIN", "FUNCTIONS", "RUN", "ArqQueue", "enqueue_again", "enqueue_call", "run_job"]

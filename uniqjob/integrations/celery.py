@@ -55,13 +55,13 @@ except ModuleNotFoundError as exc:  # the optional extra
     ) from exc
 
 from .. import _percall
-from .._log import get_logger
 from ..concurrency import _job as _concurrency
 from ..errors import ConfigurationError
 from ..functions import _CALLABLES
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
 from ..locks import holder_is_dead, orphaned
+from ..stores._log import get_logger
 from . import HEADER, KEEP, Decision, Ticket, perform, settle
 
 __all__ = ["CeleryQueue", "UniqueTask"]

@@ -48,10 +48,10 @@ except ModuleNotFoundError as exc:  # the optional extra
     ) from exc
 
 from .. import _percall
-from .._log import get_logger
 from ..errors import ConfigurationError
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
+from ..stores._log import get_logger
 from . import HEADER, Ticket, job_ref, perform, resolve_job
 
 __all__ = ["RQQueue", "enqueue_again", "enqueue_call", "run_job"]

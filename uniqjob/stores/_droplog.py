@@ -15,8 +15,8 @@ import json
 import os
 from collections.abc import Iterator
 
-from .._log import get_logger
 from ._drops import BUCKET, KEEP, Counts, add, minute
+from ._log import get_logger
 from ._stripes import FILE_MODE, OPEN_FLAGS, describe_error, file_problem
 
 __all__ = ["COMPACT", "DropLog"]

@@ -35,8 +35,8 @@ try:
 except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
-from .._log import get_logger
 from ..errors import BackendError, ConfigurationError
+from ._log import get_logger
 
 __all__ = [
     "DIR_MODE",

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import unquote
 
-from .._log import get_logger
 from ..errors import BackendError, ConfigurationError, CorruptRecordError
 from . import _drops
 from ._droplog import DropLog
 from ._files import RecordFiles
+from ._log import get_logger
 from ._machine_store import MachineStore
 from ._records import LockMachineBackend
 from ._schema import lock_problem, semaphore_problem

@@ -13,8 +13,8 @@ from functools import partial
 from itertools import islice
 from typing import Any
 
-from ..._log import get_logger
 from .._drops import check_window, first_minute
+from .._log import get_logger
 from ._client import key_of, names
 from ._wire import text
 

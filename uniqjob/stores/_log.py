@@ -10,6 +10,9 @@ Configuration that must be in place before a record of ours is handled (the
 command's handler on stderr) goes through :func:`configured`: done at once when
 :mod:`logging` is loaded, else when a logger of ours is first used. Every
 logger in ``uniqjob`` is made here, so no record of ours comes before it.
+
+It lives in the store layer, the lowest, which imports nothing above it: every
+layer logs.
 """
 
 from __future__ import annotations
