@@ -224,8 +224,9 @@ def duration(seconds: float | None) -> str:
 
 # Whatever could steer a terminal or start a line of its own: C0 and C1 controls,
 # line and paragraph separators, bidirectional overrides, lone surrogates (an
-# undecodable Redis key) and zero-width marks that hide text.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff]")
+# undecodable Redis key) and zero-width marks that hide text. Compiled on first use (re
+# keeps it): a run that says nothing need not pay for it.
+_UNSAFE = "[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff]"
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -243,7 +244,7 @@ def escape(text: str) -> str:
     a row. Text with nothing to escape comes back as it is (escaping twice is
     escaping once); ``--json`` output needs none of this, JSON escapes them.
     """
-    return _UNSAFE.sub(_escaped, text)
+    return re.sub(_UNSAFE, _escaped, text)
 
 
 def say(message: str) -> None:

@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 # filelock is imported only off POSIX (where its FileLock picks the platform's own lock):
 # on POSIX the stripes flock() their files themselves, and filelock is a heavy import.
@@ -37,6 +37,16 @@ except ImportError:  # pragma: no cover - not POSIX
 
 from ..errors import BackendError, ConfigurationError
 from ._log import get_logger
+
+if TYPE_CHECKING:  # a name for the type checker only: a Protocol class is slow to make
+
+    class _Lock(Protocol):
+        lock_file: str
+
+        def acquire(self) -> object: ...
+
+        def release(self) -> object: ...
+
 
 __all__ = [
     "DIR_MODE",
@@ -218,14 +228,6 @@ def _is_timeout(exc: OSError) -> bool:
         return True
     filelock = sys.modules.get("filelock")
     return filelock is not None and isinstance(exc, filelock.Timeout)
-
-
-class _Lock(Protocol):
-    lock_file: str
-
-    def acquire(self) -> object: ...
-
-    def release(self) -> object: ...
 
 
 class _StripeLock:

@@ -54,9 +54,10 @@ REDIS_SCHEMES: dict[str, tuple[str, bool, Topology]] = {
     "valkeys+sentinel": ("valkey", True, "sentinel"),
 }
 
-# user:pass@ after the scheme, and after a comma (credentials wrongly given per node of a list)
-_SECRET_USERINFO = re.compile(r"(?:(?<=://)|(?<=,))([^/?#@,]*?):[^/?#@]*@")
-_SECRET_OPTION = re.compile(r"([?&](?:sentinel_)?password=)[^&#]*")
+# user:pass@ after the scheme, and after a comma (credentials wrongly given per node of a list);
+# compiled on first use (re keeps them): only a message shows a URL
+_SECRET_USERINFO = r"(?:(?<=://)|(?<=,))([^/?#@,]*?):[^/?#@]*@"
+_SECRET_OPTION = r"([?&](?:sentinel_)?password=)[^&#]*"
 
 
 def scheme_of(url: str) -> str:
@@ -71,7 +72,7 @@ class Invalid(Exception):
 
 def shown(url: str) -> str:
     """``url`` quoted for a message, any password in it masked."""
-    return repr(_SECRET_OPTION.sub(r"\1***", _SECRET_USERINFO.sub(r"\1:***@", url)))
+    return repr(re.sub(_SECRET_OPTION, r"\1***", re.sub(_SECRET_USERINFO, r"\1:***@", url)))
 
 
 def bad(kind: str, url: str, reason: object) -> ConfigurationError:
