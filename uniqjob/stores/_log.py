@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 
 __all__ = ["configured", "get_logger"]
 
-_mutex = threading.RLock()  # a setup may use a logger of ours
+_mutex = threading.RLock()  # a setup may use a logger of ours, or configure one
 _pending: list[Callable[[], None]] = []  # setups waiting for logging to be used
+_unsettled = [0]  # setups pending or running: another thread's record waits for them
 
 
 class _Logger:
@@ -60,10 +61,14 @@ def _logging() -> Any:
     """Import :mod:`logging`, and run the setups waiting for it."""
     import logging
 
-    if _pending:
+    if _unsettled[0]:
         with _mutex:
             while _pending:
-                _pending.pop(0)()
+                setup = _pending.pop(0)  # first: a setup that logs finds it done
+                try:
+                    setup()
+                finally:
+                    _unsettled[0] -= 1
     return logging
 
 
@@ -85,11 +90,13 @@ def configured(setup: Callable[[], Callable[[], None]]) -> Iterator[None]:
             run()
         else:
             _pending.append(run)
+            _unsettled[0] += 1
     try:
         yield
     finally:
         with _mutex:
             if run in _pending:
                 _pending.remove(run)
+                _unsettled[0] -= 1
             for done in undo:
                 done()
