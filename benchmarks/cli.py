@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import compileall
+import os
 import platform
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -14,11 +18,11 @@ from typing import Any
 
 import redis
 
-from benchmarks.report import Report
+from benchmarks.report import Report, Target
 
 __all__ = ["SECTIONS", "main"]
 
-SECTIONS = ("redis", "replicas", "asyncio", "parallel", "scale", "file", "memory", "queues")
+SECTIONS = ("redis", "replicas", "asyncio", "parallel", "scale", "file", "memory", "queues", "startup")
 
 
 def _whole(text: str, least: int) -> int:
@@ -72,6 +76,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--held", type=_count, help="locks held for the scale section (default 100000)")
     p.add_argument(
+        "--starts", type=_count, help="paired starts of `uniqjob run` and `python -c pass` (default 30)"
+    )
+    p.add_argument(
         "--processes", type=_count, default=8, help="processes in the parallel section (default 8)"
     )
     p.add_argument("--parallel-ops", type=_count, help="cycles per process per phase (default 300)")
@@ -98,6 +105,7 @@ def _settings(args: argparse.Namespace) -> argparse.Namespace:
         "parallel_ops": 20 if quick else 300,
         "rounds": 1 if quick else 3,
         "counted": 5 if quick else 20,
+        "starts": 5 if quick else 30,
     }
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -223,6 +231,72 @@ def _run_sections(
 
         progress(f"queues: RQ, Celery, arq enqueues, {args.iterations} samples each; RQ workers")
         queues.run_section(report, url, args.iterations, args.warmup)
+    if "startup" in args.sections:
+        progress(f"startup: `uniqjob run` on the file store vs `python -c pass`, {args.starts} pairs")
+        run_startup(report, scratch / "startup", args.starts, warmup=3)
+
+
+#: The limit of issue 22: `uniqjob run` on the file store starts within this many `python -c pass`.
+STARTUP_LIMIT = 4.0
+
+
+def _uniqjob_command() -> list[str]:
+    """The ``uniqjob`` console script beside this interpreter, as cron runs it; else ``python -m uniqjob``."""
+    script = Path(sys.executable).with_name("uniqjob")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "uniqjob"]
+
+
+def startup_environment(state: Path) -> dict[str, str]:
+    """The children's environment: a user's, with bytecode, on a file store of its own in ``state``.
+
+    ``PYTHONDONTWRITEBYTECODE`` is dropped: set (as on some CI machines), every
+    start would compile each module from source, which no user with ``.pyc``
+    files pays. No ``UNIQJOB_URL``: the default store, the file store.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "UNIQJOB_URL")}
+    env["XDG_STATE_HOME"] = str(state / "state")
+    return env
+
+
+def run_startup(report: Report, state: Path, starts: int, warmup: int) -> None:
+    """Time ``uniqjob run --key k -- true`` (the file store) against ``python -c pass``, in turn.
+
+    Whole processes, from the start to the exit, in pairs: the ratio is the median
+    of each pair's ratio, so the machine's drift hits both alike.
+    """
+    import uniqjob
+
+    compileall.compile_dir(Path(uniqjob.__file__).parent, quiet=1)  # no-op where .pyc files are current
+    state.mkdir(parents=True, exist_ok=True)
+    env = startup_environment(state)
+    run = [*_uniqjob_command(), "run", "--key", "k", "--", "true"]
+    bare = [sys.executable, "-c", "pass"]
+
+    def timed(argv: list[str]) -> float:
+        began = time.perf_counter()
+        subprocess.run(argv, env=env, cwd=state, check=True, stdin=subprocess.DEVNULL)
+        return time.perf_counter() - began
+
+    for _ in range(warmup):  # the warm-up writes any .pyc still missing
+        timed(run)
+        timed(bare)
+    pairs = [(timed(run), timed(bare)) for _ in range(starts)]
+    run_s = statistics.median(a for a, _ in pairs)
+    bare_s = statistics.median(b for _, b in pairs)
+    ratio = statistics.median(a / b for a, b in pairs)
+    report.figures["startup_uniqjob_run_ms"] = round(run_s * 1000, 1)
+    report.figures["startup_python_pass_ms"] = round(bare_s * 1000, 1)
+    report.figures["startup_ratio"] = round(ratio, 2)
+    report.targets.append(
+        Target(
+            "startup.run",
+            "`uniqjob run --key k -- true` (file store) vs `python -c pass`",
+            ratio,
+            STARTUP_LIMIT,
+            "x",
+            note=f"median of {starts} pairs, wall: {run_s * 1000:.1f} ms vs {bare_s * 1000:.1f} ms",
+        )
+    )
 
 
 def _with_replica(server: Any, run: Callable[[], None]) -> None:

@@ -77,6 +77,68 @@ def test_uniqjob_run_on_a_redis_url_loads_no_asyncio_of_its_own(
         assert "asyncio" in _loaded("import redis"), "uniqjob's own code imported asyncio on the sync path"
 
 
+# What `uniqjob run` on the file store does not need, and once loaded: filelock (the
+# stripes flock() on POSIX), the asyncio API's job lock and a store's async face, the
+# Redis store's URL module, the stdlib modules only some key or client needs, and
+# logging (loaded when a logger of ours is first used: a run that logs nothing).
+NOT_ON_THE_FILE_STORE = (
+    "logging",
+    "filelock",
+    "uniqjob._joblock_async",
+    "uniqjob.stores.aio",
+    "uniqjob.stores._async_base",
+    "uniqjob.stores.redis",
+    "uniqjob.stores.redis._url",
+    "decimal",
+    "uuid",
+    "datetime",
+    "socket",
+    "shutil",
+    "random",
+)
+
+
+def test_uniqjob_run_on_the_file_store_loads_only_what_it_uses(tmp_path: Path) -> None:
+    loaded = _after_run((tmp_path / "locks").as_uri())
+    assert [name for name in NOT_ON_THE_FILE_STORE if name in loaded] == []
+
+
+def test_uniqjob_run_on_the_default_store_loads_only_what_it_uses(tmp_path: Path) -> None:
+    """No --url and no UNIQJOB_URL: the per-user file store, as cron runs it."""
+    code = (
+        "import os\n"
+        f"os.environ['XDG_STATE_HOME'] = {str(tmp_path)!r}\n"
+        "os.environ.pop('UNIQJOB_URL', None)\n"
+        "from uniqjob.cli import main\n"
+        "status = main(['run', '--key', 'k', '--', 'true'])\n"
+        "assert status == 0, status"
+    )
+    loaded = _loaded(code)
+    assert "uniqjob.stores.file" in loaded  # it did run on the file store
+    assert [name for name in (*HEAVY, *NOT_ON_THE_FILE_STORE) if name in loaded] == []
+
+
+def test_a_library_warning_still_reaches_the_command_s_stderr_when_logging_loads_late() -> None:
+    """The command's one-line handler is put in place when a logger of ours is first used."""
+    code = (
+        "import sys\n"
+        "from uniqjob.cli import _library_warnings_to_stderr\n"
+        "from uniqjob.stores._log import get_logger\n"
+        "log = get_logger('uniqjob.heartbeat')\n"
+        "with _library_warnings_to_stderr():\n"
+        "    assert 'logging' not in sys.modules\n"
+        "    log.warning('renewal of %s failed', 'k\\x1b')\n"
+        "    log.info('not shown')\n"
+        "import logging\n"
+        "assert logging.getLogger('uniqjob').handlers == []  # taken away when the command ends"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "uniqjob: renewal of k\\x1b failed\n"
+
+
 def test_each_subcommand_loads_only_its_own_module(tmp_path: Path) -> None:
     loaded = _after_run((tmp_path / "locks").as_uri())
     assert "uniqjob.cli._run" in loaded

@@ -9,7 +9,6 @@ turns ``acall_out`` into ``call_out``).
 
 from __future__ import annotations
 
-import inspect
 from abc import get_cache_token
 from collections.abc import Callable
 from types import GeneratorType
@@ -54,6 +53,8 @@ def awaitable(reply: Any) -> bool:
     own = reply.__class__ is kind
     if own and _PLAIN.get(kind) == token:
         return False
+    import inspect  # here: a sync run's import need not load it
+
     if inspect.isawaitable(reply):
         return True
     if own and kind is not GeneratorType:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import JobNotUnique, holder_text
 from .joblock import JobLock
+from .stores._log import get_logger
 
 if TYPE_CHECKING:
     from .job import UniqueJob
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["RESCHEDULED", "apply"]
 
 # The job layer's logger, named in the README: a dropped duplicate is logged as the job's.
-log = logging.getLogger("uniqjob.job")
+log = get_logger("uniqjob.job")
 
 #: An inline call to try again after ``unique_reschedule_delay``.
 RESCHEDULED: Any = object()

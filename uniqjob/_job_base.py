@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import TYPE_CHECKING, NoReturn
 
 from .errors import ConfigurationError
+from .stores._log import get_logger
 
 if TYPE_CHECKING:
     from .job import UniqueJob
@@ -14,9 +14,9 @@ if TYPE_CHECKING:
 __all__ = ["apause", "log", "pause", "refuse_sync", "settle_log"]
 
 #: The job layer's logger, named in the README.
-log = logging.getLogger("uniqjob.job")
+log = get_logger("uniqjob.job")
 #: The queue integrations' (a delivery's settling).
-settle_log = logging.getLogger("uniqjob.integrations")
+settle_log = get_logger("uniqjob.integrations")
 
 _sleep = time.sleep  # replaced by tests
 

@@ -7,13 +7,13 @@ here once, the same for the sync and the asyncio API.
 
 from __future__ import annotations
 
-import logging
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Literal
 
 from ._undo import undos
 from .errors import holder_text
 from .locks import QUEUED, RUNNING, LockState, QueueMeta, holder_is_dead, new_token
+from .stores._log import get_logger
 from .stores.base import QueueMode
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 # The job lock's logger (uniqjob.joblock), named in the README: its reclaims and failed releases.
-log = logging.getLogger("uniqjob.joblock")
+log = get_logger("uniqjob.joblock")
 
 Strategy = Literal[
     "until_executed",

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._names import did_you_mean
 from .errors import ConfigurationError
+from .stores._log import get_logger
 
 if TYPE_CHECKING:
     from .job import UniqueJob
@@ -68,7 +69,7 @@ REFUSED: dict[str, str] = {
 #: How many per-call classes are kept, the most recently used first.
 KEPT = 256
 
-_settings_log = logging.getLogger("uniqjob.settings")
+_settings_log = get_logger("uniqjob.settings")
 
 _Items = tuple[tuple[str, str, Any], ...]
 _made: OrderedDict[tuple[type[UniqueJob], _Items], type[UniqueJob]] = OrderedDict()  # the kept classes

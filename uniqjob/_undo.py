@@ -22,16 +22,16 @@ locks`` shows it; a running one lapses with its lease.
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from .stores._log import get_logger
 
 __all__ = ["Undos", "undos"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: Seconds between two rounds of tries; doubled after a round the store did not answer, up to MAX_RETRY.
 RETRY = 0.5
@@ -40,14 +40,29 @@ MAX_RETRY = 30.0
 SETTLE = 15.0
 
 
-@dataclass(eq=False)
 class _Undo:
-    """One pending undo: ``act()`` returns True if it removed something."""
+    """One pending undo: ``act()`` returns True if it removed something.
 
-    act: Callable[[], bool]
-    what: str
-    tokens: frozenset[str]
-    found_nothing_at: float | None = None  # monotonic time of a try that found nothing
+    A plain class, not a dataclass: making a dataclass costs each process that imports this one.
+    """
+
+    def __init__(
+        self,
+        act: Callable[[], bool],
+        what: str,
+        tokens: frozenset[str],
+        found_nothing_at: float | None = None,
+    ) -> None:
+        self.act = act
+        self.what = what
+        self.tokens = tokens
+        self.found_nothing_at = found_nothing_at  # monotonic time of a try that found nothing
+
+    def __repr__(self) -> str:
+        return (
+            f"_Undo(act={self.act!r}, what={self.what!r}, tokens={self.tokens!r}, "
+            f"found_nothing_at={self.found_nothing_at!r})"
+        )
 
 
 class Undos:

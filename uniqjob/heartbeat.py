@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import logging
 import math
 import os
 import queue
@@ -59,6 +58,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from .stores._log import get_logger
 
 __all__ = [
     "LOST_RECORD",
@@ -74,7 +75,7 @@ __all__ = [
     "margin",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: The safety margin, as a share of the lease: a lock is presumed lost this long before its lease could lapse.
 MARGIN_RATIO = 1 / 3
@@ -367,6 +368,8 @@ class Heartbeat:
         except Exception as exc:  # a store outage must not kill the thread that serves every job
             # One line per failure: during an outage every job's beat fails each second. Once
             # the loss has been reported, the tries that go on are no news.
+            import logging  # loaded: here it logs
+
             level = logging.DEBUG if beat._is_lost() else logging.WARNING
             log.log(level, "heartbeat of %s failed (%s); retrying", beat.name, exc)
             mine, failed = True, True

@@ -14,15 +14,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import ContextDecorator
 from contextvars import Token
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import _joblock_async, _joblock_sync
+from . import _joblock_sync
 from ._joblock_base import STRATEGIES, Strategy, current
 from ._undo import undos
 from .heartbeat import Beat
 from .locks import LockState, QueueMeta, new_token
-from .stores.aio import async_backend
 from .stores.base import Backend
+
+if TYPE_CHECKING:
+    from .stores.aio import AsyncBackend
 
 __all__ = ["STRATEGIES", "JobLock", "Strategy", "current_lock"]
 
@@ -34,6 +36,14 @@ def current_lock() -> JobLock | None:
     the resource can refuse a late write of a holder that lost its lock.
     """
     return current.get()
+
+
+# The asyncio API's path (_joblock_async), and a store's async face, load on first use:
+# a sync run never pays for them.
+def _async_backend(backend: Backend) -> AsyncBackend:
+    from .stores.aio import async_backend
+
+    return async_backend(backend)
 
 
 class JobLock:
@@ -162,7 +172,9 @@ class JobLock:
 
     async def aacquire(self, *, run: bool = False, gone: Callable[[str], Any] | None = None) -> bool:
         """:meth:`acquire`, awaited (``gone`` may be async)."""
-        return await _joblock_async.acquire(self, async_backend(self.backend), run=run, gone=gone)
+        from . import _joblock_async
+
+        return await _joblock_async.acquire(self, _async_backend(self.backend), run=run, gone=gone)
 
     def undo_start(self) -> None:
         """A start of this call's own (inline: ``run``, ``with``) failed or was cancelled with its request
@@ -215,10 +227,14 @@ class JobLock:
 
     async def __aenter__(self) -> JobLock:
         """:meth:`__enter__`, awaited: ``async with Job.lock(...) as lock:``."""
-        return await _joblock_async.enter(self, async_backend(self.backend))
+        from . import _joblock_async
+
+        return await _joblock_async.enter(self, _async_backend(self.backend))
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await _joblock_async.unhold(self, async_backend(self.backend))
+        from . import _joblock_async
+
+        await _joblock_async.unhold(self, _async_backend(self.backend))
 
     # -- after perform -------------------------------------------------------------------
 
@@ -238,7 +254,9 @@ class JobLock:
 
     async def arelease(self) -> None:
         """:meth:`release`, awaited."""
-        await _joblock_async.release(self, async_backend(self.backend))
+        from . import _joblock_async
+
+        await _joblock_async.release(self, _async_backend(self.backend))
 
     def requeue(self, *, delay: float = 0.0) -> bool:
         """Keep the key for a job that will run again (a retry); False if it is no longer ours.
@@ -252,7 +270,9 @@ class JobLock:
 
     async def arequeue(self, *, delay: float = 0.0) -> bool:
         """:meth:`requeue`, awaited."""
-        return await _joblock_async.requeue(self, async_backend(self.backend), delay=delay)
+        from . import _joblock_async
+
+        return await _joblock_async.requeue(self, _async_backend(self.backend), delay=delay)
 
     def attach(self) -> bool:
         """Record ``meta.job_id`` in the queue lock, once the queue holds the job; False if not ours."""
@@ -260,7 +280,9 @@ class JobLock:
 
     async def aattach(self) -> bool:
         """:meth:`attach`, awaited."""
-        return await _joblock_async.attach(self, async_backend(self.backend))
+        from . import _joblock_async
+
+        return await _joblock_async.attach(self, _async_backend(self.backend))
 
     def dequeue(self) -> bool:
         """Drop the queue lock while it is still queued and ours (its job left the queue)."""
@@ -268,7 +290,9 @@ class JobLock:
 
     async def adequeue(self) -> bool:
         """:meth:`dequeue`, awaited."""
-        return await _joblock_async.dequeue(self, async_backend(self.backend))
+        from . import _joblock_async
+
+        return await _joblock_async.dequeue(self, _async_backend(self.backend))
 
     def held(self, *, run_conflicts: bool = False) -> bool:
         """Would a claim of this key conflict now? Orphans don't count; every one of its keys must be held.
@@ -280,7 +304,9 @@ class JobLock:
 
     async def aheld(self, *, run_conflicts: bool = False) -> bool:
         """:meth:`held`, awaited."""
-        return await _joblock_async.held(self, async_backend(self.backend), run_conflicts=run_conflicts)
+        from . import _joblock_async
+
+        return await _joblock_async.held(self, _async_backend(self.backend), run_conflicts=run_conflicts)
 
 
 class _Running(ContextDecorator):

@@ -15,17 +15,21 @@ container that contains itself (a cycle), and nesting deeper than
 
 from __future__ import annotations
 
-import datetime as dt
 import enum
 import hashlib
 import json
 import math
-import uuid
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal, localcontext
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from .errors import UniqueKeyError
+
+if TYPE_CHECKING:
+    import datetime as dt
+    import decimal
+    import uuid
 
 __all__ = ["KEY_VERSION", "MAX_DEPTH", "KeyPlan", "canonical", "digest", "make_key"]
 
@@ -200,18 +204,24 @@ def _enc_timedelta(value: dt.timedelta, path: str, out: bytearray, open_: _Open)
     out += b"t%d;" % ((value.days * 86400 + value.seconds) * 1_000_000 + value.microseconds)
 
 
-def _enc_decimal(value: Decimal, path: str, out: bytearray, open_: _Open) -> None:
+def _enc_decimal(value: decimal.Decimal, path: str, out: bytearray, open_: _Open) -> None:
     if value.is_nan():
         raise UniqueKeyError(path, "Decimal NaN is not equal to itself and cannot be part of a lock key")
     # Equal Decimals are one key: 1.5 and 1.50 normalise alike, and so do 0 and -0.
     # In a context of our own: the caller's precision would round (two unequal
     # values, one key) and its exponent letter would differ (one value, two keys).
-    with localcontext(_DECIMAL_CONTEXT):
+    import decimal  # loaded already: ``value`` is a Decimal
+
+    with decimal.localcontext(_decimal_context()):
         text = "0" if value == 0 else str(value.normalize())
     out += b"M" + text.encode() + b";"
 
 
-_DECIMAL_CONTEXT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN, capitals=1)
+@cache
+def _decimal_context() -> decimal.Context:
+    import decimal
+
+    return decimal.Context(prec=decimal.MAX_PREC, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN, capitals=1)
 
 
 def _enc_uuid(value: uuid.UUID, path: str, out: bytearray, open_: _Open) -> None:
@@ -240,13 +250,7 @@ _EXACT: dict[type, _Encoder] = {
     dict: _enc_dict,
     set: _enc_set,
     frozenset: _enc_set,
-    dt.datetime: _enc_datetime,
-    dt.date: _enc_date,
-    dt.time: _enc_time,
-    dt.timedelta: _enc_timedelta,
-    Decimal: _enc_decimal,
-    uuid.UUID: _enc_uuid,
-}
+}  # and the types of _LATE, once seen
 
 # Order matters: Enum before the types its members may also be (IntEnum is an
 # int), bool before int, datetime before date.
@@ -260,13 +264,34 @@ _BY_ISINSTANCE: tuple[tuple[type | tuple[type, ...], _Encoder], ...] = (
     ((list, tuple), _enc_seq),
     (Mapping, _enc_dict),
     ((set, frozenset), _enc_set),
-    (dt.datetime, _enc_datetime),
-    (dt.date, _enc_date),
-    (dt.time, _enc_time),
-    (dt.timedelta, _enc_timedelta),
-    (Decimal, _enc_decimal),
-    (uuid.UUID, _enc_uuid),
+    # then _LATE's, in order
 )
+
+#: The types of modules not imported here, in order (datetime before date): (module, type, encoder).
+_LATE: tuple[tuple[str, str, _Encoder], ...] = (
+    ("datetime", "datetime", _enc_datetime),
+    ("datetime", "date", _enc_date),
+    ("datetime", "time", _enc_time),
+    ("datetime", "timedelta", _enc_timedelta),
+    ("decimal", "Decimal", _enc_decimal),
+    ("uuid", "UUID", _enc_uuid),
+)
+
+
+def _late(value: Any) -> _Encoder | None:
+    """The encoder of a value of one of :data:`_LATE`'s types, else None.
+
+    Their modules are not imported here (a process whose keys hold none of them
+    never loads them): a value of one exists only once its module is loaded.
+    """
+    for module, name, encoder in _LATE:
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            cls = getattr(loaded, name)
+            if isinstance(value, cls):
+                _EXACT.setdefault(cls, encoder)  # the exact type, from now on, at once
+                return encoder
+    return None
 
 
 def _show(value: Any) -> str:
@@ -289,6 +314,8 @@ def _encode(value: Any, path: str, out: bytearray, open_: _Open) -> None:
                 encoder = candidate
                 break
         else:
+            encoder = _late(value)
+        if encoder is None:
             raise UniqueKeyError(
                 path,
                 f"values of type {type(value).__module__}.{type(value).__qualname__} cannot be "

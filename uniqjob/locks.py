@@ -13,7 +13,6 @@ import functools
 import hashlib
 import itertools
 import os
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -306,6 +305,15 @@ def _node() -> str:
     return hashlib.blake2b(f"{boot}/{pidns}".encode(), digest_size=8).hexdigest()
 
 
+def _hostname() -> str:
+    """``socket.gethostname()``: on POSIX the same name, from uname(2), without loading socket."""
+    if hasattr(os, "uname"):
+        return os.uname().nodename
+    import socket  # pragma: no cover - not POSIX
+
+    return socket.gethostname()  # pragma: no cover
+
+
 _local: Holder | None = None
 
 
@@ -314,7 +322,7 @@ def local_holder() -> Holder:
     global _local
     pid = os.getpid()
     if _local is None or _local.pid != pid:
-        _local = Holder(socket.gethostname(), _node(), pid, max(_pid_start(pid), 0))
+        _local = Holder(_hostname(), _node(), pid, max(_pid_start(pid), 0))
     return _local
 
 

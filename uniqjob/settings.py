@@ -7,18 +7,19 @@ with the mixin's own, are :mod:`uniqjob._names`'s.)
 
 from __future__ import annotations
 
-import inspect
-import logging
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+import sys
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 from . import config
 from ._ticks import parse_period
 from .errors import ConfigurationError
 from .joblock import STRATEGIES
+from .stores._log import get_logger
 from .stores.base import Backend
 
 if TYPE_CHECKING:
+    from datetime import timedelta
+
     from .job import Queue, UniqueJob
 
 __all__ = [
@@ -34,7 +35,7 @@ __all__ = [
     "seconds",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 ConflictPolicy = Literal["log", "discard", "raise", "reschedule"]
 POLICIES: tuple[ConflictPolicy, ...] = ("log", "discard", "raise", "reschedule")
@@ -79,11 +80,17 @@ def run_lease(value: object, what: str) -> float:
     return lease
 
 
+def _is_timedelta(value: object) -> TypeGuard[timedelta]:
+    """``isinstance(value, timedelta)``, without importing datetime: a timedelta exists only once it is."""
+    datetime = sys.modules.get("datetime")
+    return datetime is not None and isinstance(value, datetime.timedelta)
+
+
 def seconds(value: object, what: str) -> float | None:
     """Validate a duration setting: None, or a positive, finite number of seconds or timedelta."""
     if value is None:
         return None
-    if isinstance(value, timedelta):
+    if _is_timedelta(value):
         result = value.total_seconds()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         result = float(value)
@@ -96,6 +103,8 @@ def seconds(value: object, what: str) -> float | None:
 
 def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
     """Raise :class:`ConfigurationError` naming the first bad setting of job class ``cls``."""
+    import inspect  # here: the command, which never checks a job class, need not load it
+
     name = cls.__qualname__
     _one_of(name, "unique_on_conflict", cls.unique_on_conflict, POLICIES)
     _one_of(name, "unique_strategy", cls.unique_strategy, STRATEGIES)

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..errors import BackendError, ConfigurationError, CorruptRecordError, UniqJobError
+from ..stores import _log
 from ._common import (
     EX_CONFIG,
     EX_DATAERR,
@@ -41,6 +42,9 @@ from ._common import (
     say,
     store_url,
 )
+
+if TYPE_CHECKING:
+    import logging
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
@@ -93,27 +97,35 @@ def _command_of(argv: Sequence[str]) -> str | None:
     return None
 
 
-class _OneLine(logging.Formatter):
+def _one_line(record: logging.LogRecord) -> str:
     """Library warnings (a reclaimed orphan, a failing heartbeat) as one line each, no traceback."""
+    message = record.getMessage()
+    if record.exc_info and record.exc_info[1] is not None:
+        message += f": {record.exc_info[1]}"
+    return f"{PROG}: {escape(message)}"  # a key in a message must not steer the terminal
 
-    def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage()
-        if record.exc_info and record.exc_info[1] is not None:
-            message += f": {record.exc_info[1]}"
-        return f"{PROG}: {escape(message)}"  # a key in a message must not steer the terminal
+
+def _stderr_handler() -> Callable[[], None]:
+    """Put the one-line handler on uniqjob's loggers; return its undo."""
+    import logging
+
+    class OneLine(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            return _one_line(record)
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLine())
+    handler.setLevel(logging.WARNING)
+    logger = logging.getLogger("uniqjob")
+    logger.addHandler(handler)
+    return lambda: logger.removeHandler(handler)
 
 
 @contextlib.contextmanager
 def _library_warnings_to_stderr() -> Iterator[None]:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_OneLine())
-    handler.setLevel(logging.WARNING)
-    logger = logging.getLogger("uniqjob")
-    logger.addHandler(handler)
-    try:
+    # Set up when a logger of ours is first used: a run that logs nothing never loads logging.
+    with _log.configured(_stderr_handler):
         yield
-    finally:
-        logger.removeHandler(handler)
 
 
 def _origin(args: argparse.Namespace, exc: Exception) -> str:

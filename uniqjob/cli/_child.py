@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from types import FrameType
 
 from . import _supervisor
@@ -41,10 +40,35 @@ def spawn(argv: Sequence[str], env: Mapping[str, str] | None = None) -> subproce
     ``env`` is the command's environment (default: ours).
     """
     # -I -S: no site-packages and no PYTHON* variables: a fast start that runs our file only.
-    launcher = [sys.executable, "-I", "-S", _supervisor.__file__, str(os.getpid())]
+    launcher = [sys.executable, "-I", "-S", _supervisor_file(), str(os.getpid())]
     # close_fds=False: only fds the caller made inheritable pass (ours are not, PEP 446),
     # so a wrapped command sees exactly what it would see without the wrapper.
     return subprocess.Popen([*launcher, *argv], close_fds=False, env=env)
+
+
+def _supervisor_file() -> str:
+    """The supervisor's compiled file where it is current, else its source.
+
+    A script run from its source is compiled on every start; Python runs a
+    ``.pyc`` as well. The import system just read or wrote it (``__cached__``),
+    but it leaves a stale one be where it cannot write: so it is used only when
+    its header (PEP 552: magic, flags 0, the source's mtime and size) matches.
+    """
+    source = _supervisor.__file__
+    cached = getattr(_supervisor, "__cached__", None)
+    if not cached:
+        return source
+    try:
+        with open(cached, "rb") as file:
+            header = file.read(16)
+        info = os.stat(source)
+    except OSError:
+        return source
+    from importlib.util import MAGIC_NUMBER
+
+    expected = (0, int(info.st_mtime) & 0xFFFFFFFF, info.st_size & 0xFFFFFFFF)
+    fields = tuple(int.from_bytes(header[i : i + 4], "little") for i in (4, 8, 12))
+    return cached if header[:4] == MAGIC_NUMBER and fields == expected else source
 
 
 class SignalWaiter:
@@ -124,7 +148,6 @@ def signal_waiter() -> Iterator[SignalWaiter]:
         waiter.close()
 
 
-@dataclass
 class Child:
     """A running command (its supervisor, in ``proc``) and the limits it runs under.
 
@@ -139,14 +162,26 @@ class Child:
     through the supervisor.
     """
 
-    proc: subprocess.Popen[bytes]
-    name: str
-    kill_after: float | None
-    grace: float
-    lost: Callable[[], bool]
-    lapse: Callable[[], float]
-    presume_at: Callable[[], float]
-    why: Callable[[], str]
+    def __init__(  # noqa: PLR0917 - positional, as the dataclass it was
+        self,
+        proc: subprocess.Popen[bytes],
+        name: str,
+        kill_after: float | None,
+        grace: float,
+        lost: Callable[[], bool],
+        lapse: Callable[[], float],
+        presume_at: Callable[[], float],
+        why: Callable[[], str],
+    ) -> None:
+        # A plain class, not a dataclass: making a dataclass costs every `uniqjob run` its start-up.
+        self.proc = proc
+        self.name = name
+        self.kill_after = kill_after
+        self.grace = grace
+        self.lost = lost
+        self.lapse = lapse
+        self.presume_at = presume_at
+        self.why = why
 
     def supervise(self, waiter: SignalWaiter) -> int:
         """Forward signals, enforce the deadline, stop on a lost lock; return the command's exit status."""

@@ -14,9 +14,8 @@ from urllib.parse import parse_qsl, urlsplit
 from .. import config
 from ..errors import ConfigurationError
 from ..settings import run_lease
-from ..stores._urls import scheme_of, with_option
+from ..stores._urls import REDIS_SCHEMES, scheme_of, with_option
 from ..stores.base import Backend
-from ..stores.redis._url import REDIS_SCHEMES
 
 # sysexits(3) codes, so cron mail and scripts can tell the failures apart.
 EX_OK = 0
@@ -35,6 +34,37 @@ class UsageError(Exception):
     """A command line that parses but makes no sense (exit 64)."""
 
 
+def _columns() -> int:
+    """The terminal's width as :func:`shutil.get_terminal_size` gives it: ``$COLUMNS``, else stdout's
+    terminal, else 80."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter for help laid out as written, sized without importing shutil.
+
+    argparse makes one for each option it adds, to check it, and sizes it to the
+    terminal through shutil (with bz2, lzma and zlib): a cost to every start of
+    the command for help it seldom prints. The width is the one argparse takes.
+    """
+
+    def __init__(
+        self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
+    ) -> None:
+        super().__init__(
+            prog, indent_increment, max_help_position, _columns() - 2 if width is None else width
+        )
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line on stderr and exit 64, not 2.
 
@@ -42,7 +72,7 @@ class Parser(argparse.ArgumentParser):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
@@ -194,8 +224,9 @@ def duration(seconds: float | None) -> str:
 
 # Whatever could steer a terminal or start a line of its own: C0 and C1 controls,
 # line and paragraph separators, bidirectional overrides, lone surrogates (an
-# undecodable Redis key) and zero-width marks that hide text.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff]")
+# undecodable Redis key) and zero-width marks that hide text. Compiled on first use (re
+# keeps it): a run that says nothing need not pay for it.
+_UNSAFE = "[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff]"
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -213,7 +244,7 @@ def escape(text: str) -> str:
     a row. Text with nothing to escape comes back as it is (escaping twice is
     escaping once); ``--json`` output needs none of this, JSON escapes them.
     """
-    return _UNSAFE.sub(_escaped, text)
+    return re.sub(_UNSAFE, _escaped, text)
 
 
 def say(message: str) -> None:

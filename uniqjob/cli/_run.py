@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import math
 import os
-import random
 import shlex
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from .._ticks import MAX_SKEW, parse_period, tick_of
 from ..errors import ConfigurationError
@@ -19,6 +18,7 @@ from ..joblock import JobLock
 from ..keys import make_key
 from ..locks import LockState, QueueMeta
 from ..settings import MAX_RUN_LEASE, MIN_RUN_LEASE
+from ..stores import _log
 from ._child import Child, SignalWaiter, signal_waiter, spawn
 from ._common import (
     EX_TEMPFAIL,
@@ -34,6 +34,9 @@ from ._common import (
     seconds,
     wait_seconds,
 )
+
+if TYPE_CHECKING:
+    import logging
 
 __all__ = ["RUN_JOB", "add_run_parser", "command_key"]
 
@@ -243,16 +246,19 @@ def _why(lock: JobLock) -> str:
 @contextlib.contextmanager
 def _loss_said_by_us() -> Iterator[None]:
     """Leave out the heartbeat's own report of a lost lock: the run says it, with what it does about it."""
-    logger = logging.getLogger("uniqjob.heartbeat")
 
     def not_loss(record: logging.LogRecord) -> bool:
         return not getattr(record, LOST_RECORD, False)
 
-    logger.addFilter(not_loss)
-    try:
+    def setup() -> Callable[[], None]:
+        import logging
+
+        logger = logging.getLogger("uniqjob.heartbeat")
+        logger.addFilter(not_loss)
+        return lambda: logger.removeFilter(not_loss)
+
+    with _log.configured(setup):  # when logging is used: a run that logs nothing never loads it
         yield
-    finally:
-        logger.removeFilter(not_loss)
 
 
 def _acquire(lock: JobLock, wait: float, waiter: SignalWaiter, *, run: bool) -> tuple[bool, int | None]:
@@ -269,6 +275,8 @@ def _acquire(lock: JobLock, wait: float, waiter: SignalWaiter, *, run: bool) -> 
         if left <= 0:
             return False, None
         # Jitter keeps many waiters from polling in step after a long run ends.
+        import random  # here: a run that waits for nobody need not load it
+
         signum = waiter.wait(min(left, delay * random.uniform(0.8, 1.2)))
         if signum is not None:
             return False, signum

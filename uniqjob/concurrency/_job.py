@@ -15,7 +15,6 @@ token-checked, what the call took before it (see ``execute``).
 
 from __future__ import annotations
 
-import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ..locks import new_token
+from ..stores._log import get_logger
 from ..stores.semaphores import Park
 from ._semaphore_base import Hold
 from ._settings import check, semaphore_of
@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 #: The hooks' log, whichever twin writes to it.
-log = logging.getLogger("uniqjob.concurrency._job")
+log = get_logger("uniqjob.concurrency._job")
 
 #: A queue's settling of a delivery (see ``UniqueJob.execute``): given how it ended, release or keep.
 #: An async queue's (arq's) returns an awaitable, awaited on the asyncio path.

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
-import logging
 import os
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..errors import BackendError
 from ..heartbeat import Beat
 from ..locks import Holder, holder_is_dead
+from ..stores._log import get_logger
 from ..stores.aio import completed
 from ..stores.semaphores import HANDOFF, ParkedInfo, Promotion, SemaphoreStore, SlotInfo
 from ..stores.semaphores_aio import AsyncSemaphores
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 #: The semaphore's log, whichever twin writes to it.
-log = logging.getLogger("uniqjob.concurrency.semaphore")
+log = get_logger("uniqjob.concurrency.semaphore")
 
 ATTEMPTS = 3  # reaping dead holders and trying again; a key that keeps changing hands is full
 POLL_MIN, POLL_MAX = 0.01, 0.2  # seconds between an inline waiter's polls (backing off)

@@ -8,13 +8,13 @@ other operations, and ``uniqjob release KEY`` and ``uniqjob discard-parked KEY``
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from functools import partial
 
 from .. import config
 from .._undo import undos
 from ..locks import holder_is_dead, local_holder
+from ..stores._log import get_logger
 from ..stores.base import Backend
 from ..stores.semaphores import SlotInfo
 from ._stores import store_for
@@ -22,7 +22,7 @@ from .semaphore import deliver
 
 __all__ = ["Released", "discard_parked", "release_slots", "stale"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def stale(slot: SlotInfo) -> bool:

@@ -16,7 +16,6 @@ tells deliveries of one token apart).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import import_module
@@ -26,6 +25,7 @@ from .. import _job_async, _job_sync
 from ..errors import ConfigurationError
 from ..job import UniqueJob
 from ..joblock import JobLock
+from ..stores._log import get_logger
 from ..stores.aio import async_backend
 
 __all__ = [
@@ -41,7 +41,7 @@ __all__ = [
     "settle",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: The name under which lock data travels with a job (RQ job meta, Celery message header).
 HEADER = "uniqjob"

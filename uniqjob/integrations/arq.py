@@ -35,7 +35,6 @@ job's slot as it keeps its lock.
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -59,11 +58,12 @@ from .. import _percall
 from ..errors import BackendError, ConfigurationError
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
+from ..stores._log import get_logger
 from . import HEADER, Decision, Ticket, aperform, job_ref, resolve_job
 
 __all__ = ["AGAIN", "FUNCTIONS", "RUN", "ArqQueue", "enqueue_again", "enqueue_call", "run_job"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: The name of :func:`run_job` in arq (what a pushed job calls).
 RUN = "uniqjob.run_job"

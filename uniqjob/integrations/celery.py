@@ -34,7 +34,6 @@ task is due.
 from __future__ import annotations
 
 import inspect
-import logging
 import numbers
 import threading
 import time
@@ -62,11 +61,12 @@ from ..functions import _CALLABLES
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
 from ..locks import holder_is_dead, orphaned
+from ..stores._log import get_logger
 from . import HEADER, KEEP, Decision, Ticket, perform, settle
 
 __all__ = ["CeleryQueue", "UniqueTask"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: The task that runs a rescheduled call's second try (policy "reschedule").
 ENQUEUE_LATER: Final = "uniqjob.enqueue_later"

@@ -27,7 +27,6 @@ RQ options for one job, apart from the job's own arguments, go through
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import uuid
@@ -52,11 +51,12 @@ from .. import _percall
 from ..errors import ConfigurationError
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
+from ..stores._log import get_logger
 from . import HEADER, Ticket, job_ref, perform, resolve_job
 
 __all__ = ["RQQueue", "enqueue_again", "enqueue_call", "run_job"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: Options of RQ's ``enqueue_call`` that every job of an RQQueue gets. Left out on
 #: purpose: ``depends_on`` (a job stuck behind a failed dependency is not provably

@@ -24,9 +24,8 @@ from ..errors import ConfigurationError
 from ._machine import Machine
 from ._machine_store import MachineStore
 from ._records import LockMachine, LockMachineBackend
-from ._urls import scheme_of, shown
+from ._urls import REDIS_SCHEMES, scheme_of, shown  # the Redis schemes' names: not its store, nor redis-py
 from .base import Backend
-from .redis._url import REDIS_SCHEMES  # the names only: redis-py loads with a Redis URL's first store
 from .semaphores import SemaphoreStore
 
 # The contracts, and the record-machine templates a new store in Python builds on

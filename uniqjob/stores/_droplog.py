@@ -12,16 +12,16 @@ be written is logged, and neither ever fails a lock.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Iterator
 
 from ._drops import BUCKET, KEEP, Counts, add, minute
+from ._log import get_logger
 from ._stripes import FILE_MODE, OPEN_FLAGS, describe_error, file_problem
 
 __all__ = ["COMPACT", "DropLog"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: A log longer than this (bytes) is compacted at its next count.
 COMPACT = 16 * 1024

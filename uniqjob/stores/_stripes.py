@@ -17,25 +17,36 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import logging
 import os
 import stat
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from filelock import FileLock, Timeout
-
+# filelock is imported only off POSIX (where its FileLock picks the platform's own lock):
+# on POSIX the stripes flock() their files themselves, and filelock is a heavy import.
 try:
     import fcntl
-except ImportError:  # pragma: no cover - not POSIX: FileLock picks the platform's own lock
+except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
 from ..errors import BackendError, ConfigurationError
+from ._log import get_logger
+
+if TYPE_CHECKING:  # a name for the type checker only: a Protocol class is slow to make
+
+    class _Lock(Protocol):
+        lock_file: str
+
+        def acquire(self) -> object: ...
+
+        def release(self) -> object: ...
+
 
 __all__ = [
     "DIR_MODE",
@@ -49,7 +60,7 @@ __all__ = [
     "private_directory",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 STRIPES = 64  # lock files guarding the records; bounded, never deleted
 DIR_MODE = 0o700  # a store's directories: this user's alone
@@ -203,12 +214,20 @@ def _last_fence(fd: int, path: str) -> int:
     return 0
 
 
-class _Lock(Protocol):
-    lock_file: str
+class StripeTimeout(TimeoutError):
+    """A stripe's lock was not taken within its timeout (on POSIX; off POSIX, :class:`filelock.Timeout`)."""
 
-    def acquire(self) -> object: ...
+    def __init__(self, lock_file: str) -> None:
+        super().__init__(f"The file lock '{lock_file}' could not be acquired.")
+        self.lock_file = lock_file
 
-    def release(self) -> object: ...
+
+def _is_timeout(exc: OSError) -> bool:
+    """Whether ``exc`` is a stripe lock's timeout: ours, or filelock's (off POSIX, once it is loaded)."""
+    if isinstance(exc, StripeTimeout):
+        return True
+    filelock = sys.modules.get("filelock")
+    return filelock is not None and isinstance(exc, filelock.Timeout)
 
 
 class _StripeLock:
@@ -268,11 +287,11 @@ class _StripeLock:
         return self._fd
 
     def acquire(self) -> None:
-        """Hold the stripe, waiting up to ``timeout`` seconds; :class:`filelock.Timeout` after that."""
+        """Hold the stripe, waiting up to ``timeout`` seconds; :class:`StripeTimeout` after that."""
         forever = self.timeout < 0  # as with FileLock: a negative timeout waits for as long as it takes
         deadline = float("inf") if forever else time.monotonic() + self.timeout
         if not self._mutex.acquire(timeout=-1 if forever else self.timeout):
-            raise Timeout(self.lock_file)
+            raise StripeTimeout(self.lock_file)
         try:
             self._lock(deadline)
         except BaseException:
@@ -288,7 +307,7 @@ class _StripeLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise Timeout(self.lock_file) from None
+                    raise StripeTimeout(self.lock_file) from None
                 time.sleep(pause)
                 pause = min(pause * 2, longest)
                 continue
@@ -369,6 +388,8 @@ class Stripes:
             if lock is None:
                 path = os.path.join(self._dir, ".locks", f"{n:02d}.lock")
                 if fcntl is None:  # pragma: no cover - not POSIX
+                    from filelock import FileLock
+
                     lock = FileLock(path, timeout=self.timeout, preserve_lock_file=True)
                 else:
                     lock = _StripeLock(path, self.timeout, self._fence_file(n))
@@ -399,11 +420,11 @@ class Stripes:
         lock = self._lock(n)
         try:
             lock.acquire()
-        except Timeout as exc:
-            raise BackendError(
-                f"timed out after {self.timeout}s waiting for {lock.lock_file}", self.owner
-            ) from exc
-        except OSError as exc:
+        except OSError as exc:  # filelock's Timeout, and ours, are OSErrors too
+            if _is_timeout(exc):
+                raise BackendError(
+                    f"timed out after {self.timeout}s waiting for {lock.lock_file}", self.owner
+                ) from exc
             raise BackendError(f"cannot lock: {describe_error(lock.lock_file, exc)}", self.owner) from exc
         try:
             yield

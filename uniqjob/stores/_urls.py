@@ -8,16 +8,18 @@ for anything malformed; :func:`bad` turns that into the
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import re
 from collections.abc import Mapping
+from typing import Literal
 from urllib.parse import SplitResult, unquote, unquote_plus, urlencode, urlsplit
 
 from ..errors import ConfigurationError
 
 __all__ = [
+    "REDIS_SCHEMES",
     "Invalid",
+    "Topology",
     "bad",
     "flag",
     "nodes",
@@ -32,9 +34,30 @@ __all__ = [
     "with_option",
 ]
 
-# user:pass@ after the scheme, and after a comma (credentials wrongly given per node of a list)
-_SECRET_USERINFO = re.compile(r"(?:(?<=://)|(?<=,))([^/?#@,]*?):[^/?#@]*@")
-_SECRET_OPTION = re.compile(r"([?&](?:sentinel_)?password=)[^&#]*")
+Topology = Literal["server", "cluster", "sentinel"]
+
+#: Each URL scheme of the Redis store, in the order messages list them: (flavor, TLS, topology).
+#: Here, not in its package: the file store and the command need the names only.
+REDIS_SCHEMES: dict[str, tuple[str, bool, Topology]] = {
+    "redis": ("redis", False, "server"),
+    "rediss": ("redis", True, "server"),
+    "unix": ("redis", False, "server"),
+    "redis+cluster": ("redis", False, "cluster"),
+    "rediss+cluster": ("redis", True, "cluster"),
+    "redis+sentinel": ("redis", False, "sentinel"),
+    "rediss+sentinel": ("redis", True, "sentinel"),
+    "valkey": ("valkey", False, "server"),
+    "valkeys": ("valkey", True, "server"),
+    "valkey+cluster": ("valkey", False, "cluster"),
+    "valkeys+cluster": ("valkey", True, "cluster"),
+    "valkey+sentinel": ("valkey", False, "sentinel"),
+    "valkeys+sentinel": ("valkey", True, "sentinel"),
+}
+
+# user:pass@ after the scheme, and after a comma (credentials wrongly given per node of a list);
+# compiled on first use (re keeps them): only a message shows a URL
+_SECRET_USERINFO = r"(?:(?<=://)|(?<=,))([^/?#@,]*?):[^/?#@]*@"
+_SECRET_OPTION = r"([?&](?:sentinel_)?password=)[^&#]*"
 
 
 def scheme_of(url: str) -> str:
@@ -49,7 +72,7 @@ class Invalid(Exception):
 
 def shown(url: str) -> str:
     """``url`` quoted for a message, any password in it masked."""
-    return repr(_SECRET_OPTION.sub(r"\1***", _SECRET_USERINFO.sub(r"\1:***@", url)))
+    return repr(re.sub(_SECRET_OPTION, r"\1***", re.sub(_SECRET_USERINFO, r"\1:***@", url)))
 
 
 def bad(kind: str, url: str, reason: object) -> ConfigurationError:
@@ -117,6 +140,8 @@ def _node(entry: str, number: int, default_port: int) -> tuple[str, int]:
         raise Invalid(f"{where} is empty (two commas together, or one at an end)")
     if entry.startswith("["):
         address, bracket, port = entry[1:].partition("]")
+        import ipaddress  # here: only a bracketed host needs it
+
         try:
             ipaddress.IPv6Address(unquote(address))
         except ValueError:

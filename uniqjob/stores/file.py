@@ -6,7 +6,6 @@ Locks (:class:`FileBackend`) and, in its ``concurrency/`` directory, semaphores
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import time
 from abc import abstractmethod
@@ -20,6 +19,7 @@ from ..errors import BackendError, ConfigurationError, CorruptRecordError
 from . import _drops
 from ._droplog import DropLog
 from ._files import RecordFiles
+from ._log import get_logger
 from ._machine_store import MachineStore
 from ._records import LockMachineBackend
 from ._schema import lock_problem, semaphore_problem
@@ -35,7 +35,7 @@ FILE_URL_OPTIONS: dict[str, str] = {
     "timeout": "seconds to wait for the file lock of a key's stripe (default 30)",
 }
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 Record = dict[str, Any]
 

@@ -8,13 +8,13 @@ once. ``call`` runs each request as the store does, its failures BackendErrors.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from functools import partial
 from itertools import islice
 from typing import Any
 
 from .._drops import check_window, first_minute
+from .._log import get_logger
 from ._client import key_of, names
 from ._wire import text
 
@@ -23,7 +23,7 @@ __all__ = ["duplicates", "lock_keys", "match", "namespaces", "scan_pages", "sema
 #: How the store runs a request: its failures raised as BackendErrors.
 Call = Callable[[Callable[[], Any]], Any]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 _SCAN_PAGE = 1000
 _QUEUE = ("q",)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import SplitResult, unquote
 
 from ...errors import ConfigurationError
 from .._urls import (
+    REDIS_SCHEMES,
     Invalid,
+    Topology,
     bad,
     flag,
     nodes,
@@ -67,25 +69,6 @@ REDIS_URL_OPTIONS: dict[str, str] = {
 
 #: Redis URL sockets time out after this many seconds unless the URL says otherwise.
 REDIS_TIMEOUT = 5.0
-
-Topology = Literal["server", "cluster", "sentinel"]
-
-#: Each URL scheme of this store, in the order messages list them: (flavor, TLS, topology).
-REDIS_SCHEMES: dict[str, tuple[str, bool, Topology]] = {
-    "redis": ("redis", False, "server"),
-    "rediss": ("redis", True, "server"),
-    "unix": ("redis", False, "server"),
-    "redis+cluster": ("redis", False, "cluster"),
-    "rediss+cluster": ("redis", True, "cluster"),
-    "redis+sentinel": ("redis", False, "sentinel"),
-    "rediss+sentinel": ("redis", True, "sentinel"),
-    "valkey": ("valkey", False, "server"),
-    "valkeys": ("valkey", True, "server"),
-    "valkey+cluster": ("valkey", False, "cluster"),
-    "valkeys+cluster": ("valkey", True, "cluster"),
-    "valkey+sentinel": ("valkey", False, "sentinel"),
-    "valkeys+sentinel": ("valkey", True, "sentinel"),
-}
 
 _STORE_OPTIONS = ("namespace", "replicas", "replica_timeout")
 
