@@ -9,22 +9,41 @@ Both are counted over a few calls and divided, so they are the same on any
 machine. Times are medians of calls taken in turn (plain, unique, duplicate),
 so a machine's drift hits all three alike.
 
+The RQ worker bursts: trivial jobs enqueued, then run by a fresh ``rq``
+SimpleWorker process (``work(burst=True)``), plain bursts and unique ones (a
+distinct key each) in turn, pairs in ABBA order; jobs/s of each, their medians
+and ratio (the per-pair table goes to stderr, the medians to the target's note
+and the figures); the forking Worker's too, fewer jobs, as information. The lock
+store is the section's server and RQ's the queue's, as for the enqueues: each
+server's ``INFO`` then shows its side alone, so the lock store's round trips per
+job (start and finish) are counted exactly, and the queue's show that RQ's own
+work is the same for unique jobs as for plain ones.
+
 The targets (issue 22): round trips of a unique fresh enqueue = plain + 1 (the
 lock store's one), a duplicate = 1 (and nothing on the queue's server), a
 worker's job start and finish = 1 each; a unique enqueue within 1.25x (RQ) /
-1.3x (Celery, arq) of plain; a duplicate within 1.5x a redis-py PING.
+1.3x (Celery, arq) of plain; a duplicate within 1.5x a redis-py PING; a
+SimpleWorker burst of 1,000 unique jobs within 10 % of the plain jobs' rate
+(median of 5 pairs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
+import statistics
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -32,7 +51,7 @@ from benchmarks.report import Report, Row, Target
 from benchmarks.sampling import Stats, summarize
 from uniqjob import UniqueJob
 
-__all__ = ["PATHS", "Trips", "measure", "run_queues"]
+__all__ = ["PATHS", "Bursts", "Trips", "burst_worker", "bursts", "measure", "run_bursts", "run_queues"]
 
 #: Each queue's paths, in report order.
 PATHS = ("plain", "unique", "duplicate")
@@ -77,7 +96,15 @@ class Servers:
         before = self._snapshot()
         for _ in range(calls):
             op()
-        after = self._snapshot()
+        return self._per_call(before, self._snapshot(), calls)
+
+    def _per_call(
+        self,
+        before: dict[str, tuple[int, Counter[str]]],
+        after: dict[str, tuple[int, Counter[str]]],
+        calls: int,
+    ) -> Trips:
+        """Round trips and commands per call between two snapshots (less the ``INFO`` of ``after``)."""
         trips = Trips()
         for name in self.admin:
             reads = after[name][0] - before[name][0] - 1  # the INFO of ``after``
@@ -290,6 +317,233 @@ def _arq_worker(servers: Servers, jobs: int, loop: asyncio.AbstractEventLoop) ->
     return trips
 
 
+# -- an RQ worker's burst: jobs/s of plain jobs and of unique ones --------------------------------
+
+#: The RQ queue of the bursts, on the queue's server.
+BURST_QUEUE = "bench-burst"
+#: A burst's jobs, and the pairs (plain, unique) of bursts (issue 22: 1,000 jobs, median of 5 pairs).
+BURST_JOBS, BURST_PAIRS = 1000, 5
+#: The forking Worker's bursts (information only: a fork per job makes them slow).
+FORKING_JOBS, FORKING_PAIRS = 100, 1
+#: The most a unique burst's rate may fall below the plain one's, in percent.
+BURST_LIMIT = 10.0
+#: What a worker process of :func:`burst_worker` runs: it imports this module, from the repository's root.
+_CHILD = "import sys; from benchmarks.queues import burst_worker; sys.exit(burst_worker(sys.argv[1:]))"
+_ROOT = Path(__file__).resolve().parent.parent
+_burst_ids = itertools.count()
+
+
+class BurstJob(UniqueJob):
+    """The unique job of a burst (its queue set by :func:`_burst_queue`, in the parent and the worker)."""
+
+    def perform(self, n: int) -> int:
+        return n
+
+
+def _burst_queue(queue_url: str) -> Any:
+    """The bursts' ``rq.Queue`` on ``queue_url``; :class:`BurstJob` enqueues into it."""
+    from rq import Queue
+
+    from uniqjob.integrations.rq import RQQueue
+
+    queue = Queue(BURST_QUEUE, connection=redis.Redis.from_url(queue_url))
+    BurstJob.unique_queue = RQQueue(queue)
+    return queue
+
+
+def burst_worker(argv: list[str]) -> int:
+    """A fresh worker process's burst: ``KIND LOCKS_URL QUEUE_URL LAST_JOB_ID`` (KIND: simple, forking).
+
+    Everything is imported and set up alike for plain and unique bursts before the clock starts;
+    the clock stops when the last job ended (RQ's ``ended_at``), not when ``work()`` returns,
+    which waits up to a second for the worker's pubsub thread. Prints ``{"seconds": ...,
+    "finished": ...}``.
+    """
+    from rq import SimpleWorker, Worker
+    from rq.job import Job
+
+    import uniqjob
+
+    kind, locks_url, queue_url, last_id = argv
+    uniqjob.configure(locks_url)
+    queue = _burst_queue(queue_url)
+    worker = (Worker if kind == "forking" else SimpleWorker)([queue], connection=queue.connection)
+    began = datetime.now(UTC)
+    worker.work(burst=True, logging_level="WARNING")
+    ended = Job.fetch(last_id, connection=queue.connection).ended_at
+    if ended is None:
+        raise RuntimeError(f"the burst's last job {last_id} never ended")
+    if ended.tzinfo is None:
+        ended = ended.replace(tzinfo=UTC)
+    finished = queue.finished_job_registry.count
+    print(json.dumps({"seconds": (ended - began).total_seconds(), "finished": finished}))
+    return 0
+
+
+@dataclass
+class Burst:
+    """One burst of a fresh worker process: its jobs, their seconds, and round trips per job."""
+
+    path: str  # "plain" or "unique"
+    jobs: int
+    seconds: float
+    trips: Trips
+
+    @property
+    def rate(self) -> float:
+        """Jobs per second."""
+        return self.jobs / self.seconds
+
+
+@dataclass
+class Bursts:
+    """Pairs of bursts, plain and unique, of one kind of worker."""
+
+    worker: str  # "SimpleWorker" or "Worker"
+    jobs: int
+    pairs: list[dict[str, Burst]] = field(default_factory=list)
+
+    def median(self, path: str) -> float:
+        """The median rate of ``path``'s bursts, jobs/s."""
+        return statistics.median(pair[path].rate for pair in self.pairs)
+
+    @property
+    def ratio(self) -> float:
+        """Unique jobs/s over plain jobs/s (the medians)."""
+        return self.median("unique") / self.median("plain")
+
+    @property
+    def pair_ratio(self) -> float:
+        """The median of each pair's unique/plain ratio (information: the target takes the medians')."""
+        return statistics.median(pair["unique"].rate / pair["plain"].rate for pair in self.pairs)
+
+    @property
+    def slowdown(self) -> float:
+        """How far the unique rate falls below the plain one, in percent."""
+        return (1 - self.ratio) * 100
+
+    def table(self) -> list[str]:
+        """The pairs, their medians and ratio, as lines of text."""
+        lines = [f"RQ {self.worker} burst of {self.jobs:,} trivial jobs, jobs/s (fresh worker process each):"]
+        goal = (
+            f"target: within {BURST_LIMIT:g}%" if self.worker == "SimpleWorker" else "information: no target"
+        )
+        for i, pair in enumerate(self.pairs, 1):
+            plain, unique = pair["plain"].rate, pair["unique"].rate
+            lines.append(
+                f"  pair {i}: plain {plain:7,.0f}  unique {unique:7,.0f}  ratio {unique / plain:.3f}"
+            )
+        lines.append(
+            f"  median: plain {self.median('plain'):7,.0f}  unique {self.median('unique'):7,.0f}"
+            f"  ratio {self.ratio:.3f} (unique {self.slowdown:+.1f}% slower; {goal})"
+        )
+        lines.append(f"  median of the pairs' own ratios: {self.pair_ratio:.3f}")
+        plain_trips, unique_trips = self.trips("plain"), self.trips("unique")
+        lines.append(
+            f"  round trips per job: plain {plain_trips.queue:.2f} to the queue;"
+            f" unique {unique_trips.queue:.2f} to the queue, {unique_trips.locks:.2f} to the locks"
+        )
+        return lines
+
+    def trips(self, path: str) -> Trips:
+        """Round trips per job of ``path``'s bursts, on each server, averaged over the pairs
+        (a worker's start-up, ``HELLO`` and all, shared by its jobs)."""
+        bursts = [pair[path].trips for pair in self.pairs]
+        return Trips(
+            locks=statistics.fmean(t.locks for t in bursts),
+            queue=statistics.fmean(t.queue for t in bursts),
+            commands=bursts[-1].commands,
+        )
+
+
+def _burst(servers: Servers, path: str, jobs: int, kind: str) -> Burst:
+    """Enqueue ``jobs`` trivial ``path`` jobs (unique: distinct keys), then run them in a fresh worker."""
+    queue = _burst_queue(servers.urls["queue"])
+    if path == "plain":  # pipelined: the enqueues are not what is timed
+        pushed = queue.enqueue_many([queue.prepare_data(plain_job, (next(_burst_ids),)) for _ in range(jobs)])
+    else:
+        pushed = [BurstJob.enqueue(next(_burst_ids)) for _ in range(jobs)]
+    before = servers._snapshot()
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, kind, servers.urls["locks"], servers.urls["queue"], pushed[-1].id],
+        cwd=_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    trips = servers._per_call(before, servers._snapshot(), jobs)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {kind} RQ worker's burst failed:\n{done.stderr}")
+    result = json.loads(done.stdout.splitlines()[-1])
+    if result["finished"] != jobs:
+        raise RuntimeError(f"the {kind} RQ worker finished {result['finished']} of {jobs} {path} jobs")
+    queue.connection.flushdb()  # every burst starts from an empty queue server
+    queue.connection.close()
+    return Burst(path, jobs, result["seconds"], trips)
+
+
+def bursts(servers: Servers, jobs: int, pairs: int, *, forking: bool = False) -> Bursts:
+    """``pairs`` pairs of bursts of ``jobs`` jobs, plain and unique, in turn (ABBA: drift hits both)."""
+    out = Bursts("Worker" if forking else "SimpleWorker", jobs)
+    with _unique_jobs(servers.urls["locks"]):  # as the worker processes have it
+        for i in range(pairs):
+            order = ("plain", "unique") if i % 2 == 0 else ("unique", "plain")
+            out.pairs.append(
+                {path: _burst(servers, path, jobs, "forking" if forking else "simple") for path in order}
+            )
+    return out
+
+
+def _burst_plan(iterations: int) -> tuple[int, int, int, int]:
+    """Jobs and pairs of the SimpleWorker's bursts and the forking Worker's: fewer for a quick run."""
+    if iterations >= BURST_JOBS:
+        return BURST_JOBS, BURST_PAIRS, FORKING_JOBS, FORKING_PAIRS
+    return min(50, iterations), 2, 10, 1  # --quick: the shape, not the figures
+
+
+def run_bursts(report: Report, locks_url: str, queue_url: str, iterations: int) -> list[Bursts]:
+    """The RQ worker bursts: the SimpleWorker's against its target, the forking Worker's as information."""
+    jobs, pairs, forking_jobs, forking_pairs = _burst_plan(iterations)
+    servers = Servers(locks_url, queue_url)
+    try:
+        simple = bursts(servers, jobs, pairs)
+        forking = bursts(servers, forking_jobs, forking_pairs, forking=True)
+    finally:
+        servers.close()
+    for found in (simple, forking):
+        print("\n".join(found.table()), file=sys.stderr, flush=True)
+        name = "queues_rq_burst" if found is simple else "queues_rq_forking_burst"
+        unique = found.trips("unique")
+        report.figures.update(
+            {
+                f"{name}_jobs": found.jobs,
+                f"{name}_pairs": len(found.pairs),
+                f"{name}_plain_jobs_per_s": found.median("plain"),
+                f"{name}_unique_jobs_per_s": found.median("unique"),
+                f"{name}_ratio": found.ratio,
+                f"{name}_median_pair_ratio": found.pair_ratio,
+                f"{name}_lock_trips_per_job": unique.locks,
+                f"{name}_queue_trips_per_job_plain": found.trips("plain").queue,
+                f"{name}_queue_trips_per_job_unique": unique.queue,
+            }
+        )
+    report.targets.append(
+        Target(
+            "queues.rq.burst",
+            f"rq: SimpleWorker burst of {jobs:,} trivial jobs, unique jobs/s below plain's",
+            simple.slowdown,
+            BURST_LIMIT,
+            "%",
+            note=(
+                f"median of {len(simple.pairs)} pairs: plain {simple.median('plain'):,.0f}/s,"
+                f" unique {simple.median('unique'):,.0f}/s, ratio {simple.ratio:.3f}"
+            ),
+        )
+    )
+    return [simple, forking]
+
+
 # -- the section --------------------------------------------------------------------------------
 
 
@@ -415,3 +669,4 @@ def run_section(report: Report, locks_url: str, iterations: int, warmup: int) ->
 
     with RedisServer() as queue_server:
         run_queues(report, locks_url, queue_server.url, iterations, warmup)
+        run_bursts(report, locks_url, queue_server.url, iterations)

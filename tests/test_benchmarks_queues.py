@@ -2,12 +2,14 @@
 
 A unique enqueue costs the queue's own round trips plus one to the lock store; a
 duplicate costs one, and nothing of the queue; an RQ worker's job start and finish
-are one each.
+are one each. The RQ worker bursts (jobs/s, plain against unique) run in their quick
+shape: their rows and round trips are checked, never their times.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -16,7 +18,8 @@ import redis
 pytest.importorskip("arq", reason="arq is not installed: pip install --no-deps 'arq>=0.28'")
 
 import uniqjob
-from benchmarks.queues import QUEUES, Servers, Trips, WorkerJob, measure
+from benchmarks.queues import BURST_LIMIT, QUEUES, Servers, Trips, WorkerJob, measure, run_bursts
+from benchmarks.report import Report
 from tests.redis_server import RedisServer
 
 
@@ -99,3 +102,36 @@ def test_a_forked_work_horse_shares_rq_s_connection_when_the_locks_use_it(
         uniqjob.configure(None)
     assert queue.finished_job_registry.count == 4
     assert trips.commands["locks"]["hello"] == (1 if shared else 2)  # RQ's, and the locks' own
+
+
+def test_rq_worker_bursts_have_their_shape_and_round_trips(redis_server: RedisServer) -> None:
+    """The quick bursts (a fresh worker process each): every job run, the rates and the target reported.
+
+    The times are not checked: a shared machine makes them what it likes.
+    """
+    if redis_server.pid is None:  # a test stopped it
+        redis_server.start()
+    report = Report()
+    with RedisServer() as queue_server:
+        simple, forking = run_bursts(report, redis_server.url, queue_server.url, iterations=5)
+    assert (simple.worker, forking.worker) == ("SimpleWorker", "Worker")
+    assert (simple.jobs, len(simple.pairs), forking.jobs, len(forking.pairs)) == (5, 2, 10, 1)
+    for found in (simple, forking):
+        for pair in found.pairs:
+            assert set(pair) == {"plain", "unique"}
+            for burst in pair.values():
+                assert burst.jobs == found.jobs and burst.seconds > 0 and burst.rate > 0
+        plain, unique = found.trips("plain"), found.trips("unique")
+        assert plain.locks == 0  # plain jobs never touch the lock store
+        assert unique.commands["locks"]["evalsha"] == 2  # start and finish, one round trip each
+        # ... and a connection's handshake (and its scripts' loading): the SimpleWorker's one is
+        # shared by its jobs; a forking Worker's horse makes its own per job
+        assert 2 <= unique.locks <= (2 + 10 / found.jobs if found is simple else math.inf)
+        assert len(found.table()) == len(found.pairs) + 4
+    assert found.ratio == found.median("unique") / found.median("plain")
+    (target,) = [t for t in report.targets if t.id == "queues.rq.burst"]
+    assert target.unit == "%" and target.limit == BURST_LIMIT
+    assert target.value == simple.slowdown and target.met == (simple.slowdown <= BURST_LIMIT)
+    assert report.figures["queues_rq_burst_jobs"] == 5
+    assert report.figures["queues_rq_burst_ratio"] == simple.ratio
+    assert report.figures["queues_rq_forking_burst_lock_trips_per_job"] >= 2
