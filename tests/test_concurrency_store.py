@@ -314,14 +314,14 @@ def test_withdraw(s: Store) -> None:
     assert s.store.read(K).parked == 0
 
 
-def _pushed_twice_and_started(s: Store) -> None:
+def _pushed_twice_and_started(s: Store, lease: float = LONG) -> None:
     """p1 promoted by OTHER, who went silent: claimed again (a second copy pushed), then one copy runs."""
     take(s, "a", limit=1)
     take(s, "p1", limit=1, park=queued())
     s.store.release(K, "a", caller=OTHER, handoff=SHORT)
     s.age(SHORT)
     s.store.renew(K, "x", LONG, caller=ME)  # claims p1 again: redo 1
-    assert s.store.start(K, "p1", holder=OTHER, lease=LONG, takeover=None, caller=OTHER).status == "run"
+    assert s.store.start(K, "p1", holder=OTHER, lease=lease, takeover=None, caller=OTHER).status == "run"
 
 
 def _only_the_other_copy_runs(s: Store) -> None:
@@ -342,18 +342,23 @@ def test_a_dead_runner_s_slot_pushed_twice_is_kept_for_the_other_copy(s: Store) 
     _only_the_other_copy_runs(s)
 
 
+#: A run's lease that lapses within a test (Redis ages on its own clock: the test sleeps), yet is
+#: long enough for the next steps to come before the slot kept after it lapses too.
+RUN = 2.0
+
+
 def test_a_lapsed_run_s_slot_pushed_twice_is_kept_for_the_other_copy(s: Store) -> None:
-    _pushed_twice_and_started(s)
-    s.age(LONG)  # its runner stopped renewing
+    _pushed_twice_and_started(s, lease=RUN)
+    s.age(RUN)  # its runner stopped renewing
     s.store.renew(K, "x", LONG, caller=ME)  # settles
     _only_the_other_copy_runs(s)
     take(s, "b", limit=1)
 
 
 def test_a_slot_kept_for_another_copy_is_freed_after_a_lease(s: Store) -> None:
-    _pushed_twice_and_started(s)
+    _pushed_twice_and_started(s, lease=RUN)
     s.store.reap(K, [("p1", OTHER)], caller=ME)
-    s.age(LONG)
+    s.age(RUN)
     s.store.renew(K, "x", LONG, caller=ME)  # settles: no copy came
     assert s.store.read(K).empty
     assert s.store.start(K, "p1", holder=ME, lease=LONG, takeover=None, caller=ME).status == "missing"
