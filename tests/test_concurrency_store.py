@@ -230,13 +230,18 @@ def test_release_twice_frees_one_slot_once(s: Store) -> None:
     assert tokens(s) == ["b"]
 
 
-def test_a_slot_pushed_twice_is_remembered_after_release(s: Store) -> None:
+def _pushed_twice_and_started(s: Store, lease: float = LONG, holder: Holder = OTHER) -> None:
+    """p1 promoted by OTHER, who went silent: claimed again (a second copy pushed), then one copy runs."""
     take(s, "a", limit=1)
     take(s, "p1", limit=1, park=queued())
     s.store.release(K, "a", caller=OTHER, handoff=SHORT)
     s.age(SHORT)
     s.store.renew(K, "x", LONG, caller=ME)  # claims p1 again: redo 1
-    assert s.store.start(K, "p1", holder=ME, lease=LONG, takeover=None, caller=ME).status == "run"
+    assert s.store.start(K, "p1", holder=holder, lease=lease, takeover=None, caller=holder).status == "run"
+
+
+def test_a_slot_pushed_twice_is_remembered_after_release(s: Store) -> None:
+    _pushed_twice_and_started(s, holder=ME)
     assert s.store.release(K, "p1", caller=ME).status == "released"
     # the other copy of p1, delivered late, is recognised as done and never runs
     assert s.store.start(K, "p1", holder=OTHER, lease=LONG, takeover=None, caller=OTHER).status == "done"
@@ -312,16 +317,6 @@ def test_withdraw(s: Store) -> None:
     assert s.store.withdraw(K, "w").status == "gone"
     assert s.store.withdraw(K, "a").status == "slot"
     assert s.store.read(K).parked == 0
-
-
-def _pushed_twice_and_started(s: Store, lease: float = LONG) -> None:
-    """p1 promoted by OTHER, who went silent: claimed again (a second copy pushed), then one copy runs."""
-    take(s, "a", limit=1)
-    take(s, "p1", limit=1, park=queued())
-    s.store.release(K, "a", caller=OTHER, handoff=SHORT)
-    s.age(SHORT)
-    s.store.renew(K, "x", LONG, caller=ME)  # claims p1 again: redo 1
-    assert s.store.start(K, "p1", holder=OTHER, lease=lease, takeover=None, caller=OTHER).status == "run"
 
 
 def _only_the_other_copy_runs(s: Store) -> None:
