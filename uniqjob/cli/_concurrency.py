@@ -78,9 +78,14 @@ def concurrency_locks_command(args: argparse.Namespace) -> int:
     report = concurrency(open_backend(args.url), top=top or None, job_class=args.job_class)
     out = sys.stdout
     if args.json:
+        # JSON Lines of key rows only, as `locks --json`: the totals are `uniqjob stats --json`'s
         for row in report.keys:
             out.write(json.dumps(row.to_json()) + "\n")
-        out.write(json.dumps({"totals": report.totals.to_json(), "left_out": report.left_out}) + "\n")
+        if report.left_out and not args.quiet:
+            print(
+                f"{report.left_out} more key(s) not shown (--top); totals of every key: uniqjob stats --json",
+                file=sys.stderr,
+            )
         return EX_OK
     if report.keys:
         out.write(_HEADER + "\n")

@@ -126,7 +126,7 @@ duplicates and other figures are in `uniqjob stats --json`.
 (fresh, stale: lapsed or its holder dead, mixed), RUN(ning), PARKED jobs and how
 long the oldest has WAITED; busiest first, then totals over every key. --json
 fields: key, class, limit, held, running, fresh, stale, lease, at_limit, parked,
-oldest_wait_s; the last line is {"totals": {...}, "left_out": N}.
+oldest_wait_s; every line is a key row (the totals are in `uniqjob stats --json`).
 
 examples:
   uniqjob locks

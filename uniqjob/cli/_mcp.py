@@ -7,7 +7,8 @@ the store itself, each returning what the command line prints as JSON:
   "duplicates": {CLASS: N}, "window_s": 3600}``, each row the object of
   ``uniqjob locks --json``, and the duplicates of ``uniqjob stats --json``;
 - ``concurrency`` (``top``, ``job_class``): ``{"keys": [key, ...], "totals":
-  {...}, "left_out": N}``, the objects of ``uniqjob locks --concurrency --json``.
+  {...}, "left_out": N}``, each key the object of ``uniqjob locks --concurrency --json``, the
+  totals those of ``uniqjob stats --json``.
 
 Neither changes anything: they only read, through :mod:`uniqjob.ops`.
 """
