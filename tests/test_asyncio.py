@@ -514,9 +514,11 @@ def test_an_inline_start_cancelled_in_flight_is_undone(tmp_path: Path) -> None:
             task = asyncio.create_task(job.arun(1))
             await asyncio.sleep(0.2)  # the start is waiting for its stripe in a worker thread
             task.cancel()
+            await asyncio.sleep(0.2)  # the cancelled task still waits for the start in its thread
+            assert not task.done()
+            await asyncio.to_thread(free)  # the start goes on in its thread, and is applied now
             with pytest.raises(asyncio.CancelledError):
                 await task
-            free()  # the start goes on in its thread, and is applied now
 
         run(main())
     finally:
