@@ -10,6 +10,7 @@ SIGKILLed host's lock reclaimed and a later tick run by another.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import signal
@@ -268,3 +269,26 @@ def test_a_killed_host_s_lock_is_reclaimed_and_a_later_tick_runs_elsewhere(
     assert len(starts) >= 2, starts  # a run after the kill (none beside the first before it)
     later, at = starts[1]
     assert later != victim and float(at) > killed
+
+
+def test_the_benchmark_section_counts_one_round_trip_for_a_refused_tick() -> None:
+    argv = ["--only", "apscheduler", "--iterations", "20", "--warmup", "2", "--counted", "3", "--json"]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    trips = {row["id"]: row["extra"]["round trips to the locks"] for row in report["rows"]}
+    assert trips == {
+        "apscheduler.plain": 0,
+        "apscheduler.duplicate": 1,
+        "apscheduler.run": 3,
+        "apscheduler.refused": 1,
+    }
+    targets = {target["id"]: target for target in report["targets"]}
+    assert targets["apscheduler.refused.trips"]["met"] and targets["apscheduler.run.trips"]["met"]
