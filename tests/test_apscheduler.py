@@ -9,6 +9,7 @@ SIGKILLed host's lock reclaimed and a later tick run by another.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import math
@@ -26,6 +27,7 @@ import pytest
 import redis
 from apscheduler.events import EVENT_JOB_EXECUTED, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.util import iscoroutinefunction_partial, obj_to_ref, ref_to_obj
 
 import uniqjob
 from tests.conftest import FakeClock
@@ -90,6 +92,22 @@ def test_a_run_holds_off_the_next_ticks_until_it_ends(clock: FakeClock) -> None:
         first.join()
     assert export() == "exported"  # the first run over, this tick runs
     assert export.unique_job.backend().duplicates()[export.unique_job.job_name()] == 3
+
+
+def test_an_async_job_is_awaited_under_the_tick_s_lock(clock: FakeClock) -> None:
+    @once_per_tick("1m")
+    async def refresh() -> str:
+        return "refreshed"
+
+    assert iscoroutinefunction_partial(refresh)  # AsyncIOScheduler awaits it
+    assert asyncio.run(refresh()) == "refreshed"
+    assert asyncio.run(refresh()) is None
+
+
+def test_a_persistent_job_store_finds_the_function_by_its_name() -> None:
+    from tests.apscheduler_procs import tick
+
+    assert obj_to_ref(tick) == "tests.apscheduler_procs:tick" and ref_to_obj(obj_to_ref(tick)) is tick
 
 
 @pytest.mark.parametrize(
