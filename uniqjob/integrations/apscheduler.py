@@ -24,7 +24,6 @@ elsewhere. docs/apscheduler.md has the rule, misfires and coalescing.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -43,7 +42,7 @@ from .. import settings
 from .._names import did_you_mean
 from .._ticks import skew, tick_at
 from ..errors import ConfigurationError
-from ..functions import OPTIONS, UniqueFunction, unique
+from ..functions import OPTIONS, _Decorator, unique
 from ..job import UniqueJob
 from ..stores.base import Backend
 
@@ -57,7 +56,7 @@ CLOCK_REFRESH = 60.0
 _OURS = ("strategy", "lock_autoexpire", "once_per", "queue")
 
 
-def once_per_tick(every: float | timedelta | str, /, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+def once_per_tick(every: float | timedelta | str, /, **options: Any) -> _Decorator:
     """Decorate a job function to run once per tick of ``every`` (``30s``, ``5m``, seconds) across hosts.
 
     ``options`` are ``@unique``'s (``run_lease``, ``on_conflict``, ``backend``, ``args``...)
@@ -85,10 +84,7 @@ def once_per_tick(every: float | timedelta | str, /, **options: Any) -> Callable
         ttl = tick_at("", period, clock.now(cls.backend(), cls.job_name())).ttl - skew(period)
         return max(ttl, 0.001)
 
-    decorate: Callable[[Callable[..., Any]], UniqueFunction[Any, Any]] = unique(
-        **options, strategy="until_expired", lock_autoexpire=classmethod(until_tick_end)
-    )
-    return decorate
+    return unique(**options, strategy="until_expired", lock_autoexpire=classmethod(until_tick_end))
 
 
 class _StoreClock:
