@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis.utils
 
-from benchmarks import async_bench
+from benchmarks import apscheduler_bench, async_bench
 from benchmarks.cli import main
 from benchmarks.peers import peer_missing
 from benchmarks.queues import PATHS, QUEUES
@@ -31,6 +31,7 @@ EXPECTED = (
     + ["file.filelock", "file.flock", *(f"file.{name}" for name in LABELS)]
     + [f"memory.{name}" for name in LABELS]
     + [f"queues.{queue}.{path}" for queue in QUEUES for path in PATHS]
+    + [f"apscheduler.{path}" for path in apscheduler_bench.PATHS]
 )
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .errors import ConfigurationError
 from .stores.base import Backend
 
-__all__ = ["MAX_SKEW", "UNITS", "Tick", "parse_period", "skew", "tick_key", "tick_of"]
+__all__ = ["MAX_SKEW", "UNITS", "Tick", "parse_period", "skew", "tick_at", "tick_key", "tick_of"]
 
 #: Suffixes a period may carry, in seconds; none: seconds.
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -50,7 +50,11 @@ def tick_of(backend: Backend, key: str, period: float) -> Tick:
 
     The ttl ends the lock when the tick does: at ``(number + 1) * period`` on the store's clock.
     """
-    now = backend.read(key).now
+    return tick_at(key, period, backend.read(key).now)
+
+
+def tick_at(key: str, period: float, now: float) -> Tick:
+    """Return the tick of ``period`` seconds that the store's clock reading ``now`` is in (see tick_of)."""
     number = math.floor((now + skew(period)) / period)
     return Tick(number, tick_key(key, period, number), (number + 1) * period - now)
 
