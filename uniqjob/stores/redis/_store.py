@@ -29,7 +29,7 @@ from redis.commands.core import Script
 from ...errors import BackendError, ConfigurationError, CorruptRecordError
 from ...locks import Holder, LockState, QueueMeta, RunClaim
 from .._drops import WINDOW, minute
-from ..base import Backend, QueueMode
+from ..base import Backend, Overlap, OverlapMode, QueueMode
 from ..semaphores import SemaphoreStore
 from . import _listing
 from . import _lua as lua
@@ -52,6 +52,8 @@ _QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k"}
 _QUIET = "Q"  # the mark of a snapshot that need not be read: see _lua's snapshot()
 _PARTS = ("q", "r", "f")  # queue lock, run lock, last fence
 _TALLIED = (*_PARTS, "d")  # and the dropped duplicates
+_READ = ("q", "r", "o")  # the locks, and the pending run of `uniqjob run --overlap buffer-one`
+_OVERLAPS: tuple[Overlap, ...] = ("free", "pending", "coalesced", "stopping", "busy")  # OVERLAP's replies
 
 
 class Call(NamedTuple, Generic[T]):
@@ -128,6 +130,7 @@ class RedisBackend(Backend):
             self._reclaim = self._script(lua.RECLAIM)
             self._read = self._script(lua.READ)
             self._purge = self._script(lua.PURGE)
+            self._overlap = self._script(lua.OVERLAP)
             self._acks = Acks(self._wire, replicas, self.replica_timeout) if replicas else None
         except Exception as exc:
             raise ConfigurationError(f"cannot use {where(client)} as a Redis client: {exc!r}") from exc
@@ -327,7 +330,24 @@ class RedisBackend(Backend):
 
     def _read_call(self, key: str) -> Call[LockState]:
         # Read at once, every field checked: a damaged record fails this call, not a later use.
-        return Call(self._read, 2, self._keys(key)[:2], partial(self._snapshot, key))
+        return Call(self._read, 3, names(self._prefix, key, _READ), partial(self._read_state, key))
+
+    def _read_state(self, key: str, reply: str) -> LockState:
+        """A READ reply: the snapshot, then (after a newline) the pending run, if there is one."""
+        snapshot, _, pending = text(reply).partition("\n")
+        state = self._snapshot(key, snapshot)
+        state.pending_run = pending
+        return state
+
+    def overlap(self, key: str, token: str, mode: OverlapMode, *, lease: float, holder: Holder) -> Overlap:
+        items = [
+            *names(self._prefix, key, _READ),
+            token,
+            mode[0],
+            str(_ms(lease)),
+            f"{holder.host}:{holder.pid}",
+        ]
+        return _OVERLAPS[int(self._eval(self._overlap, 3, items))]
 
     def claim(
         self,
@@ -392,7 +412,7 @@ class RedisBackend(Backend):
         if getattr(self.read, "__func__", None) is not RedisBackend.read:
             return super().read_many(keys)
         calls = [self._read_call(key) for key in keys]  # the calls read() makes, sent together
-        replies = self._call(partial(self._wire.many, self._read, 2, [call.items for call in calls]))
+        replies = self._call(partial(self._wire.many, self._read, len(_READ), [call.items for call in calls]))
         return self._states(calls, replies)
 
     def _states(
