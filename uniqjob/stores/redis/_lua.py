@@ -24,9 +24,7 @@ __all__ = [
     "CORRUPT",
     "DEQUEUE",
     "FINISH",
-    "OVERLAP",
     "PURGE",
-    "READ",
     "RECLAIM",
     "RENEW",
     "REQUEUE",
@@ -135,8 +133,7 @@ end
 #   queue lock: t token, s state ('q' queued / 'r' running), a since (µs),
 #               c class or n its length in the key, p arguments preview, j job id
 #   run lock:   t token, h host, o node, i pid, b process start, a started (µs), l lease (ms),
-#               x attempt (tells two deliveries of one token apart), f fence,
-#               k who asked its holder to stop (host:pid: OVERLAP, `uniqjob run --overlap terminate-other`)
+#               x attempt (tells two deliveries of one token apart), f fence, k who asked it to stop
 # Times are the server's TIME as whole microseconds, so no float ever rounds them.
 # The last fence outlives the run locks (a day after each grant): fences stay increasing across releases.
 _PRELUDE = (
@@ -413,7 +410,7 @@ return 1
 )
 
 # KEYS[1]: run lock. ARGV: token, lease_ms, attempt ('': any). Returns 1 if renewed, 0 if not ours
-# (or if its holder was asked to stop: OVERLAP; the lease is then left to lapse where it is).
+# or if its holder was asked to stop (_overlap: the lease is left to lapse where it is).
 RENEW = (
     _CHECKS
     + """
@@ -492,47 +489,3 @@ return gone
 PURGE = """
 return redis.call('DEL', KEYS[1]) + 2 * redis.call('DEL', KEYS[2])
 """
-
-# KEYS: queue lock, run lock, pending run (OVERLAP's). ARGV: none. Returns a snapshot of both locks
-# (see snapshot()), then, after a newline (JSON holds none), the pending run's host:pid if there is one.
-READ = (
-    _PRELUDE
-    + """
-local reply = snapshot(clock())
-if type(reply) ~= 'string' then return reply end
-local o = redis.pcall('HMGET', KEYS[3], 'p', 'h')
-if failed(o) then return unreadable(3, o, 'hash') end
-if o[1] and o[2] and o[1] ~= redis.call('HGET', KEYS[2], 't') then reply = reply .. '\\n' .. o[2] end
-return reply
-"""
-)
-
-# KEYS: queue lock, run lock, pending run (a hash: p its token, h its host:pid; it expires with its
-# lease). ARGV: token, mode ('b' buffer, 't' terminate), lease_ms, the caller's host:pid.
-# Returns 0 free, 1 pending, 2 coalesced, 3 stopping, 4 busy: see Backend.overlap.
-OVERLAP = (
-    _CHECKS
-    + """
-local q = redis.pcall('HMGET', KEYS[1], 't', 's')
-if failed(q) then return unreadable(1, q, 'hash') end
-local r = redis.pcall('HMGET', KEYS[2], 't', 'k')
-if failed(r) then return unreadable(2, r, 'hash') end
-local o = redis.pcall('HGET', KEYS[3], 'p')
-if failed(o) then return unreadable(3, o, 'hash') end
-local orphan = q[2] == 'r' and not r[1]
-local busy = (q[1] and not orphan and q[1] ~= ARGV[1]) or (r[1] and r[1] ~= ARGV[1])
-if ARGV[2] == 't' then
-  if r[1] and r[1] ~= ARGV[1] then
-    if not r[2] then redis.call('HSET', KEYS[2], 'k', ARGV[4]) end
-    return 3
-  end
-  if busy then return 4 end
-  return 0
-end
-if o and o ~= ARGV[1] and o ~= r[1] then return 2 end
-if not busy then return 0 end
-redis.call('HSET', KEYS[3], 'p', ARGV[1], 'h', ARGV[4])
-redis.call('PEXPIRE', KEYS[3], ARGV[3])
-return 1
-"""
-)

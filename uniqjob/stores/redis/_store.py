@@ -31,7 +31,7 @@ from ...locks import Holder, LockState, QueueMeta, RunClaim
 from .._drops import WINDOW, minute
 from ..base import Backend, Overlap, OverlapMode, QueueMode
 from ..semaphores import SemaphoreStore
-from . import _listing
+from . import _listing, _overlap
 from . import _lua as lua
 from ._acks import Acks, check_wait
 from ._client import backend_error, key_of, names, where
@@ -52,8 +52,6 @@ _QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k"}
 _QUIET = "Q"  # the mark of a snapshot that need not be read: see _lua's snapshot()
 _PARTS = ("q", "r", "f")  # queue lock, run lock, last fence
 _TALLIED = (*_PARTS, "d")  # and the dropped duplicates
-_READ = ("q", "r", "o")  # the locks, and the pending run of `uniqjob run --overlap buffer-one`
-_OVERLAPS: tuple[Overlap, ...] = ("free", "pending", "coalesced", "stopping", "busy")  # OVERLAP's replies
 
 
 class Call(NamedTuple, Generic[T]):
@@ -128,9 +126,9 @@ class RedisBackend(Backend):
             self._finish = self._script(lua.FINISH)
             self._dequeue = self._script(lua.DEQUEUE)
             self._reclaim = self._script(lua.RECLAIM)
-            self._read = self._script(lua.READ)
+            self._read = self._script(_overlap.READ)
             self._purge = self._script(lua.PURGE)
-            self._overlap = self._script(lua.OVERLAP)
+            self._overlap = self._script(_overlap.OVERLAP)
             self._acks = Acks(self._wire, replicas, self.replica_timeout) if replicas else None
         except Exception as exc:
             raise ConfigurationError(f"cannot use {where(client)} as a Redis client: {exc!r}") from exc
@@ -330,24 +328,20 @@ class RedisBackend(Backend):
 
     def _read_call(self, key: str) -> Call[LockState]:
         # Read at once, every field checked: a damaged record fails this call, not a later use.
-        return Call(self._read, 3, names(self._prefix, key, _READ), partial(self._read_state, key))
+        return Call(self._read, 3, names(self._prefix, key, _overlap.KEYS), partial(self._read_state, key))
 
-    def _read_state(self, key: str, reply: str) -> LockState:
-        """A READ reply: the snapshot, then (after a newline) the pending run, if there is one."""
-        snapshot, _, pending = text(reply).partition("\n")
+    def _read_state(self, key: str, reply: Any) -> LockState:
+        snapshot, pending = _overlap.read_reply(text(reply))
         state = self._snapshot(key, snapshot)
         state.pending_run = pending
         return state
 
     def overlap(self, key: str, token: str, mode: OverlapMode, *, lease: float, holder: Holder) -> Overlap:
         items = [
-            *names(self._prefix, key, _READ),
-            token,
-            mode[0],
-            str(_ms(lease)),
-            f"{holder.host}:{holder.pid}",
+            *names(self._prefix, key, _overlap.KEYS),
+            *_overlap.overlap_args(token, mode, _ms(lease), holder),
         ]
-        return _OVERLAPS[int(self._eval(self._overlap, 3, items))]
+        return _overlap.overlap_reply(self._eval(self._overlap, 3, items))
 
     def claim(
         self,
@@ -412,7 +406,7 @@ class RedisBackend(Backend):
         if getattr(self.read, "__func__", None) is not RedisBackend.read:
             return super().read_many(keys)
         calls = [self._read_call(key) for key in keys]  # the calls read() makes, sent together
-        replies = self._call(partial(self._wire.many, self._read, len(_READ), [call.items for call in calls]))
+        replies = self._call(partial(self._wire.many, self._read, 3, [call.items for call in calls]))
         return self._states(calls, replies)
 
     def _states(
