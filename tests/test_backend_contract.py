@@ -686,6 +686,20 @@ def test_buffer_records_one_pending_run_until_it_holds_the_key(store: Store) -> 
     assert b.claim("k", "b", meta=META, run=RunClaim(OTHER, 10)) is None
     assert b.read("k").pending_run == ""  # b runs: no longer pending
     assert overlap(b, "e", "buffer") == "pending"  # the next run waits behind b
+    assert overlap(b, "e", "withdraw") == "free"  # ... and gives up
+    assert overlap(b, "f", "buffer", lease=10) == "pending"
+
+
+def test_a_pending_run_that_took_the_key_withdraws_so_the_next_is_not_coalesced(store: Store) -> None:
+    b = store.backend
+    assert b.claim("k", "a", meta=META, run=RunClaim(ME, 10)) is None
+    assert overlap(b, "b", "buffer", lease=10) == "pending"
+    b.finish("k", "a")
+    assert overlap(b, "b", "buffer") == "free"
+    assert b.claim("k", "b", meta=META, run=RunClaim(OTHER, 10)) is None
+    assert overlap(b, "c", "withdraw") == "free" and overlap(b, "b", "withdraw") == "free"
+    b.finish("k", "b")
+    assert overlap(b, "d", "buffer") == "free"  # b ran and ended: nothing waits, nothing runs
 
 
 def test_a_pending_run_lapses_with_its_lease(store: Store) -> None:

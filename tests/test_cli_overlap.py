@@ -89,6 +89,8 @@ def test_buffer_one_runs_once_more_after_the_holder_however_many_overlap(url: st
     starts = [line for line in lines(log) if line.startswith("start")]
     assert len(starts) == 2  # ten invocations, two runs
     assert [line.split()[0] for line in lines(log)] == ["start", "end", "start", "end"]  # never at once
+    later = run_on("host-b", url, log, go, "--overlap", "buffer-one")  # nothing runs or waits: it runs
+    assert finish(later)[0] == 0 and len(lines(log)) == 6
 
 
 def test_terminate_other_stops_the_holder_on_another_host_then_runs(url: str, tmp_path: Path) -> None:

@@ -156,35 +156,26 @@ def test_rq_duplicates_wait_for_the_first_jobs_result(workers: Workers, redis_cl
 def test_celery_duplicates_wait_for_the_first_tasks_result(
     workers: Workers, redis_client: redis.Redis
 ) -> None:
+    from celery.backends.redis import RedisBackend as RedisResults
     from celery.result import AsyncResult
 
     from tests.celery_app import QUEUE as CELERY_QUEUE
     from tests.celery_app import RESULTS_VAR, app, gate
 
-    app.conf.broker_url = app.conf.result_backend = os.environ[URL_VAR]
-    try:
-        first = gate.apply_async(("c",))
-        argv = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.celery_app",
-            "worker",
-            "-P",
-            "solo",
-            "-Q",
-            CELERY_QUEUE,
-        ]
-        workers.start("celery", [*argv, "--without-gossip", "--without-mingle"], **{RESULTS_VAR: "1"})
-        wait_until(lambda: count(redis_client, "started", "c") == 1, "the task to start", timeout=30)
-        again = gate.apply_async(("c",), unique_on_conflict="use_existing")
-        assert isinstance(again, AsyncResult) and again.id == first.id
-        assert gate.apply_async(("c",)) is None  # the class's own policy: dropped
-        open_gate(redis_client, "c")
-        assert again.get(timeout=20) == "c"
-    finally:
-        app.conf.result_backend = None
+    app.conf.broker_url = os.environ[URL_VAR]
+    first = gate.apply_async(("c",))
+    argv = [sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker", "-P", "solo"]
+    argv += ["-Q", CELERY_QUEUE]
+    workers.start("celery", [*argv, "--without-gossip", "--without-mingle"], **{RESULTS_VAR: "1"})
+    wait_until(lambda: count(redis_client, "started", "c") == 1, "the task to start", timeout=30)
+    again = gate.apply_async(("c",), unique_on_conflict="use_existing")
+    assert isinstance(again, AsyncResult) and again.id == first.id
+    assert gate.apply_async(("c",)) is None  # the class's own policy: dropped
+    open_gate(redis_client, "c")
+    # Read through a result backend of its own: the app makes its backend once per thread, and an
+    # earlier test of this process may have made it before this one configured a result backend.
+    results = RedisResults(app=app, url=os.environ[URL_VAR])
+    assert AsyncResult(again.id, backend=results, app=app).get(timeout=20) == "c"
 
 
 def test_arq_duplicates_wait_for_the_first_jobs_result(workers: Workers, redis_client: redis.Redis) -> None:

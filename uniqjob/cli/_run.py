@@ -38,6 +38,8 @@ from ._common import (
 if TYPE_CHECKING:
     import logging
 
+    from ..stores.base import OverlapMode
+
 __all__ = ["RUN_JOB", "add_run_parser", "command_key"]
 
 #: The job name of ``uniqjob run`` locks: the ``class`` that ``uniqjob locks`` shows.
@@ -335,19 +337,25 @@ def _take_over(lock: JobLock, overlap: str, waiter: SignalWaiter, *, quiet: bool
     """
     backend, key, token, me = lock.backend, lock.key, lock.token, local_holder()
     buffer = overlap == "buffer-one"
-    delay, asked = 0.05, False
+    delay, asked, waited = 0.05, False, False
+
+    def withdraw() -> None:  # a run that waited drops its place once it has the key, or gives up
+        if waited:
+            backend.overlap(key, token, "withdraw", lease=lock.lease, holder=me)
+
     while True:
         if not buffer and lock.acquire(run=True):
             return True, None
-        verdict = backend.overlap(
-            key, token, "buffer" if buffer else "terminate", lease=lock.lease, holder=me
-        )
+        mode: OverlapMode = "buffer" if buffer else "terminate"
+        verdict = backend.overlap(key, token, mode, lease=lock.lease, holder=me)
         if verdict == "coalesced":
             return False, None
         if verdict == "free":
             if buffer and lock.acquire(run=True):
+                withdraw()  # else its place, kept until its lease ends, would swallow the runs after it
                 return True, None
             continue  # taken meanwhile by another run: look again
+        waited = waited or verdict == "pending"
         if verdict == "stopping" and not asked and not quiet:
             say(f"asked the run holding {key!r} to stop (--overlap terminate-other); waiting for it to end")
         asked = asked or verdict == "stopping"
@@ -355,6 +363,7 @@ def _take_over(lock: JobLock, overlap: str, waiter: SignalWaiter, *, quiet: bool
 
         signum = waiter.wait(min(lock.lease / 3, delay * random.uniform(0.8, 1.2)))
         if signum is not None:
+            withdraw()
             return False, signum
         delay = min(delay * 2, 1.0)
 

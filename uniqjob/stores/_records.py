@@ -311,6 +311,10 @@ class LockMachine:
     def overlap(self, token: str, mode: OverlapMode, lease: float, holder: str) -> Overlap:
         """See :meth:`Backend.overlap`; ``holder`` is the caller as ``host:pid``."""
         q, r = self.q, self.r
+        if mode == "withdraw":
+            if self.o is not None and self.o["p"] == token:
+                self.o, self.changed = None, True
+            return "free"
         orphan = q is not None and q["state"] == RUNNING and r is None
         busy = (q is not None and not orphan and q["token"] != token) or (
             r is not None and r["token"] != token

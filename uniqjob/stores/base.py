@@ -28,7 +28,7 @@ __all__ = ["Backend", "Overlap", "OverlapMode", "QueueMode", "SemaphoreStore"]
 #: What taking the run lock does to the queue lock: see :meth:`Backend.start`.
 QueueMode = Literal["run", "release", "keep"]
 #: What a run that finds its key busy asks for: see :meth:`Backend.overlap`.
-OverlapMode = Literal["buffer", "terminate"]
+OverlapMode = Literal["buffer", "terminate", "withdraw"]
 #: What :meth:`Backend.overlap` decided.
 Overlap = Literal["free", "pending", "coalesced", "stopping", "busy"]
 
@@ -153,7 +153,8 @@ class Backend(ABC):
         it: a pending run of ``token`` is kept until its run lock holds the key).
         ``"terminate"``: a run lock of another token is asked to stop (its
         :meth:`renew` says False from now on), ``"stopping"``; a busy key with no
-        run lock to ask, ``"busy"``; else ``"free"``. ``holder`` is the caller,
+        run lock to ask, ``"busy"``; else ``"free"``. ``"withdraw"``: the pending run
+        of ``token`` goes, if it is there (it took the key, or gave up), ``"free"``. ``holder`` is the caller,
         as ``uniqjob locks`` shows it (``LockState.pending_run``, ``RunRecord.stop``).
         The record lives with the key's locks (on Redis, a key of the same hash tag).
         """

@@ -33,8 +33,8 @@ return reply
 """
 )
 
-# KEYS: queue lock, run lock, pending run. ARGV: token, mode ('b' buffer, 't' terminate), lease_ms,
-# the caller's host:pid. Returns 0 free, 1 pending, 2 coalesced, 3 stopping, 4 busy (Backend.overlap).
+# KEYS: queue lock, run lock, pending run. ARGV: token, mode ('b' buffer, 't' terminate, 'w' withdraw),
+# lease_ms, the caller's host:pid. Returns 0 free, 1 pending, 2 coalesced, 3 stopping, 4 busy (see Backend).
 OVERLAP = (
     _CHECKS
     + """
@@ -44,6 +44,10 @@ local r = redis.pcall('HMGET', KEYS[2], 't', 'k')
 if failed(r) then return unreadable(2, r, 'hash') end
 local o = redis.pcall('HGET', KEYS[3], 'p')
 if failed(o) then return unreadable(3, o, 'hash') end
+if ARGV[2] == 'w' then
+  if o == ARGV[1] then redis.call('DEL', KEYS[3]) end
+  return 0
+end
 local orphan = q[2] == 'r' and not r[1]
 local busy = (q[1] and not orphan and q[1] ~= ARGV[1]) or (r[1] and r[1] ~= ARGV[1])
 if ARGV[2] == 't' then
