@@ -29,6 +29,8 @@ pretend_other_host()
 QUEUE = "uniqjob-test"
 #: Seconds before Redis hands an unacknowledged message to another worker (set low for the crash test).
 VISIBILITY_VAR = "UNIQJOB_TEST_VISIBILITY"
+#: Set (to anything) in a worker's environment to keep task results in the test Redis.
+RESULTS_VAR = "UNIQJOB_TEST_RESULTS"
 
 app = Celery("tests.celery_app", set_as_current=False)
 app.conf.update(
@@ -43,6 +45,8 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=False,
 )
+if os.environ.get(RESULTS_VAR):  # a test that waits for results (use_existing) keeps them in the test Redis
+    app.conf.result_backend = os.environ.get(URL_VAR)
 
 
 def unique_task(**options: Any) -> Callable[[Callable[..., Any]], Any]:

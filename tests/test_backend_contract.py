@@ -663,3 +663,77 @@ def test_read_many_reads_each_key_as_read_does(store: Store) -> None:
     assert isinstance(many[2], CorruptRecordError) == damaged
     assert isinstance(many[3], LockState) and many[3].free
     assert all(isinstance(s, LockState) and not s.free for s in many[:2] + many[4:])
+
+
+# -- `uniqjob run --overlap`: a pending run, a stop request (Backend.overlap) ------------------
+
+
+def overlap(b: Backend, token: str, mode: str, lease: float = LEASE) -> str:
+    return b.overlap("k", token, mode, lease=lease, holder=OTHER)  # type: ignore[arg-type]
+
+
+def test_buffer_records_one_pending_run_until_it_holds_the_key(store: Store) -> None:
+    b = store.backend
+    assert overlap(b, "b", "buffer") == "free" and b.read("k").pending_run == ""  # nothing to wait for
+    assert b.claim("k", "a", meta=META, run=RunClaim(ME, 10)) is None
+    assert overlap(b, "b", "buffer", lease=10) == "pending"
+    assert b.read("k").pending_run == "host-b:4242"
+    assert overlap(b, "c", "buffer") == "coalesced"  # into b's run
+    assert overlap(b, "b", "buffer", lease=10) == "pending"  # b's own, refreshed
+    b.finish("k", "a")
+    assert overlap(b, "d", "buffer") == "coalesced"  # the key is free, but b is first in line
+    assert overlap(b, "b", "buffer") == "free"
+    assert b.claim("k", "b", meta=META, run=RunClaim(OTHER, 10)) is None
+    assert b.read("k").pending_run == ""  # b runs: no longer pending
+    assert overlap(b, "e", "buffer") == "pending"  # the next run waits behind b
+    assert overlap(b, "e", "withdraw") == "free"  # ... and gives up
+    assert overlap(b, "f", "buffer", lease=10) == "pending"
+
+
+def test_a_pending_run_that_took_the_key_withdraws_so_the_next_is_not_coalesced(store: Store) -> None:
+    b = store.backend
+    assert b.claim("k", "a", meta=META, run=RunClaim(ME, 10)) is None
+    assert overlap(b, "b", "buffer", lease=10) == "pending"
+    b.finish("k", "a")
+    assert overlap(b, "b", "buffer") == "free"
+    assert b.claim("k", "b", meta=META, run=RunClaim(OTHER, 10)) is None
+    assert overlap(b, "c", "withdraw") == "free" and overlap(b, "b", "withdraw") == "free"
+    b.finish("k", "b")
+    assert overlap(b, "d", "buffer") == "free"  # b ran and ended: nothing waits, nothing runs
+
+
+def test_a_pending_run_lapses_with_its_lease(store: Store) -> None:
+    b = store.backend
+    assert b.claim("k", "a", meta=META, run=RunClaim(ME, 10)) is None
+    assert overlap(b, "b", "buffer") == "pending"
+    store.advance(LEASE + 0.1)  # b stopped asking: its place goes
+    assert b.read("k").pending_run == ""
+    assert overlap(b, "c", "buffer", lease=10) == "pending"
+
+
+def test_terminate_asks_the_holder_to_stop_and_its_renewal_says_so(store: Store) -> None:
+    b = store.backend
+    assert overlap(b, "t", "terminate") == "free"
+    assert b.claim("k", "a", meta=META, run=RunClaim(ME, 10)) is None
+    assert b.renew("k", "a", 10)
+    assert overlap(b, "t", "terminate") == "stopping"
+    state = b.read("k")
+    assert state.run is not None and state.run.token == "a" and state.run.stop == "host-b:4242"
+    assert not b.renew("k", "a", 10)  # its holder learns it, and the lease is not extended
+    assert b.read("k").run is not None  # still held, until its holder ends or its lease lapses
+    b.finish("k", "a")
+    assert b.read("k").free and overlap(b, "t", "terminate") == "free"
+    assert claim(b, "queued") is None
+    assert overlap(b, "t", "terminate") == "busy"  # a queued job: no run to stop
+
+
+def test_a_stop_request_ends_with_its_run_lock(store: Store) -> None:
+    b = store.backend
+    assert b.claim("k", "a", meta=META, run=RunClaim(ME, LEASE)) is None
+    assert overlap(b, "t", "terminate") == "stopping"
+    store.advance(LEASE + 0.1)  # the holder never ended: its lease lapses where it was
+    assert overlap(b, "t", "terminate") == "free"
+    assert b.claim("k", "t", meta=META, run=RunClaim(OTHER, 10)) is None
+    state = b.read("k")
+    assert state.run is not None and state.run.token == "t" and state.run.stop == ""
+    assert b.renew("k", "t", 10)

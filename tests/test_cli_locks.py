@@ -20,7 +20,7 @@ __all__ = ["kill_leftovers", "store"]  # fixtures shared with test_cli
 
 FIELDS = {
     "key", "class", "args", "job_id", "state", "host", "pid", "age_s", "ttl_s", "lease_s", "orphaned",
-    "path", "reason",
+    "path", "reason", "pending_run", "stop_asked_by",
 }  # fmt: skip
 
 
@@ -86,7 +86,7 @@ def test_locks_json_describes_each_held_key(store: Store, tmp_path: Path) -> Non
     table = uniqjob("locks", "--url", store.url)
     assert table.returncode == 0
     header, *lines = table.stdout.splitlines()
-    assert header.split() == ["STATE", "HOLDER", "AGE", "LEFT", "ORPHAN", "JOB", "JOB_ID", "KEY"]
+    assert header.split() == ["STATE", "HOLDER", "AGE", "LEFT", "ORPHAN", "JOB", "JOB_ID", "OVERLAP", "KEY"]
     by_key = {line.split()[-1]: line for line in lines}
     assert f"{socket.gethostname()}:{wrapper.pid}" in by_key[hold.key]
     assert by_key["crashed-7"].split()[4] == "yes"

@@ -217,3 +217,35 @@ def test_release_force_of_a_live_lock_warns_that_its_job_may_still_run(
     assert finish(wrapper)[0] == 143  # and the holder noticed, and stopped its command
     again = uniqjob_cmd("release", "--url", redis_url, "--force", hold.key)
     assert again.returncode == 1 and "WARNING" not in again.stderr
+
+
+# -- --overlap ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        (["--overlap", "buffer-one", "--once-per", "5m"], "--overlap buffer-one has no use with --once-per"),
+        (["--overlap", "terminate-other", "--wait", "10"], "--overlap terminate-other waits as long as the"),
+        (
+            ["--overlap", "later"],
+            "invalid choice: 'later' (choose from 'skip', 'buffer-one', 'terminate-other')",
+        ),
+    ],
+)
+def test_overlap_mistakes_are_usage_errors(
+    options: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, _, err = run(capsys, "run", *options, "--", "true")
+    assert status == 64 and needle in err and err.count("\n") == 1, err
+
+
+def test_overlap_skip_is_todays_behaviour(tmp_path: Path) -> None:
+    url = (tmp_path / "locks").as_uri()
+    hold = Hold(tmp_path)
+    holder = hold.start("--url", url)
+    hold.wait_running()
+    done = uniqjob_cmd("run", "--url", url, "--overlap", "skip", "--", *hold.argv)
+    assert done.returncode == 75 and "is held by pid" in done.stderr
+    hold.release()
+    assert finish(holder)[0] == 0

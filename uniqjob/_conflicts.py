@@ -28,11 +28,17 @@ def apply(cls: type[UniqueJob], lock: JobLock, args: Sequence[Any], kwargs: dict
 
     "raise" raises :class:`JobNotUnique`; "reschedule" hands the call to the
     queue to enqueue again later, or, with no queue, returns
-    :data:`RESCHEDULED` for the caller to wait and try again.
+    :data:`RESCHEDULED` for the caller to wait and try again; "use_existing"
+    returns the queue's handle of the holder's job (see :func:`_existing`).
     """
     policy = cls.unique_on_conflict
     if policy == "raise":
         raise JobNotUnique(lock.key, _holder(lock))
+    if policy == "use_existing":
+        handle = _existing(cls, lock)
+        if handle is not None:
+            return handle
+        policy = "log"
     # A duplicate is the common case of a busy queue: the holder's facts are
     # gathered only for a log line that is written.
     if policy == "log":
@@ -48,6 +54,23 @@ def apply(cls: type[UniqueJob], lock: JobLock, args: Sequence[Any], kwargs: dict
         if inspect.isawaitable(later):  # an async queue's (arq): the asyncio API awaits it
             return _dropped(later)
     return None
+
+
+def _existing(cls: type[UniqueJob], lock: JobLock) -> Any:
+    """The queue's handle of the job holding ``lock``'s key (maybe awaitable); None if there is none.
+
+    None for an inline call (``run()``: it wants a result now, not a handle), a refusal by a
+    run lock alone (a worker's start, or an inline run's), and a queue lock that names no job.
+    """
+    from .concurrency import _job as _concurrency  # loaded by the job layer already
+
+    queue, state = cls.unique_queue, lock.conflict
+    if queue is None or state is None or state.refused == "run" or _concurrency.is_inline(lock):
+        return None
+    held = state.queue
+    if held is None or not held.meta.job_id:
+        return None
+    return queue.handle(held.meta.job_id)
 
 
 async def _dropped(later: Awaitable[Any]) -> None:

@@ -126,6 +126,8 @@ class RunRecord:
     lease: float  # seconds
     lease_left: float  # seconds
     fence: int = 0  # the fence issued when this run lock was granted; 0 if the store kept none
+    #: Who asked this run to stop, as ``host:pid`` (``uniqjob run --overlap terminate-other``); "" if nobody.
+    stop: str = ""
 
 
 #: What a refused call asked for (see :attr:`LockState.refused`).
@@ -144,10 +146,15 @@ class LockState:
     docs/performance.md).
     """
 
-    __slots__ = ("_nothing_to_reclaim", "_now", "_queue", "_read", "_run", "key", "refused")
+    __slots__ = ("_nothing_to_reclaim", "_now", "_queue", "_read", "_run", "key", "pending_run", "refused")
 
-    def __init__(self, key: str, queue: QueueRecord | None, run: RunRecord | None, now: float) -> None:
+    def __init__(
+        self, key: str, queue: QueueRecord | None, run: RunRecord | None, now: float, pending_run: str = ""
+    ) -> None:
         self.key = key
+        #: The run waiting to run once the key is free (``uniqjob run --overlap buffer-one``), as
+        #: ``host:pid``; "" if none. Only a :meth:`~uniqjob.stores.base.Backend.read` reports it.
+        self.pending_run = pending_run
         #: What the call this state refused asked for, set by the JobLock it refused: "queue" (an
         #: enqueue's queue lock), "both" (an inline run's queue and run locks) or "run" (a start);
         #: "" when not known. It tells which of the locks must end for that call (:meth:`clears`).
@@ -166,7 +173,7 @@ class LockState:
         """
         state = cls.__new__(cls)
         state.key = key
-        state.refused = ""
+        state.refused = state.pending_run = ""
         state._read = read
         state._nothing_to_reclaim = nothing_to_reclaim
         return state
@@ -203,9 +210,11 @@ class LockState:
 
     __match_args__ = ("key", "queue", "run", "now")
 
-    def __reduce__(self) -> tuple[type[LockState], tuple[str, QueueRecord | None, RunRecord | None, float]]:
+    def __reduce__(
+        self,
+    ) -> tuple[type[LockState], tuple[str, QueueRecord | None, RunRecord | None, float, str]]:
         # Read, then copied or pickled as the plain snapshot it is (an unread one holds its store).
-        return (LockState, (self.key, *self._parts()))
+        return (LockState, (self.key, *self._parts(), self.pending_run))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, LockState):

@@ -81,6 +81,15 @@ class Queue:
         """
         raise NotImplementedError
 
+    def handle(self, job_id: str) -> Any:
+        """The queue's handle of its job ``job_id`` (policy "use_existing"), made without asking the queue.
+
+        A duplicate of a job on its way gets this, to wait for that job's result. A queue
+        that has no handles leaves this out; a class using "use_existing" on it is then a
+        ConfigurationError when it is defined. An async queue (arq) may return an awaitable.
+        """
+        raise NotImplementedError
+
     @property
     def proves_jobs_gone(self) -> bool:
         """True if :meth:`job_gone` can prove a lost job gone (by default: if the class overrides it).

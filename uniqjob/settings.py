@@ -37,8 +37,8 @@ __all__ = [
 
 log = get_logger(__name__)
 
-ConflictPolicy = Literal["log", "discard", "raise", "reschedule"]
-POLICIES: tuple[ConflictPolicy, ...] = ("log", "discard", "raise", "reschedule")
+ConflictPolicy = Literal["log", "discard", "raise", "reschedule", "use_existing"]
+POLICIES: tuple[ConflictPolicy, ...] = ("log", "discard", "raise", "reschedule", "use_existing")
 
 #: Every setting a job class may define; any other ``unique_*`` attribute is a typo.
 SETTINGS = frozenset(
@@ -135,6 +135,7 @@ def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
         raise ConfigurationError(
             f"{name}.unique_on_conflict is 'reschedule', but {type(queue).__name__} cannot delay jobs"
         )
+    _check_use_existing(cls, name, queue_base)
     on_lost = cls.unique_on_lost
     if on_lost is not None and not callable(on_lost):
         raise ConfigurationError(
@@ -212,6 +213,23 @@ def _check_once_per(cls: type[UniqueJob], name: str, autoexpire: object) -> None
     if autoexpire is not None:
         raise ConfigurationError(
             f"{name}.unique_once_per sets the lock's expiry (its tick's end): drop unique_lock_autoexpire"
+        )
+
+
+def _check_use_existing(cls: type[UniqueJob], name: str, queue_base: type[Queue]) -> None:
+    """'use_existing' returns the holder's queue handle: the class's queue must be able to make one."""
+    queue = cls.unique_queue
+    if cls.unique_on_conflict != "use_existing" or (queue is None and cls._plan.signature is None):
+        return  # (a base class of jobs with no perform and no queue: its subclasses give the queue)
+    if queue is None:
+        raise ConfigurationError(
+            f"{name}.unique_on_conflict is 'use_existing', but the class has no unique_queue: a duplicate"
+            " gets the queue's handle of the job already on its way, and a call run inline has none"
+        )
+    if type(queue).handle is queue_base.handle:
+        raise ConfigurationError(
+            f"{name}.unique_on_conflict is 'use_existing', but its queue {queue!r} cannot give a job's"
+            " handle (it has no handle(job_id) method)"
         )
 
 

@@ -99,6 +99,8 @@ class _MaskWaiter(SignalWaiter):
         info = signal.sigtimedwait(self._set, max(timeout, 0.0))
         if info is None or info.si_signo == signal.SIGCHLD or info.si_code == _SI_KERNEL:
             return None
+        if info.si_signo not in self._set:
+            return None  # resumed after SIGSTOP, sigtimedwait may hand back a siginfo never filled in
         return info.si_signo
 
     def close(self) -> None:

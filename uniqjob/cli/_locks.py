@@ -76,6 +76,13 @@ def _job(row: LockRow) -> str:
     return text if len(text) <= _JOB_WIDTH else text[: _JOB_WIDTH - 3] + "..."
 
 
+def _overlap(row: LockRow) -> str:
+    """A ``uniqjob run --overlap`` request about this lock: a run waiting for it, or a stop asked of it."""
+    if row.stop_asked_by:
+        return f"stop by {row.stop_asked_by}"
+    return f"next {row.pending_run}" if row.pending_run else "-"
+
+
 def _key(row: LockRow) -> str:
     """The key, or where the record is when it names none (what ``release --force`` takes)."""
     return row.key if row.key is not None else row.path or "?"
@@ -92,6 +99,7 @@ COLUMNS: list[Column] = [
     Column("ORPHAN", 7, _orphan),
     Column("JOB", _JOB_WIDTH, _job),
     Column("JOB_ID", 36, lambda r: r.job_id or "-"),  # a uuid's length: RQ's and Celery's ids
+    Column("OVERLAP", 20, _overlap),
     Column("KEY", 0, _key),
 ]
 
@@ -116,9 +124,13 @@ The exit status is then 65.
 STATE is queued (waiting in its queue), parked (waiting for a concurrency slot, in
 no queue yet), running, or corrupt. JOB_ID is the queue's id of the job (RQ, Celery),
 recorded when it was enqueued; "-" for a lock with none (inline, `uniqjob run`, parked).
+OVERLAP is what `uniqjob run --overlap` asked of the lock: "next HOST:PID", the run
+waiting to run once it ends (buffer-one), or "stop by HOST:PID", the run that asked
+its holder to stop (terminate-other); "-" if nothing.
 
 --json fields: key, class, args, state, job_id, host, pid, age_s, ttl_s, lease_s,
-orphaned, path, reason (the last two only set, and key may be null, for a corrupt record);
+orphaned, path, reason (these two only set, and key may be null, for a corrupt record),
+pending_run, stop_asked_by (null unless set);
 every line is a lock row (JSON Lines: `jq .key` reads them all). The dropped
 duplicates and other figures are in `uniqjob stats --json`.
 

@@ -16,7 +16,7 @@ from ..errors import ConfigurationError
 from ..heartbeat import LOST_RECORD, TAKEN, TAKEN_TEXT
 from ..joblock import JobLock
 from ..keys import make_key
-from ..locks import LockState, QueueMeta
+from ..locks import LockState, QueueMeta, local_holder
 from ..settings import MAX_RUN_LEASE, MIN_RUN_LEASE
 from ..stores import _log
 from ._child import Child, SignalWaiter, signal_waiter, spawn
@@ -38,10 +38,15 @@ from ._common import (
 if TYPE_CHECKING:
     import logging
 
+    from ..stores.base import OverlapMode
+
 __all__ = ["RUN_JOB", "add_run_parser", "command_key"]
 
 #: The job name of ``uniqjob run`` locks: the ``class`` that ``uniqjob locks`` shows.
 RUN_JOB = "uniqjob.cli.run"
+
+#: What ``--overlap`` takes: what a run does when another run holds its key.
+OVERLAPS = ("skip", "buffer-one", "terminate-other")
 
 _EXAMPLES = """\
 The default key is derived from the command and its arguments exactly as
@@ -56,7 +61,8 @@ before the lease could lapse on the store (sooner than --grace if need be).
 
 exit status:
   the command's own status; 128+N if it died of signal N (also when stopped on a lost lock);
-  75 (or --conflict-exit) if the lock is held elsewhere; 64 bad usage;
+  75 (or --conflict-exit) if the lock is held elsewhere; 0 if coalesced into a run that waits
+  (--overlap buffer-one); 64 bad usage;
   65 a lock record that cannot be read; 69 lock store unreachable; 70 internal error;
   78 bad store URL or settings (a password the server wants, a database it lacks);
   126/127 command not executable/found
@@ -67,6 +73,9 @@ quiet: a lock held elsewhere is one line on stderr, unless --quiet or --conflict
 examples:
   # crontab: a nightly backup that never overlaps itself, on any host
   0 2 * * *  UNIQJOB_URL=redis://redis.internal:6379/0 uniqjob run -- /usr/local/bin/backup --full
+
+  # a tick that finds the previous run busy runs once after it; the ticks meanwhile exit 0
+  */5 * * * *  uniqjob run --overlap buffer-one -- ./sync.sh
 
   # wait up to 5 minutes for the previous run, stop it after 2 hours
   uniqjob run --wait 300 --kill-after 7200 --key reports -- ./make-reports.sh
@@ -121,6 +130,14 @@ def add_run_parser(subparsers: SubParsers) -> None:
         " the tick's lock is kept until the tick ends",
     )
     parser.add_argument(
+        "--overlap",
+        choices=OVERLAPS,
+        default="skip",
+        help="when another run holds the key: skip this one (the default), buffer-one (run once after it;"
+        " runs meanwhile exit 0 at once) or terminate-other (stop it, SIGTERM then SIGKILL after its"
+        " --grace, on any host, then run)",
+    )
+    parser.add_argument(
         "--kill-after",
         type=positive_seconds,
         metavar="SECONDS",
@@ -158,6 +175,13 @@ def run_command(args: argparse.Namespace) -> int:
     if args.once_per is not None and args.wait:
         # The tick's lock lasts until the tick ends: a waiter would only run the tick again.
         raise UsageError("--wait has no use with --once-per: each tick runs once, on one host")
+    overlap: str = args.overlap
+    if overlap != "skip" and args.once_per is not None:
+        raise UsageError(f"--overlap {overlap} has no use with --once-per: each tick runs once, on one host")
+    if overlap != "skip" and args.wait:
+        raise UsageError(
+            f"--overlap {overlap} waits as long as the other run holds the key: leave out --wait"
+        )
     key = args.key if args.key is not None else command_key(argv)
     name = _preview(shlex.join(argv))
     # Signals are taken over before the lock, so one that arrives while we wait
@@ -182,7 +206,14 @@ def run_command(args: argparse.Namespace) -> int:
                 meta=QueueMeta(RUN_JOB, name),
                 strategy="until_expired",
             )
-        got, signum = _acquire(lock, args.wait, waiter, run=period is None)
+        if overlap == "skip":
+            got, signum = _acquire(lock, args.wait, waiter, run=period is None)
+        else:
+            got, signum = _take_over(lock, overlap, waiter, quiet=args.quiet)
+            if not got and signum is None:  # coalesced into the run already waiting
+                if not args.quiet:
+                    say(f"another run waits to run after the one holding {key!r}: not running {name} again")
+                return 0
         if signum is not None:
             return 128 + signum
         if not got:
@@ -235,12 +266,24 @@ def _why(lock: JobLock) -> str:
     """One line on why the lock is lost, for stderr."""
     beat = lock.beat
     if beat is None or beat.reason in ("", TAKEN) or beat.lease is None:
+        asker = _stop_asked_by(lock)
+        if asker:
+            return f"the run on {asker} asked to take over {lock.key!r} (--overlap terminate-other)"
         return f"lost the lock {lock.key!r}: {TAKEN_TEXT}"
     unconfirmed = beat.lost_at - beat.confirmed
     return (
         f"lock {lock.key!r} presumed lost: the store confirmed no renewal for {unconfirmed:.1f}s"
         f" of its {beat.lease:g}s lease"
     )
+
+
+def _stop_asked_by(lock: JobLock) -> str:
+    """Who asked this run to stop (``host:pid``), if that is why its renewal failed; "" if not, or unknown."""
+    try:
+        run = lock.backend.read(lock.key).run
+    except Exception:  # the store failed: the loss is said without the why
+        return ""
+    return run.stop if run is not None and run.token == lock.token else ""
 
 
 @contextlib.contextmanager
@@ -279,6 +322,48 @@ def _acquire(lock: JobLock, wait: float, waiter: SignalWaiter, *, run: bool) -> 
 
         signum = waiter.wait(min(left, delay * random.uniform(0.8, 1.2)))
         if signum is not None:
+            return False, signum
+        delay = min(delay * 2, 1.0)
+
+
+def _take_over(lock: JobLock, overlap: str, waiter: SignalWaiter, *, quiet: bool) -> tuple[bool, int | None]:
+    """``--overlap buffer-one`` / ``terminate-other``: take the lock once its holder ends, or is stopped.
+
+    Returns (taken, signal); (False, None): coalesced into the run already waiting (buffer-one).
+    Each decision (to be the one pending run, to ask the holder to stop) is the store's, in one
+    atomic step (``Backend.overlap``). A pending run renews its place at each look, a third of its
+    lease apart at most; a stop request reaches the holder at its next renewal, which fails: it stops
+    its command as on a lost lock, and its lease lapses at the latest where it was.
+    """
+    backend, key, token, me = lock.backend, lock.key, lock.token, local_holder()
+    buffer = overlap == "buffer-one"
+    delay, asked, waited = 0.05, False, False
+
+    def withdraw() -> None:  # a run that waited drops its place once it has the key, or gives up
+        if waited:
+            backend.overlap(key, token, "withdraw", lease=lock.lease, holder=me)
+
+    while True:
+        if not buffer and lock.acquire(run=True):
+            return True, None
+        mode: OverlapMode = "buffer" if buffer else "terminate"
+        verdict = backend.overlap(key, token, mode, lease=lock.lease, holder=me)
+        if verdict == "coalesced":
+            return False, None
+        if verdict == "free":
+            if buffer and lock.acquire(run=True):
+                withdraw()  # else its place, kept until its lease ends, would swallow the runs after it
+                return True, None
+            continue  # taken meanwhile by another run: look again
+        waited = waited or verdict == "pending"
+        if verdict == "stopping" and not asked and not quiet:
+            say(f"asked the run holding {key!r} to stop (--overlap terminate-other); waiting for it to end")
+        asked = asked or verdict == "stopping"
+        import random  # here: a run that waits for nobody need not load it
+
+        signum = waiter.wait(min(lock.lease / 3, delay * random.uniform(0.8, 1.2)))
+        if signum is not None:
+            withdraw()
             return False, signum
         delay = min(delay * 2, 1.0)
 

@@ -161,6 +161,12 @@ class ArqQueue(Queue):
             _queue_name=self.queue_name,
         )
 
+    async def handle(self, job_id: str) -> Job:
+        """The ``arq.jobs.Job`` of ``job_id`` on this queue (policy "use_existing"; no round trip)."""
+        pool = await self.pool()
+        name = self.queue_name or pool.default_queue_name
+        return Job(job_id, pool, _queue_name=name, _deserializer=pool.job_deserializer)
+
     async def job_gone(self, job_id: str) -> bool:  # type: ignore[override]
         """True if arq has finished job ``job_id`` (its result is kept) or will never run it.
 

@@ -172,6 +172,10 @@ class CeleryQueue(Queue):
             self.task, args, kwargs, task_id=lock.meta.job_id or None, headers=headers, **options
         )
 
+    def handle(self, job_id: str) -> Any:
+        """The task's ``AsyncResult`` of ``job_id`` (policy "use_existing"; made without a round trip)."""
+        return self.task.AsyncResult(job_id)
+
     def push_later(
         self, job_cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any], delay: float
     ) -> Any:

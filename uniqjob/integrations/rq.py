@@ -221,6 +221,12 @@ class RQQueue(Queue):
             timedelta(seconds=delay), enqueue_again, args=call, description=description, result_ttl=0
         )
 
+    def handle(self, job_id: str) -> Job:
+        """The ``rq.job.Job`` of ``job_id`` on this queue's connection, made without a round trip
+        (policy "use_existing": ``return_value()`` and ``get_status()`` read it when asked)."""
+        queue = self.queue
+        return queue.job_class(job_id, connection=queue.connection, serializer=queue.serializer)
+
     def job_gone(self, job_id: str) -> bool:
         """True if RQ no longer has job ``job_id``, or has it finished, failed, stopped or cancelled."""
         queue = self.queue

@@ -46,6 +46,10 @@ class LockRow:
     orphaned: bool = False
     path: str | None = None
     reason: str | None = None
+    #: The run waiting to run once this one ends (``uniqjob run --overlap buffer-one``), ``host:pid``.
+    pending_run: str | None = None
+    #: Who asked this run to stop (``uniqjob run --overlap terminate-other``), ``host:pid``.
+    stop_asked_by: str | None = None
 
     @classmethod
     def from_corrupt(cls, error: CorruptRecordError, key: str | None = None) -> LockRow:
@@ -74,6 +78,8 @@ class LockRow:
             ttl_s=round(queue.ttl, 3) if queue is not None and queue.ttl is not None else None,
             lease_s=round(run.lease_left, 3) if run is not None else None,
             orphaned=orphaned(state),  # the library's one orphan rule
+            pending_run=state.pending_run or None,
+            stop_asked_by=(run.stop or None) if run is not None else None,
         )
 
     @property

@@ -25,7 +25,7 @@ from ..locks import (
     RunClaim,
     RunRecord,
 )
-from .base import Backend, QueueMode
+from .base import Backend, Overlap, OverlapMode, QueueMode
 
 Record = dict[str, Any]
 
@@ -55,6 +55,7 @@ def _parts(q: Record | None, r: Record | None, now: float) -> Parts:
             lease=r["lease"],
             lease_left=r["until"] - now,
             fence=r.get("f", 0),
+            stop=r.get("stop", ""),
         )
     return queue, run, now
 
@@ -81,19 +82,31 @@ class LockMachine:
         self.drops = drops
         self.q: Record | None = None
         self.r: Record | None = None
+        self.o: Record | None = None  # the pending run of `uniqjob run --overlap buffer-one`: see overlap()
         self.changed = False
         if record:
             self.q = record.get("q")
             self.r = record.get("r")
+            self.o = record.get("o")
         if self.q is not None and self.q.get("expires") is not None and self.q["expires"] <= now:
             self.q, self.changed = None, True
         if self.r is not None and self.r["until"] <= now:
             self.r, self.changed = None, True
+        if self.o is not None and self.o["u"] <= now:
+            self.o, self.changed = None, True
 
     # -- reading -------------------------------------------------------------------
 
     def state(self) -> LockState:
-        return LockState(self.key, *_parts(self.q, self.r, self.now))
+        pending = self._pending()
+        return LockState(
+            self.key, *_parts(self.q, self.r, self.now), pending["h"] if pending is not None else ""
+        )
+
+    def _pending(self) -> Record | None:
+        """The pending run, unless it lapsed or holds the run lock itself now (then it is pending no more)."""
+        o, r = self.o, self.r
+        return None if o is None or (r is not None and r["token"] == o["p"]) else o
 
     def _refused(self) -> LockState:
         """The state that refuses a claim; the usual duplicate's (queued, no job id, no run lock) unread.
@@ -109,9 +122,10 @@ class LockMachine:
 
     def record(self) -> Record | None:
         """Return the record to store, or None when the key holds no lock."""
-        if self.q is None and self.r is None:
+        if self.q is None and self.r is None and self.o is None:
             return None
-        return {"key": self.key, "q": self.q, "r": self.r}
+        record = {"key": self.key, "q": self.q, "r": self.r}
+        return record if self.o is None else {**record, "o": self.o}
 
     # -- transitions ---------------------------------------------------------------
 
@@ -272,6 +286,8 @@ class LockMachine:
     def renew(self, token: str, lease: float, attempt: str = "") -> bool:
         if self.r is None or self.r["token"] != token or self._other_delivery(token, attempt):
             return False
+        if self.r.get("stop"):
+            return False  # its holder was asked to stop: see Backend.overlap
         self.r = {**self.r, "lease": lease, "until": self.now + lease}
         self.changed = True
         return True
@@ -291,6 +307,31 @@ class LockMachine:
             return False
         self.q, self.changed = None, True
         return True
+
+    def overlap(self, token: str, mode: OverlapMode, lease: float, holder: str) -> Overlap:
+        """See :meth:`Backend.overlap`; ``holder`` is the caller as ``host:pid``."""
+        q, r = self.q, self.r
+        if mode == "withdraw":
+            if self.o is not None and self.o["p"] == token:
+                self.o, self.changed = None, True
+            return "free"
+        orphan = q is not None and q["state"] == RUNNING and r is None
+        busy = (q is not None and not orphan and q["token"] != token) or (
+            r is not None and r["token"] != token
+        )
+        if mode == "terminate":
+            if r is not None and r["token"] != token:
+                if not r.get("stop"):
+                    self.r, self.changed = {**r, "stop": holder}, True
+                return "stopping"
+            return "busy" if busy else "free"
+        pending = self._pending()
+        if pending is not None and pending["p"] != token:
+            return "coalesced"
+        if not busy:
+            return "free"
+        self.o, self.changed = {"p": token, "h": holder, "u": self.now + lease}, True
+        return "pending"
 
     def reclaim(self, queue_token: str | None, run_token: str | None) -> bool:
         gone = False
@@ -365,6 +406,10 @@ class LockMachineBackend(Backend):
     def dequeue(self, key: str, token: str | None = None) -> bool:
         with self._lock_machine(key) as m:
             return m.dequeue(token)
+
+    def overlap(self, key: str, token: str, mode: OverlapMode, *, lease: float, holder: Holder) -> Overlap:
+        with self._lock_machine(key) as m:
+            return m.overlap(token, mode, lease, f"{holder.host}:{holder.pid}")
 
     def reclaim(self, key: str, queue_token: str | None, run_token: str | None) -> bool:
         with self._lock_machine(key) as m:

@@ -69,7 +69,10 @@ _RUN_FIELDS: Fields = {
     "until": (NUMBER, False),
     "attempt": (TEXT, True),
     "f": (COUNT, True),
+    "stop": (TEXT, True),
 }
+# The pending run of `uniqjob run --overlap buffer-one` (Backend.overlap): token, holder, until.
+_PENDING_FIELDS: Fields = {"p": (TEXT, False), "h": (TEXT, False), "u": (NUMBER, False)}
 
 
 def fields_problem(value: object, what: str, fields: Fields) -> str:
@@ -99,7 +102,9 @@ def lock_problem(record: Record) -> str:
     a bad one is a :class:`~uniqjob.errors.CorruptRecordError`, never a
     TypeError half-way through a transition.
     """
-    q, r = record.get("q"), record.get("r")
+    q, r, o = record.get("q"), record.get("r"), record.get("o")
+    if o is not None and (problem := fields_problem(o, "its pending run", _PENDING_FIELDS)):
+        return problem
     if (q is None or _sound_queue(q)) and (r is None or _sound_run(r)):
         return ""
     if q is not None and (problem := fields_problem(q, "its queue lock", _QUEUE_FIELDS)):
@@ -145,6 +150,7 @@ def _sound_run(r: Any) -> bool:
         and _is_number(r.get("lease"))
         and _is_number(r.get("until"))
         and type(r.get("attempt", "")) is str
+        and type(r.get("stop", "")) is str
     )
 
 

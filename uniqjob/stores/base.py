@@ -19,14 +19,18 @@ from collections.abc import Iterator, Sequence
 from typing import Literal
 
 from ..errors import ConfigurationError, CorruptRecordError
-from ..locks import LockState, QueueMeta, RunClaim
+from ..locks import Holder, LockState, QueueMeta, RunClaim
 from ._drops import check_window
 from .semaphores import SemaphoreStore, read_each
 
-__all__ = ["Backend", "QueueMode", "SemaphoreStore"]
+__all__ = ["Backend", "Overlap", "OverlapMode", "QueueMode", "SemaphoreStore"]
 
 #: What taking the run lock does to the queue lock: see :meth:`Backend.start`.
 QueueMode = Literal["run", "release", "keep"]
+#: What a run that finds its key busy asks for: see :meth:`Backend.overlap`.
+OverlapMode = Literal["buffer", "terminate", "withdraw"]
+#: What :meth:`Backend.overlap` decided.
+Overlap = Literal["free", "pending", "coalesced", "stopping", "busy"]
 
 
 class Backend(ABC):
@@ -131,8 +135,30 @@ class Backend(ABC):
         """Extend ``token``'s run lock to ``lease`` seconds from now; False if it is no longer ours.
 
         With ``attempt``, a run lock of ``token`` taken by another attempt is
-        not ours either (see :meth:`finish`): it is left as it is.
+        not ours either (see :meth:`finish`): it is left as it is. A run lock
+        whose holder was asked to stop (:meth:`overlap`, ``"terminate"``) is
+        not extended either, and the answer is False: its holder stops, as for
+        a lost lock, and the lease lapses at the latest where it was.
         """
+
+    def overlap(self, key: str, token: str, mode: OverlapMode, *, lease: float, holder: Holder) -> Overlap:
+        """Decide, in one atomic step, what a run of ``token`` that found ``key`` busy does next.
+
+        The key is busy while a lock of another token is in the way of a claim
+        (a queued lock, a running one with a live run lock). ``"buffer"``: if
+        another token's run is pending (recorded by this call, not lapsed, and
+        not yet holding the run lock itself), ``"coalesced"``; else, if the key
+        is busy, ``token`` becomes (or stays) the one pending run, for ``lease``
+        seconds unless it calls again, ``"pending"``; else ``"free"`` (claim
+        it: a pending run of ``token`` is kept until its run lock holds the key).
+        ``"terminate"``: a run lock of another token is asked to stop (its
+        :meth:`renew` says False from now on), ``"stopping"``; a busy key with no
+        run lock to ask, ``"busy"``; else ``"free"``. ``"withdraw"``: the pending run
+        of ``token`` goes, if it is there (it took the key, or gave up), ``"free"``. ``holder`` is the caller,
+        as ``uniqjob locks`` shows it (``LockState.pending_run``, ``RunRecord.stop``).
+        The record lives with the key's locks (on Redis, a key of the same hash tag).
+        """
+        raise ConfigurationError(f"{type(self).__name__} cannot record pending runs or stop requests")
 
     @abstractmethod
     def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:

@@ -207,7 +207,7 @@ class RedisAsync(AsyncBackend):
             return states
         calls = [sync._read_call(key) for key in keys]
         try:
-            replies = await self.wire().many(sync._read, 2, [call.items for call in calls])
+            replies = await self.wire().many(sync._read, 3, [call.items for call in calls])  # READ: 3 keys
         except Exception as exc:
             raise sync._fail(exc) from exc
         return sync._states(calls, replies)

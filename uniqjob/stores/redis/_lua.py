@@ -25,7 +25,6 @@ __all__ = [
     "DEQUEUE",
     "FINISH",
     "PURGE",
-    "READ",
     "RECLAIM",
     "RENEW",
     "REQUEUE",
@@ -88,7 +87,7 @@ QUEUE_FIELDS = {
 }  # fmt: skip
 RUN_FIELDS = {
     "token": "t", "host": "h", "node": "o", "pid": "i", "pstart": "b", "started": "a", "lease": "l",
-    "fence": "f",
+    "fence": "f", "stop": "k",
 }  # fmt: skip
 #: The snapshot's JSON array after its mark (see snapshot()): the locks' fields false if absent.
 SNAPSHOT = ("now", "queue", "queue_ttl", "run", "run_ttl")
@@ -134,7 +133,7 @@ end
 #   queue lock: t token, s state ('q' queued / 'r' running), a since (µs),
 #               c class or n its length in the key, p arguments preview, j job id
 #   run lock:   t token, h host, o node, i pid, b process start, a started (µs), l lease (ms),
-#               x attempt (tells two deliveries of one token apart), f fence
+#               x attempt (tells two deliveries of one token apart), f fence, k who asked it to stop
 # Times are the server's TIME as whole microseconds, so no float ever rounds them.
 # The last fence outlives the run locks (a day after each grant): fences stay increasing across releases.
 _PRELUDE = (
@@ -410,13 +409,14 @@ return 1
 """
 )
 
-# KEYS[1]: run lock. ARGV: token, lease_ms, attempt ('': any). Returns 1 if renewed, 0 if not ours.
+# KEYS[1]: run lock. ARGV: token, lease_ms, attempt ('': any). Returns 1 if renewed, 0 if not ours
+# or if its holder was asked to stop (_overlap: the lease is left to lapse where it is).
 RENEW = (
     _CHECKS
     + """
-local run = redis.pcall('HMGET', KEYS[1], 't', 'x')
+local run = redis.pcall('HMGET', KEYS[1], 't', 'x', 'k')
 if failed(run) then return unreadable(1, run, 'hash') end
-if run[1] ~= ARGV[1] or other_attempt(run[2], ARGV[3]) then return 0 end
+if run[1] ~= ARGV[1] or other_attempt(run[2], ARGV[3]) or run[3] then return 0 end
 redis.call('HSET', KEYS[1], 'l', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
@@ -489,6 +489,3 @@ return gone
 PURGE = """
 return redis.call('DEL', KEYS[1]) + 2 * redis.call('DEL', KEYS[2])
 """
-
-# KEYS: queue lock, run lock. ARGV: none. Returns a snapshot of both (see snapshot()).
-READ = _PRELUDE + "\nreturn snapshot(clock())\n"

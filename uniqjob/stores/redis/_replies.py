@@ -100,7 +100,7 @@ def _run_record(fields: list[Any], ttl: int) -> RunRecord:
     """The run lock the snapshot's fields (_lua.RUN_FIELDS) describe; _Shape if they are damaged."""
     if type(fields) is not list or len(fields) != _RUN_COUNT:
         raise _Shape(f"fields are {fields!r:.60}, not the {_RUN_COUNT} the scripts read")
-    token, host, node, pid, pstart, started, lease, fence = fields  # by name: _lua.RUN_FIELDS
+    token, host, node, pid, pstart, started, lease, fence, stop = fields  # by name: _lua.RUN_FIELDS
     return RunRecord(
         _word(token, "t (token)"),
         Holder(
@@ -113,6 +113,7 @@ def _run_record(fields: list[Any], ttl: int) -> RunRecord:
         _count(lease, "l (lease)") / 1000,
         max(ttl, 0) / 1000,
         0 if fence is False else _count(fence, "f (fence)"),  # a lock taken before fences: none
+        _maybe(stop, "k (stop asked by)"),
     )
 
 

@@ -29,9 +29,9 @@ from redis.commands.core import Script
 from ...errors import BackendError, ConfigurationError, CorruptRecordError
 from ...locks import Holder, LockState, QueueMeta, RunClaim
 from .._drops import WINDOW, minute
-from ..base import Backend, QueueMode
+from ..base import Backend, Overlap, OverlapMode, QueueMode
 from ..semaphores import SemaphoreStore
-from . import _listing
+from . import _listing, _overlap
 from . import _lua as lua
 from ._acks import Acks, check_wait
 from ._client import backend_error, key_of, names, where
@@ -126,8 +126,9 @@ class RedisBackend(Backend):
             self._finish = self._script(lua.FINISH)
             self._dequeue = self._script(lua.DEQUEUE)
             self._reclaim = self._script(lua.RECLAIM)
-            self._read = self._script(lua.READ)
+            self._read = self._script(_overlap.READ)
             self._purge = self._script(lua.PURGE)
+            self._overlap = self._script(_overlap.OVERLAP)
             self._acks = Acks(self._wire, replicas, self.replica_timeout) if replicas else None
         except Exception as exc:
             raise ConfigurationError(f"cannot use {where(client)} as a Redis client: {exc!r}") from exc
@@ -327,7 +328,20 @@ class RedisBackend(Backend):
 
     def _read_call(self, key: str) -> Call[LockState]:
         # Read at once, every field checked: a damaged record fails this call, not a later use.
-        return Call(self._read, 2, self._keys(key)[:2], partial(self._snapshot, key))
+        return Call(self._read, 3, names(self._prefix, key, _overlap.KEYS), partial(self._read_state, key))
+
+    def _read_state(self, key: str, reply: Any) -> LockState:
+        snapshot, pending = _overlap.read_reply(text(reply))
+        state = self._snapshot(key, snapshot)
+        state.pending_run = pending
+        return state
+
+    def overlap(self, key: str, token: str, mode: OverlapMode, *, lease: float, holder: Holder) -> Overlap:
+        items = [
+            *names(self._prefix, key, _overlap.KEYS),
+            *_overlap.overlap_args(token, mode, _ms(lease), holder),
+        ]
+        return _overlap.overlap_reply(self._eval(self._overlap, 3, items))
 
     def claim(
         self,
@@ -392,7 +406,7 @@ class RedisBackend(Backend):
         if getattr(self.read, "__func__", None) is not RedisBackend.read:
             return super().read_many(keys)
         calls = [self._read_call(key) for key in keys]  # the calls read() makes, sent together
-        replies = self._call(partial(self._wire.many, self._read, 2, [call.items for call in calls]))
+        replies = self._call(partial(self._wire.many, self._read, 3, [call.items for call in calls]))
         return self._states(calls, replies)
 
     def _states(

@@ -1,0 +1,85 @@
+"""``uniqjob run --overlap`` on Redis: the pending run's key, the OVERLAP script, and READ, which reports it.
+
+A key's pending run (``Backend.overlap``, ``"buffer"``) is a hash beside its locks,
+``<namespace>:{<key>}:o`` (the same hash tag: one cluster slot): ``p`` its token, ``h`` its
+``host:pid``; it expires with the lease the pending run gave, unless that run calls again. A
+stop request (``"terminate"``) is the run lock's field ``k``, which RENEW refuses to extend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...locks import Holder
+from ..base import Overlap, OverlapMode
+from ._lua import _CHECKS, _PRELUDE
+
+__all__ = ["KEYS", "OVERLAP", "READ", "overlap_args", "overlap_reply", "read_reply"]
+
+#: A key's Redis names that READ and OVERLAP take: its queue lock, run lock and pending run.
+KEYS = ("q", "r", "o")
+
+# KEYS: queue lock, run lock, pending run. ARGV: none. Returns a snapshot of both locks (see _lua's
+# snapshot()), then, after a newline (its JSON holds none), the pending run's host:pid if one waits.
+READ = (
+    _PRELUDE
+    + """
+local reply = snapshot(clock())
+if type(reply) ~= 'string' then return reply end
+local o = redis.pcall('HMGET', KEYS[3], 'p', 'h')
+if failed(o) then return unreadable(3, o, 'hash') end
+if o[1] and o[2] and o[1] ~= redis.call('HGET', KEYS[2], 't') then reply = reply .. '\\n' .. o[2] end
+return reply
+"""
+)
+
+# KEYS: queue lock, run lock, pending run. ARGV: token, mode ('b' buffer, 't' terminate, 'w' withdraw),
+# lease_ms, the caller's host:pid. Returns 0 free, 1 pending, 2 coalesced, 3 stopping, 4 busy (see Backend).
+OVERLAP = (
+    _CHECKS
+    + """
+local q = redis.pcall('HMGET', KEYS[1], 't', 's')
+if failed(q) then return unreadable(1, q, 'hash') end
+local r = redis.pcall('HMGET', KEYS[2], 't', 'k')
+if failed(r) then return unreadable(2, r, 'hash') end
+local o = redis.pcall('HGET', KEYS[3], 'p')
+if failed(o) then return unreadable(3, o, 'hash') end
+if ARGV[2] == 'w' then
+  if o == ARGV[1] then redis.call('DEL', KEYS[3]) end
+  return 0
+end
+local orphan = q[2] == 'r' and not r[1]
+local busy = (q[1] and not orphan and q[1] ~= ARGV[1]) or (r[1] and r[1] ~= ARGV[1])
+if ARGV[2] == 't' then
+  if r[1] and r[1] ~= ARGV[1] then
+    if not r[2] then redis.call('HSET', KEYS[2], 'k', ARGV[4]) end
+    return 3
+  end
+  if busy then return 4 end
+  return 0
+end
+if o and o ~= ARGV[1] and o ~= r[1] then return 2 end  -- a pending run that holds the key is no longer
+if not busy then return 0 end
+redis.call('HSET', KEYS[3], 'p', ARGV[1], 'h', ARGV[4])
+redis.call('PEXPIRE', KEYS[3], ARGV[3])
+return 1
+"""
+)
+
+_REPLIES: tuple[Overlap, ...] = ("free", "pending", "coalesced", "stopping", "busy")
+
+
+def overlap_args(token: str, mode: OverlapMode, lease_ms: int, holder: Holder) -> list[str]:
+    """OVERLAP's ARGV."""
+    return [token, mode[0], str(lease_ms), f"{holder.host}:{holder.pid}"]
+
+
+def overlap_reply(reply: Any) -> Overlap:
+    """What OVERLAP's integer reply decided."""
+    return _REPLIES[int(reply)]
+
+
+def read_reply(reply: str) -> tuple[str, str]:
+    """A READ reply (text): its snapshot, and the pending run's ``host:pid`` ("" if none)."""
+    snapshot, _, pending = reply.partition("\n")
+    return snapshot, pending
