@@ -99,17 +99,21 @@ def subject_of(sent: list[Sent]) -> str:
 
 
 def script_names(module: Any | None = None) -> dict[str, str]:
-    """The SHA1 of each Lua script in uniqjob's Redis script module, to its name (for the table only)."""
-    if module is None:
+    """The SHA1 of each Lua script in uniqjob's Redis script modules, to its name (for the table only)."""
+    if module is not None:
+        modules = [module]
+    else:
         try:
-            from uniqjob.stores.redis import _lua as module
+            from uniqjob.stores.redis import _lua, _overlap
         except ImportError:  # moved by a refactor: the table shows SHA1 prefixes instead
             return {}
+        modules = [_lua, _overlap]
     names = {}
-    for name in getattr(module, "__all__", ()):
-        source = getattr(module, name, None)
-        if isinstance(source, str):
-            names[hashlib.sha1(source.encode()).hexdigest()] = name
+    for each in modules:
+        for name in getattr(each, "__all__", ()):
+            source = getattr(each, name, None)
+            if isinstance(source, str):
+                names[hashlib.sha1(source.encode()).hexdigest()] = name
     return names
 
 
