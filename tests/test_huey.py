@@ -45,10 +45,13 @@ def consumers(huey_redis: redis.Redis, redis_server: RedisServer, tmp_path: Path
         yield pool
 
 
-def start_consumer(workers: Workers, name: str = "huey", *, periodic: bool = False, **env: str) -> None:
-    """A plain ``huey_consumer`` of the test Huey, two worker threads, no periodic tasks unless asked."""
+def start_consumer(workers: Workers, name: str = "huey", *, periodic: bool = False, node: str = "") -> None:
+    """A plain ``huey_consumer`` of the test Huey, two worker threads, no periodic tasks unless asked.
+
+    ``node``: the consumer looks like one on another machine (see ``pretend_other_host``).
+    """
     argv = [sys.executable, "-m", "huey.bin.huey_consumer", "tests.huey_tasks.huey", "-w", "2"]
-    workers.start(name, argv if periodic else [*argv, "--no-periodic"], **env)
+    workers.start(name, argv if periodic else [*argv, "--no-periodic"], **({NODE_VAR: node} if node else {}))
 
 
 def state(task: object, *args: object) -> LockState:
@@ -228,7 +231,7 @@ def test_revoked_and_expired_tasks_free_their_locks_on_the_consumer(
 def test_a_killed_consumer_elsewhere_is_reclaimed_within_one_lease(
     consumers: Workers, huey_redis: redis.Redis
 ) -> None:
-    start_consumer(consumers, "remote", **{NODE_VAR: "another-machine"})
+    start_consumer(consumers, "remote", node="another-machine")
     gate("r")
     wait_until(lambda: count(huey_redis, "started", "r") == 1, "the task to start")
     time.sleep(gate.unique_job.unique_run_lease * 1.5)  # alive across leases: its heartbeat keeps the lock
@@ -261,7 +264,7 @@ def test_a_periodic_task_on_two_consumers_runs_once_per_tick(
     if second > 40:
         time.sleep(61 - second)
     for host in ("one", "two"):
-        start_consumer(consumers, host, periodic=True, **{NODE_VAR: host})
+        start_consumer(consumers, host, periodic=True, node=host)
     name = every_minute.unique_job.job_name()
     wait_until(lambda: uniqjob.ops.duplicates(job_class=name) == {name: 1}, "the second scheduler's enqueue")
     wait_until(lambda: count(huey_redis, "done", "tick") == 1, "the tick's run")
