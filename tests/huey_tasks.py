@@ -95,3 +95,9 @@ def every_minute() -> None:
     r = client()
     job_started(r, "tick")
     job_done(r, "tick")
+
+
+@unique_task(unique_run_lease=1.0, unique_lock_autoexpire=600, concurrency_limit=1)
+def one_at_a_time(name: str) -> str:
+    """One concurrency slot for the task: the other calls park, and are enqueued into Huey in turn."""
+    return _gated(name)

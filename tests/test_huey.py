@@ -17,10 +17,10 @@ from huey.storage import MemoryStorage
 import uniqjob
 import uniqjob.queues
 from tests.conftest import FakeClock
-from tests.huey_tasks import connect, every_minute, flaky, gate, huey, rescheduled, strict
+from tests.huey_tasks import connect, every_minute, flaky, gate, huey, one_at_a_time, rescheduled, strict
 from tests.integration_workers import NODE_VAR, URL_VAR, Workers, count, open_gate, wait_until, worker_pool
 from tests.redis_server import RedisServer
-from uniqjob import ConfigurationError, JobNotUnique
+from uniqjob import ConfigurationError, JobNotUnique, Parked
 from uniqjob.integrations.huey import HueyQueue, UniqueHuey
 from uniqjob.locks import LockState
 from uniqjob.stores.memory import MemoryBackend
@@ -141,6 +141,31 @@ def test_policies_raise_and_reschedule(huey_redis: redis.Redis) -> None:
     _, first, later = huey.pending()
     assert "uniqjob" in first.kwargs and "uniqjob" not in later.kwargs and later.args == ("s",)
     assert later.eta is not None and later.eta > datetime.now(UTC).replace(tzinfo=None)
+
+
+def test_a_scheduled_task_s_lock_outlives_its_wait(huey_redis: redis.Redis) -> None:
+    later = gate.schedule(("later",), delay=3000)
+    assert isinstance(later, Result)
+    held = state(gate, "later").queue
+    assert held is not None and held.meta.job_id == later.id
+    assert 3590 < held.ttl <= 3600  # type: ignore[operator]  # unique_lock_autoexpire (600) + the delay
+    assert gate.schedule(("later",), delay=10) is None
+
+
+def test_immediate_mode_runs_the_task_under_its_lock_in_place() -> None:
+    """Huey's immediate mode (no consumer): enqueue runs the task at once, locked, and releases it."""
+    local = UniqueHuey("immediate", immediate=True)
+    seen: list[bool] = []
+
+    @local.task(unique=True, unique_backend=MemoryBackend(), retries=1)  # type: ignore[untyped-decorator]
+    def once(n: int) -> int:
+        seen.append(once.unique_job.is_locked(n))
+        if len(seen) == 1:
+            raise RuntimeError("the first attempt fails; Huey retries it at once")
+        return n
+
+    assert once(3)() == 3
+    assert seen == [True, True] and not once.unique_job.is_locked(3)
 
 
 @pytest.fixture
@@ -270,3 +295,18 @@ def test_a_periodic_task_on_two_consumers_runs_once_per_tick(
     wait_until(lambda: count(huey_redis, "done", "tick") == 1, "the tick's run")
     assert count(huey_redis, "started", "tick") == 1
     assert "Enqueueing periodic task" in consumers.log("one") + consumers.log("two")
+
+
+@pytest.mark.slow
+def test_block_parks_and_a_promotion_enqueues_into_huey(consumers: Workers, huey_redis: redis.Redis) -> None:
+    start_consumer(consumers)
+    assert isinstance(one_at_a_time("p1"), Result)
+    wait_until(lambda: count(huey_redis, "started", "p1") == 1, "the first task to start")
+    parked = one_at_a_time("p2")
+    assert isinstance(parked, Parked)  # parked, not in Huey yet
+    assert huey.pending_count() == 0 and one_at_a_time.unique_job.is_locked("p2")
+    open_gate(huey_redis, "p1")
+    wait_until(lambda: count(huey_redis, "started", "p2") == 1, "the parked task to be enqueued and run")
+    assert count(huey_redis, "done", "p1") == 1  # only once the first gave up its slot
+    open_gate(huey_redis, "p2")
+    wait_until(lambda: not one_at_a_time.unique_job.is_locked("p2"), "its lock to go")

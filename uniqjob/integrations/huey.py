@@ -64,7 +64,7 @@ from ..joblock import JobLock
 from ..stores._log import get_logger
 from . import HEADER, Decision, Ticket, perform
 
-__all__ = ["HueyQueue", "UniqueHuey", "UniqueRedisHuey"]
+__all__ = ["HueyJob", "HueyQueue", "UniqueHuey", "UniqueRedisHuey", "UniqueTaskWrapper"]
 
 log = get_logger(__name__)
 
@@ -78,6 +78,15 @@ _pending: ContextVar[Task | None] = ContextVar("uniqjob_huey_task", default=None
 # Set on a task whose body raised CancelExecution: its lock is settled; the "canceled" signal
 # that follows is not a drop (one from a pre-execute hook is: the task never ran).
 _RAN = "uniqjob_ran"
+
+
+class HueyJob(UniqueJob, abstract=True):
+    """Base of the UniqueJob made for each unique task, ``task.unique_job``."""
+
+    @classmethod
+    def job_name(cls) -> str:
+        """The task function's ``module.QualName``, which starts its keys."""
+        return f"{cls.__module__}.{cls.__qualname__.removesuffix('.unique_job')}"
 
 
 class HueyQueue(Queue):
@@ -209,7 +218,9 @@ class UniqueRedisHuey(UniqueHuey, RedisHuey):  # type: ignore[misc]
     """``RedisHuey`` whose tasks may be unique."""
 
 
-def _job_for(wrapper: UniqueTaskWrapper, task_class: type[Task], func: Any, options: dict[str, Any]) -> Any:
+def _job_for(
+    wrapper: UniqueTaskWrapper, task_class: type[Task], func: Any, options: dict[str, Any]
+) -> type[HueyJob]:
     """Make the UniqueJob of a task: its ``perform`` is the function, its settings the task's options."""
     body: dict[str, Any] = {
         name: staticmethod(value) if name in _CALLABLES and inspect.isfunction(value) else value
@@ -221,13 +232,13 @@ def _job_for(wrapper: UniqueTaskWrapper, task_class: type[Task], func: Any, opti
         body["unique_key"] = staticmethod(partial(_minute, wrapper.huey))
     body.update(
         __module__=func.__module__,
-        # importable by that path, through the task's unique_job (a parked call names its class)
-        __qualname__=func.__qualname__,
+        # importable by that path (a parked call names its job class)
+        __qualname__=f"{func.__qualname__}.unique_job",
         __doc__=func.__doc__,
         perform=staticmethod(func),
         unique_queue=HueyQueue(wrapper.huey, task_class),
     )
-    return type(func.__name__, (UniqueJob,), body)
+    return type(func.__name__, (HueyJob,), body)
 
 
 def _now(huey: Huey) -> datetime:
