@@ -22,7 +22,18 @@ from benchmarks.report import Report, Target
 
 __all__ = ["SECTIONS", "main"]
 
-SECTIONS = ("redis", "replicas", "asyncio", "parallel", "scale", "file", "memory", "queues", "startup")
+SECTIONS = (
+    "redis",
+    "replicas",
+    "asyncio",
+    "parallel",
+    "scale",
+    "file",
+    "memory",
+    "queues",
+    "huey",
+    "startup",
+)
 
 
 def _whole(text: str, least: int) -> int:
@@ -231,6 +242,13 @@ def _run_sections(
 
         progress(f"queues: RQ, Celery, arq enqueues, {args.iterations} samples each; RQ workers")
         queues.run_section(report, url, args.iterations, args.warmup)
+    if "huey" in args.sections:
+        from benchmarks import huey_bench
+
+        progress(
+            f"huey: plain, unique and duplicate enqueues, {args.iterations} samples each; a consumer's task"
+        )
+        huey_bench.run_section(report, url, args.iterations, args.warmup)
     if "startup" in args.sections:
         progress(f"startup: `uniqjob run` on the file store vs `python -c pass`, {args.starts} pairs")
         run_startup(report, scratch / "startup", args.starts, warmup=3)

@@ -31,6 +31,7 @@ EXPECTED = (
     + ["file.filelock", "file.flock", *(f"file.{name}" for name in LABELS)]
     + [f"memory.{name}" for name in LABELS]
     + [f"queues.{queue}.{path}" for queue in QUEUES for path in PATHS]
+    + [f"huey.{path}" for path in PATHS]
 )
 
 
