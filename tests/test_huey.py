@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import redis
-from huey.api import Result
+from huey.api import Result, Task
+from huey.exceptions import CancelExecution
 from huey.storage import MemoryStorage
 
 import uniqjob
@@ -166,6 +167,26 @@ def test_immediate_mode_runs_the_task_under_its_lock_in_place() -> None:
 
     assert once(3)() == 3
     assert seen == [True, True] and not once.unique_job.is_locked(3)
+
+
+def test_a_task_cancelled_before_it_runs_frees_its_lock() -> None:
+    """A pre-execute hook's CancelExecution: Huey drops the task unrun, and says so by a signal."""
+    local = UniqueHuey("cancelling", immediate=True)
+    ran: list[int] = []
+
+    @local.task(unique=True, unique_backend=MemoryBackend())  # type: ignore[untyped-decorator]
+    def guarded(n: int) -> None:
+        ran.append(n)
+
+    @local.pre_execute()  # type: ignore[untyped-decorator]
+    def refuse_odd(task: Task) -> None:
+        if task.args[0] % 2:
+            raise CancelExecution()
+
+    guarded(1)
+    guarded(2)
+    assert ran == [2]
+    assert not guarded.unique_job.is_locked(1) and not guarded.unique_job.is_locked(2)
 
 
 @pytest.fixture
