@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from huey.api import Result, Task
+from huey.api import Huey, Result, Task
 from huey.exceptions import CancelExecution
 from huey.storage import MemoryStorage
 
@@ -187,6 +187,9 @@ def test_a_task_cancelled_before_it_runs_frees_its_lock() -> None:
     guarded(2)
     assert ran == [2]
     assert not guarded.unique_job.is_locked(1) and not guarded.unique_job.is_locked(2)
+    # Enqueued around UniqueHuey (Huey's own enqueue): the task comes back through its lock, then runs.
+    Huey.enqueue(local, guarded.s(4))
+    assert ran == [2, 4] and not guarded.unique_job.is_locked(4)
 
 
 @pytest.fixture
