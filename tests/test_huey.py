@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from huey import crontab
 from huey.api import Huey, Result, Task
 from huey.exceptions import CancelExecution
 from huey.storage import MemoryStorage
@@ -125,6 +126,8 @@ def test_misconfigured_tasks_are_configuration_errors_naming_the_setting() -> No
         local.task(unique=True, unique_on_conflict="shout")(job)
     with pytest.raises(ConfigurationError, match="unique_lock_autoexpire but is not unique: add unique=True"):
         local.task(unique_lock_autoexpire=60)(job)
+    with pytest.raises(ConfigurationError, match=r"periodic huey task .*'reschedule' would run a tick's dup"):
+        local.periodic_task(crontab(), unique=True, unique_on_conflict="reschedule")(job)
     assert local.task(name="plain")(job).unique_job is None  # a plain task, as Huey makes it
     made = local.task(unique=True, unique_lock_autoexpire=60)(job)  # none registered by the failures
     assert made.unique_job.unique_lock_autoexpire == 60

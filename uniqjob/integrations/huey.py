@@ -227,6 +227,11 @@ def _job_for(
         for name, value in options.items()
     }
     if issubclass(task_class, PeriodicTask):
+        if body.get("unique_on_conflict") == "reschedule":
+            raise ConfigurationError(
+                f"periodic huey task {func.__module__}.{func.__qualname__}: unique_on_conflict"
+                " 'reschedule' would run a tick's duplicate in a later tick; drop it"
+            )
         body.setdefault("unique_strategy", "until_expired")  # the tick's lock outlives its run
         body.setdefault("unique_lock_autoexpire", PERIODIC_AUTOEXPIRE)
         body["unique_key"] = staticmethod(partial(_minute, wrapper.huey))
