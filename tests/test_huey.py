@@ -47,12 +47,14 @@ def consumers(huey_redis: redis.Redis, redis_server: RedisServer, tmp_path: Path
         yield pool
 
 
-def start_consumer(workers: Workers, name: str = "huey", *, periodic: bool = False, node: str = "") -> None:
-    """A plain ``huey_consumer`` of the test Huey, two worker threads, no periodic tasks unless asked.
+def start_consumer(
+    workers: Workers, name: str = "huey", *, periodic: bool = False, node: str = "", kind: str = "thread"
+) -> None:
+    """A plain ``huey_consumer`` of the test Huey, two workers (threads), no periodic tasks unless asked.
 
     ``node``: the consumer looks like one on another machine (see ``pretend_other_host``).
     """
-    argv = [sys.executable, "-m", "huey.bin.huey_consumer", "tests.huey_tasks.huey", "-w", "2"]
+    argv = [sys.executable, "-m", "huey.bin.huey_consumer", "tests.huey_tasks.huey", "-w", "2", "-k", kind]
     workers.start(name, argv if periodic else [*argv, "--no-periodic"], **({NODE_VAR: node} if node else {}))
 
 
@@ -60,8 +62,9 @@ def state(task: object, *args: object) -> LockState:
     return uniqjob.default_backend().read(task.unique_job.lock_key(*args))  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("kind", ["thread", pytest.param("process", marks=pytest.mark.slow)])
 def test_duplicates_while_a_task_is_queued_or_running_are_dropped_and_counted(
-    consumers: Workers, huey_redis: redis.Redis
+    consumers: Workers, huey_redis: redis.Redis, kind: str
 ) -> None:
     first = gate("a")
     assert isinstance(first, Result)
@@ -73,7 +76,7 @@ def test_duplicates_while_a_task_is_queued_or_running_are_dropped_and_counted(
     assert [gate("a") for _ in range(3)] == [None] * 3  # queued: dropped, nothing enqueued
     assert huey.pending_count() == 1
 
-    start_consumer(consumers)
+    start_consumer(consumers, kind=kind)
     wait_until(lambda: count(huey_redis, "started", "a") == 1, "the task to start")
     running = state(gate, "a")
     assert running.queue is not None and running.queue.state == "running"
