@@ -4,33 +4,20 @@
 
     huey = UniqueRedisHuey("app", url="redis://localhost:6379/0")
 
-    @huey.task(unique=True, retries=2, retry_delay=10, unique_lock_autoexpire=3600)
+    @huey.task(unique=True, retries=2, unique_lock_autoexpire=3600)
     def export(account_id: int) -> str: ...
-
-    @huey.periodic_task(crontab(minute="*/5"), unique=True)
-    def sweep() -> None: ...
 
     export(42)   # takes the queue lock, then enqueues; a huey Result, or None for a duplicate
 
-:class:`UniqueHuey` is a Huey (any storage: mix it into ``RedisHuey``'s kin, or use
-:class:`UniqueRedisHuey`) whose ``enqueue`` takes the queue lock of a unique task
-before the task reaches the queue. Every way in goes through it: calling the task,
-``schedule()``, ``map()``, pipelines, ``huey.enqueue(task.s(...))``. The lock's key
-and token travel in the task's kwargs under ``uniqjob`` (taken out again before the
-function is called); the consumer runs the task under that lock, keeps it while Huey
-means to retry the task, and releases it when the task is done for good, or revoked,
-expired or cancelled. A task re-enqueued with its lock (a retry, a scheduled task
-coming due) is not locked twice.
-
-A periodic task is locked once per tick: its key names the minute that Huey's
-scheduler matched (on its clock), and the lock is kept ``unique_lock_autoexpire``
-seconds (120 by default), past that minute: a periodic task enqueued by the
-schedulers of several consumers runs once per tick.
-
-Settings are task options: ``unique=True``, then the ``unique_*`` and
-``concurrency_*`` settings of :class:`~uniqjob.job.UniqueJob`, checked when the task
-is defined. They live on ``task.unique_job``, which also makes keys and locks
-(``export.unique_job.lock_key(42)``).
+:class:`UniqueHuey` (mixed into any Huey; :class:`UniqueRedisHuey` is ``RedisHuey``'s)
+takes a unique task's queue lock in ``enqueue``, which every way in goes through
+(a call, ``schedule()``, ``map()``, pipelines, the periodic scheduler). The lock's key
+and token travel in the task's kwargs under ``uniqjob``; the consumer runs the task
+under that lock, keeps it while Huey means to retry the task, and releases it when the
+task is done for good, revoked, expired or cancelled. A periodic task's key names the
+minute Huey's scheduler matched, and its lock outlives the minute: the schedulers of
+several consumers enqueue it once per tick. The ``unique_*`` and ``concurrency_*``
+task options live on ``task.unique_job``. See docs/huey.md.
 """
 
 from __future__ import annotations
