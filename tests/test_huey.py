@@ -174,6 +174,15 @@ def test_immediate_mode_runs_the_task_under_its_lock_in_place() -> None:
     assert once(3)() == 3
     assert seen == [True, True] and not once.unique_job.is_locked(3)
 
+    @local.task(unique=True, unique_backend=MemoryBackend())  # type: ignore[untyped-decorator]
+    def add(a: int, b: int = 0) -> int:
+        seen.append(add.unique_job.is_locked(a, b))
+        return a + b
+
+    # a pipeline: each step is enqueued through its lock, the next as the one before completes
+    assert local.enqueue(add.s(1, 2).then(add, 10)).get() == [3, 13]
+    assert seen[2:] == [True, True] and not add.unique_job.is_locked(10, 3)
+
 
 def test_a_task_cancelled_before_it_runs_frees_its_lock() -> None:
     """A pre-execute hook's CancelExecution: Huey drops the task unrun, and says so by a signal."""
