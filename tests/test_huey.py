@@ -131,6 +131,8 @@ def test_misconfigured_tasks_are_configuration_errors_naming_the_setting() -> No
         local.task(unique_lock_autoexpire=60)(job)
     with pytest.raises(ConfigurationError, match=r"periodic huey task .*'reschedule' would run a tick's dup"):
         local.periodic_task(crontab(), unique=True, unique_on_conflict="reschedule")(job)
+    with pytest.raises(ConfigurationError, match="its queue is Huey's"):
+        local.task(unique=True, unique_queue=None)(job)
     assert local.task(name="plain")(job).unique_job is None  # a plain task, as Huey makes it
     made = local.task(unique=True, unique_lock_autoexpire=60)(job)  # none registered by the failures
     assert made.unique_job.unique_lock_autoexpire == 60

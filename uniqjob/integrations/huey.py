@@ -213,6 +213,8 @@ def _job_for(
         name: staticmethod(value) if name in _CALLABLES and inspect.isfunction(value) else value
         for name, value in options.items()
     }
+    if "unique_queue" in body:
+        raise ConfigurationError(f"huey task {func.__module__}.{func.__qualname__}: its queue is Huey's")
     if issubclass(task_class, PeriodicTask):
         if body.get("unique_on_conflict") == "reschedule":
             raise ConfigurationError(
