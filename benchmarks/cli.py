@@ -32,6 +32,7 @@ SECTIONS = (
     "memory",
     "queues",
     "apscheduler",
+    "huey",
     "startup",
 )
 
@@ -247,6 +248,13 @@ def _run_sections(
 
         progress(f"apscheduler: a job call, plain and under once_per_tick, {args.iterations} samples each")
         apscheduler_bench.run_section(report, url, args.iterations, args.warmup, args.counted)
+    if "huey" in args.sections:
+        from benchmarks import huey_bench
+
+        progress(
+            f"huey: plain, unique and duplicate enqueues, {args.iterations} samples each; a consumer's task"
+        )
+        huey_bench.run_section(report, url, args.iterations, args.warmup)
     if "startup" in args.sections:
         progress(f"startup: `uniqjob run` on the file store vs `python -c pass`, {args.starts} pairs")
         run_startup(report, scratch / "startup", args.starts, warmup=3)

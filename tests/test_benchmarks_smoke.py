@@ -32,6 +32,7 @@ EXPECTED = (
     + [f"memory.{name}" for name in LABELS]
     + [f"queues.{queue}.{path}" for queue in QUEUES for path in PATHS]
     + [f"apscheduler.{path}" for path in apscheduler_bench.PATHS]
+    + [f"huey.{path}" for path in PATHS]
 )
 
 

@@ -120,6 +120,7 @@ def test_arq_beside_celery_is_installed_as_the_docs_say() -> None:
         ("uniqjob.integrations.celery", "celery", "celery"),
         ("uniqjob.integrations.arq", "arq", "arq"),
         ("uniqjob.integrations.apscheduler", "apscheduler", "apscheduler"),
+        ("uniqjob.integrations.huey", "huey", "huey"),
         ("uniqjob.dashboard", "jinja2", "dashboard"),
         ("uniqjob.dashboard", "starlette", "dashboard"),
     ],
