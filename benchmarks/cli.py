@@ -33,6 +33,7 @@ SECTIONS = (
     "queues",
     "apscheduler",
     "huey",
+    "django",
     "startup",
 )
 
@@ -255,6 +256,11 @@ def _run_sections(
             f"huey: plain, unique and duplicate enqueues, {args.iterations} samples each; a consumer's task"
         )
         huey_bench.run_section(report, url, args.iterations, args.warmup)
+    if "django" in args.sections:
+        from benchmarks import django_bench
+
+        progress(f"django: enqueues on django-tasks-db and django-tasks-rq, {args.iterations} samples each")
+        django_bench.run_section(report, url, args.iterations, args.warmup, args.counted)
     if "startup" in args.sections:
         progress(f"startup: `uniqjob run` on the file store vs `python -c pass`, {args.starts} pairs")
         run_startup(report, scratch / "startup", args.starts, warmup=3)

@@ -33,6 +33,7 @@ EXPECTED = (
     + [f"queues.{queue}.{path}" for queue in QUEUES for path in PATHS]
     + [f"apscheduler.{path}" for path in apscheduler_bench.PATHS]
     + [f"huey.{path}" for path in PATHS]
+    + [f"django.{backend}.{path}" for backend in ("db", "rq") for path in PATHS]
 )
 
 

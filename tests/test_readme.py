@@ -4,7 +4,9 @@ A file's blocks run as a reader would try them, in one session: Python blocks
 are exec'd in one namespace; a Python block whose first line is ``# NAME.py``
 is saved as ``NAME.py`` in the session's working directory and imported
 (``from NAME import *``), so that workers and later blocks can import it by
-that name; ``pycon`` blocks run as doctests in the same namespace; ``sh``,
+that name (one that names Django is only saved: Django's settings are once per
+process, so the page's ``manage.py`` commands run it); ``pycon`` blocks run as
+doctests in the same namespace; ``sh``,
 ``bash`` and ``console`` blocks (in ``console``, the ``$ `` lines) run with
 bash in the working directory, where ``.venv`` is the venv running the tests;
 ``crontab`` entries are parsed with the command's own parser; ``yaml`` alert
@@ -153,6 +155,8 @@ class Session:
         if module:
             name = module.group(1)
             (self.work / f"{name}.py").write_text(source)
+            if "django" in source:
+                return  # run by the page's own commands (manage.py), each a process of its own
             self.modules.append(name)
             source = f"from {name} import *"
         try:
@@ -286,6 +290,11 @@ def test_the_examples_of_each_file_run(
         assert (
             re.search(r"lock 'uniqjob\.cli\.run:1:\w+' is held by pid \d+", outputs) and "exit 75" in outputs
         )
+    if path.name == "django.md":
+        outputs = "\n".join(output for _, output in session.outputs)
+        # enqueued, the duplicate dropped, its lock listed, run by db_worker, enqueued again
+        assert "READY\nNone\n" in outputs and re.search(r"queued .* reports\.send_report\(42", outputs)
+        assert "state=SUCCESSFUL" in outputs and outputs.rstrip().endswith("READY"), outputs
     if path.name == "cli.md":
         outputs = "\n".join(output for _, output in session.outputs)
         # once per tick: the second run of the tick does not run its command, and says why
