@@ -19,14 +19,16 @@ from collections.abc import Iterator, Sequence
 from typing import Literal
 
 from ..errors import ConfigurationError, CorruptRecordError
-from ..locks import LockState, QueueMeta, RunClaim
+from ..locks import LockState, PendingCall, QueueMeta, RunClaim
 from ._drops import check_window
 from .semaphores import SemaphoreStore, read_each
 
-__all__ = ["Backend", "QueueMode", "SemaphoreStore"]
+__all__ = ["Backend", "Coalesce", "QueueMode", "SemaphoreStore"]
 
 #: What taking the run lock does to the queue lock: see :meth:`Backend.start`.
-QueueMode = Literal["run", "release", "keep"]
+QueueMode = Literal["run", "release", "keep", "own"]
+#: What a claim does with a conflicting queue lock of another token: see :meth:`Backend.claim`.
+Coalesce = Literal["", "keep_last", "replace"]
 
 
 class Backend(ABC):
@@ -46,6 +48,7 @@ class Backend(ABC):
         run: RunClaim | None = None,
         count: bool = False,
         counted: float | None = None,
+        coalesce: Coalesce = "",
     ) -> LockState | None:
         """Take the queue lock of ``key`` for ``token``; None when taken, else the state in the way.
 
@@ -60,6 +63,25 @@ class Backend(ABC):
         own lock and succeeds again (with the same fence).
 
         ``count`` and ``counted``: see :meth:`duplicates`.
+
+        **Coalescing** (``coalesce``). A live queue lock of
+        another token is then changed in the same step, and the state returned
+        says how (:attr:`LockState.coalesced`), as it was before the change:
+
+        - ``"keep_last"``, the lock ``queued``: its call becomes this one
+          (``meta.args`` and ``meta.call``; a pending call is dropped), so its
+          job runs with the latest arguments (:meth:`start` hands them over):
+          ``"latest"``.
+        - ``"keep_last"``, the lock ``running``: this call (``token`` and
+          ``meta``) becomes the lock's pending call, replacing any earlier one;
+          :meth:`finish` turns it into the queued lock: ``"pending"``.
+        - ``"replace"``, the lock ``queued``: the lock becomes ``token``'s, with
+          ``meta`` (its job id too): ``"replaced"``; the state shows the lock it
+          replaced, whose job the caller removes from its queue. The lock is the
+          caller's: the replaced job's :meth:`start` with ``queue_lock="own"``
+          is refused from now on.
+
+        Anything else (``replace`` of a running lock) refuses as without ``coalesce``.
         """
 
     @abstractmethod
@@ -87,7 +109,13 @@ class Backend(ABC):
           created (with ``ttl``) if missing;
         - ``"release"``: it is deleted if it is ``token``'s (the lock passes
           from queue to run atomically);
-        - ``"keep"``: it is not touched.
+        - ``"keep"``: it is not touched;
+        - ``"own"``: as ``"run"``, but the start is refused (the state returned)
+          unless the queue lock is ``token``'s (or any, with ``adopt``): a job
+          whose call was replaced or taken over never runs.
+
+        When granted, ``run.call`` is set to the arguments the queue lock recorded
+        (``meta.call``, the latest call's when claims coalesced into it), or "".
 
         With ``adopt``, a queue lock of any token counts as ``token``'s (a
         queue that cannot carry tokens); without it, another token's queue lock
@@ -135,8 +163,14 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
+    def finish(
+        self, key: str, token: str, *, keep_queue: bool = False, attempt: str = ""
+    ) -> PendingCall | None:
         """Release ``key``'s run lock and (unless ``keep_queue``) its queue lock, each only if ``token``'s.
+
+        **A pending call** (see :meth:`claim`'s coalescing): when ``token``'s queue
+        lock goes and holds one, it becomes the key's queue lock instead, ``queued``,
+        in the same step, and is returned for the caller to push; else None.
 
         **Attempts.** Two deliveries of one job share its token and differ by
         attempt (``RunClaim.attempt``). Given ``attempt``, the run lock is

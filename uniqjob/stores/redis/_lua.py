@@ -85,6 +85,7 @@ def corrupt_reply(exc: BaseException, count: int) -> tuple[int, str] | None:
 # scripts read them in this order (HMGET), and _replies.py unpacks them by these names.
 QUEUE_FIELDS = {
     "token": "t", "state": "s", "since": "a", "cls": "c", "cls_len": "n", "args": "p", "job_id": "j",
+    "call": "k", "p_token": "P", "p_args": "A", "p_job_id": "J", "p_call": "K",
 }  # fmt: skip
 RUN_FIELDS = {
     "token": "t", "host": "h", "node": "o", "pid": "i", "pstart": "b", "started": "a", "lease": "l",
@@ -97,7 +98,7 @@ SNAPSHOT = ("now", "queue", "queue_ttl", "run", "run_ttl")
 # then CLAIM's and START's run lock (after their mode / flags) or REQUEUE's attempt.
 QUEUE_ARGV = ("token", "ttl_ms", "cls", "cls_len", "args", "job_id")
 RUN_ARGV = ("host", "node", "pid", "pstart", "lease_ms", "attempt")
-CLAIM_ARGV = (*QUEUE_ARGV, "mode", *RUN_ARGV)
+CLAIM_ARGV = (*QUEUE_ARGV, "mode", *RUN_ARGV, "call", "coalesce")
 START_ARGV = (*QUEUE_ARGV, "flags", *RUN_ARGV)
 REQUEUE_ARGV = (*QUEUE_ARGV, "attempt")
 
@@ -132,7 +133,9 @@ end
 # letter, empty fields are left out, and a class name that the key already
 # starts with is kept as its length (the queue hash then fits a small listpack).
 #   queue lock: t token, s state ('q' queued / 'r' running), a since (µs),
-#               c class or n its length in the key, p arguments preview, j job id
+#               c class or n its length in the key, p arguments preview, j job id,
+#               k the call's arguments (JSON, policy keep_last); a pending call (keep_last):
+#               P its token, A its arguments preview, J its job id, K its arguments
 #   run lock:   t token, h host, o node, i pid, b process start, a started (µs), l lease (ms),
 #               x attempt (tells two deliveries of one token apart), f fence
 # Times are the server's TIME as whole microseconds, so no float ever rounds them.
@@ -210,6 +213,7 @@ local function set_queue(token, state, now)
   if value ~= '' then hset[#hset + 1] = name; hset[#hset + 1] = value end
   if ARGV[5] ~= '' then hset[#hset + 1] = 'p'; hset[#hset + 1] = ARGV[5] end
   if ARGV[6] ~= '' then hset[#hset + 1] = 'j'; hset[#hset + 1] = ARGV[6] end
+  if ARGV[14] and ARGV[14] ~= '' then hset[#hset + 1] = 'k'; hset[#hset + 1] = ARGV[14] end
   redis.call(unpack(hset))
   if ARGV[2] ~= '0' then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 end
@@ -249,6 +253,19 @@ local function refused(now, drop, rtok, q)
   if type(reply) == 'string' then count_drop(now, drop, rtok) end
   return reply
 end
+-- Write the queue lock's fields {name, value, ...}: the empty ones are deleted (never kept empty).
+local function put(fields)
+  local hset, hdel = {'HSET', KEYS[1]}, {'HDEL', KEYS[1]}
+  for i = 1, #fields, 2 do
+    if fields[i + 1] ~= '' then
+      hset[#hset + 1] = fields[i]; hset[#hset + 1] = fields[i + 1]
+    else
+      hdel[#hdel + 1] = fields[i]
+    end
+  end
+  if #hset > 2 then redis.call(unpack(hset)) end
+  if #hdel > 2 then redis.call(unpack(hdel)) end
+end
 local function take_back(drop)
   if string.sub(drop, 1, 1) ~= '=' then return end
   local b = string.sub(drop, 2)
@@ -260,10 +277,12 @@ end
 
 # KEYS: queue lock, run lock, last fence, dropped duplicates.
 # ARGV: token, ttl_ms, cls, cls_len, args, job_id, mode ('q' or 'r', then a drop: see count_drop),
-#       host, node, pid, pstart, lease_ms, attempt
+#       host, node, pid, pstart, lease_ms, attempt ('' each with mode 'q'), and optionally
+#       call (the arguments as JSON) and coalesce ('l' keep_last, 'p' replace: Backend.claim)
 # Returns 1 when the queue lock is taken (mode 'q'), the fence when both are
-# (mode 'r'), else a snapshot of what is in the way. Idempotent for its token:
-# a retry (its reply lost) finds its own lock and succeeds again, with the
+# (mode 'r'), else a snapshot of what is in the way, after a letter if a live queue lock
+# of another token was coalesced: 'L' latest, 'P' pending, 'R' replaced (the lock is ours).
+# Idempotent for its token: a retry (its reply lost) finds its own lock and succeeds again, with the
 # fence it was given, as long as no other token took the run lock meanwhile.
 CLAIM = (
     _PRELUDE
@@ -288,7 +307,20 @@ if present(q) then
   elseif q[1] == ARGV[1] then
     mine = true  -- a retry whose first reply was lost
   else
-    return refused(now, drop, run and run[1], q)
+    local reply = refused(now, drop, run and run[1], q)
+    local co = ARGV[15] or ''
+    if type(reply) ~= 'string' or co == '' then return reply end
+    if q[2] == 'q' and co == 'l' then  -- the queued call runs with the latest arguments
+      put({'p', ARGV[5], 'k', ARGV[14], 'P', '', 'A', '', 'J', '', 'K', ''})
+      return 'L' .. reply
+    elseif q[2] == 'q' then  -- replaced: the lock is ours, with our job
+      put({'t', ARGV[1], 'a', now, 'p', ARGV[5], 'j', ARGV[6], 'k', ARGV[14]})
+      return 'R' .. reply
+    elseif co == 'l' then  -- waits behind the running call
+      put({'P', ARGV[1], 'A', ARGV[5], 'J', ARGV[6], 'K', ARGV[14]})
+      return 'P' .. reply
+    end
+    return reply
   end
 else
   q = false
@@ -322,11 +354,12 @@ return fence
 
 # KEYS: queue lock, run lock, last fence, dropped duplicates.
 # ARGV: token, ttl_ms, cls, cls_len, args, job_id, flags, host, node, pid, pstart, lease_ms, attempt
-# flags: 'a' (adopt) or '-', then the queue mode: 'r' (run), 'x' (release) or 'k' (keep), then
-# a drop: see count_drop.
+# flags: 'a' (adopt) or '-', then the queue mode: 'r' (run), 'x' (release), 'k' (keep) or 'o'
+# (own: as 'r', refused unless the queue lock is the token's), then a drop: see count_drop.
 # A run lock of the same token but another attempt is a second delivery: in the way.
 # Returns the fence when the run lock is taken (a re-take keeps the one it
-# holds), else a snapshot of what is in the way.
+# holds), or {fence, call} when the queue lock it holds records a call (k); else a
+# snapshot of what is in the way.
 START = (
     _PRELUDE
     + """
@@ -334,14 +367,20 @@ local now = clock()
 local run = redis.pcall('HMGET', KEYS[2], 't', 'x', 'a', 'f')
 if failed(run) then return unreadable(2, run, 'hash') end
 local mode = string.sub(ARGV[7], 2, 2)
-local qtok = false
+local qtok, call = false, false
 if mode ~= 'k' then
-  qtok = redis.pcall('HGET', KEYS[1], 't')
-  if failed(qtok) then return unreadable(1, qtok, 'hash') end
+  local q = redis.pcall('HMGET', KEYS[1], 't', 'k')
+  if failed(q) then return unreadable(1, q, 'hash') end
+  qtok, call = q[1], q[2]
 end
 local held = present(run)
 local drop = string.sub(ARGV[7], 3)
 if held and not own_run(run, ARGV[1], ARGV[13]) then return refused(now, drop, run[1]) end
+local mine = qtok and (qtok == ARGV[1] or string.sub(ARGV[7], 1, 1) == 'a')
+if mode == 'o' then
+  if not mine then return refused(now, drop, run[1]) end
+  mode = 'r'
+end
 local fence = held and tonumber(run[4])
 if held and run[4] and not fence then return corrupt(2, 'field f (fence) is not a number') end
 take_back(drop)
@@ -354,7 +393,6 @@ else
   set_run(ARGV[1], held and run[3] or now, 8, text)
 end
 if mode == 'k' then return fence end
-local mine = qtok and (qtok == ARGV[1] or string.sub(ARGV[7], 1, 1) == 'a')
 if mode == 'x' then
   if mine then redis.call('DEL', KEYS[1]) end
 elseif not qtok then
@@ -362,6 +400,7 @@ elseif not qtok then
 elseif mine then
   redis.call('HSET', KEYS[1], 't', ARGV[1], 's', 'r')
 end
+if mine and call then return {fence, call} end
 return fence
 """
 )
@@ -424,11 +463,14 @@ return 1
 )
 
 # KEYS: queue lock, run lock. ARGV: token, keep_queue ('1' or '0'), attempt ('': any).
-# Deletes each lock that is still the token's (the key's last fence stays).
-# Returns 1, or 0, deleting neither, if the run lock is the token's but another
-# attempt's: a live delivery, which holds the queue lock too.
+# Deletes each lock that is still the token's (the key's last fence stays); a queue lock
+# holding a pending call (P) becomes that call's, queued, instead.
+# Returns 1, or the pending call {token, args, job id, call} that is now queued; or 0,
+# deleting neither, if the run lock is the token's but another attempt's: a live
+# delivery, which holds the queue lock too.
 FINISH = (
     _CHECKS
+    + CLOCK
     + """
 local run = redis.pcall('HMGET', KEYS[2], 't', 'x')
 if failed(run) then return unreadable(2, run, 'hash') end
@@ -436,9 +478,20 @@ local mine = run[1] == ARGV[1]
 if mine and other_attempt(run[2], ARGV[3]) then return 0 end
 local queue = false
 if ARGV[2] == '0' then
-  local qtok = redis.pcall('HGET', KEYS[1], 't')
-  if failed(qtok) then return unreadable(1, qtok, 'hash') end
-  queue = qtok == ARGV[1]
+  local q = redis.pcall('HMGET', KEYS[1], 't', 'P', 'A', 'J', 'K')
+  if failed(q) then return unreadable(1, q, 'hash') end
+  queue = q[1] == ARGV[1]
+  if queue and q[2] then  -- the pending call becomes the queued lock
+    if mine then redis.call('DEL', KEYS[2]) end
+    local p = {q[2], q[3] or '', q[4] or '', q[5] or ''}
+    redis.call('HDEL', KEYS[1], 'P', 'A', 'J', 'K', 'p', 'j', 'k')
+    redis.call('HSET', KEYS[1], 't', p[1], 's', 'q', 'a', clock())
+    if p[2] ~= '' then redis.call('HSET', KEYS[1], 'p', p[2]) end
+    if p[3] ~= '' then redis.call('HSET', KEYS[1], 'j', p[3]) end
+    if p[4] ~= '' then redis.call('HSET', KEYS[1], 'k', p[4]) end
+    redis.call('PERSIST', KEYS[1])
+    return p
+  end
 end
 if mine and queue then
   redis.call('DEL', KEYS[1], KEYS[2])

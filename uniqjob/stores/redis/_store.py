@@ -27,9 +27,9 @@ import redis
 from redis.commands.core import Script
 
 from ...errors import BackendError, ConfigurationError, CorruptRecordError
-from ...locks import Holder, LockState, QueueMeta, RunClaim
+from ...locks import Holder, LockState, PendingCall, QueueMeta, RunClaim
 from .._drops import WINDOW, minute
-from ..base import Backend, QueueMode
+from ..base import Backend, Coalesce, QueueMode
 from ..semaphores import SemaphoreStore
 from . import _listing
 from . import _lua as lua
@@ -48,7 +48,9 @@ __all__ = ["RedisBackend", "from_url"]
 
 T = TypeVar("T")
 
-_QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k"}
+_QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k", "own": "o"}
+_COALESCE = {"keep_last": "l", "replace": "p"}  # CLAIM's coalesce argument
+_COALESCED = {"L": "latest", "P": "pending", "R": "replaced"}  # and the letter of its reply
 _QUIET = "Q"  # the mark of a snapshot that need not be read: see _lua's snapshot()
 _PARTS = ("q", "r", "f")  # queue lock, run lock, last fence
 _TALLIED = (*_PARTS, "d")  # and the dropped duplicates
@@ -196,6 +198,7 @@ class RedisBackend(Backend):
         flag: str,
         run: RunClaim | None,
         keys: list[str] | None = None,
+        coalesce: Coalesce = "",
     ) -> list[Any]:
         """``keys`` (all three of ``key``'s by default), then ARGV by name: _lua.QUEUE_ARGV, ``flag``
         (CLAIM's mode, START's flags or REQUEUE's attempt), then with ``run`` _lua.RUN_ARGV (see
@@ -215,6 +218,10 @@ class RedisBackend(Backend):
                 )
             items += said[1]
             items += [str(_ms(run.lease)), run.attempt]
+        if meta.call or coalesce:  # CLAIM's and START's last two (none on the usual path)
+            if run is None:
+                items += ["", "", "", "", "", ""]
+            items += [meta.call, _COALESCE.get(coalesce, "")]
         return items
 
     # Each primitive is a script call (:class:`Call`: what to send, and how to read the reply) and
@@ -248,12 +255,22 @@ class RedisBackend(Backend):
             raise self._failure(exc, items[:numkeys]) from exc
 
     def _granted(self, key: str, run: RunClaim | None, reply: Any) -> LockState | None:
-        """A CLAIM or START reply: None when taken (an integer: 1, or the run lock's fence), else the state"""
+        """A CLAIM or START reply: None when taken (an integer: 1, or the run lock's fence; START's
+        {fence, call} with a recorded call), else the state, coalesced as its first letter says"""
         if type(reply) is int:
             if run is not None:
                 run.fence = reply
             return None
-        return self._state(key, reply)
+        if type(reply) is list:
+            assert run is not None
+            run.fence, run.call = int(reply[0]), text(reply[1])
+            return None
+        coalesced = _COALESCED.get(reply[:1])
+        if coalesced is None:
+            return self._state(key, reply)
+        state = self._state(key, reply[1:])
+        state.coalesced = coalesced  # type: ignore[assignment]
+        return state
 
     def _claim_call(
         self,
@@ -265,9 +282,11 @@ class RedisBackend(Backend):
         run: RunClaim | None = None,
         count: bool = False,
         counted: float | None = None,
+        coalesce: Coalesce = "",
     ) -> Call[LockState | None]:
         flag = ("q" if run is None else "r") + _drop(count, counted)
-        items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
+        keys = self._tallied(key)
+        items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=keys, coalesce=coalesce)
         decode = partial(self._granted, key, run)
         if self._acks is None:  # no replicas to acknowledge it: no grant text, nothing to undo
             return Call(self._claim, 4, items, decode)
@@ -315,9 +334,9 @@ class RedisBackend(Backend):
 
     def _finish_call(
         self, key: str, token: str, *, keep_queue: bool = False, attempt: str = ""
-    ) -> Call[bool]:
+    ) -> Call[PendingCall | None]:
         items = [*self._keys(key)[:2], token, "1" if keep_queue else "0", attempt]
-        return Call(self._finish, 2, items, bool)
+        return Call(self._finish, 2, items, partial(_pending, key))
 
     def _dequeue_call(self, key: str, token: str | None = None) -> Call[bool]:
         return Call(self._dequeue, 1, [self._keys(key)[0], token or ""], bool)
@@ -339,8 +358,11 @@ class RedisBackend(Backend):
         run: RunClaim | None = None,
         count: bool = False,
         counted: float | None = None,
+        coalesce: Coalesce = "",
     ) -> LockState | None:
-        call = self._claim_call(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted)
+        call = self._claim_call(
+            key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted, coalesce=coalesce
+        )
         return self._done(call)
 
     def start(
@@ -371,8 +393,10 @@ class RedisBackend(Backend):
     def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
         return self._done(self._renew_call(key, token, lease, attempt))
 
-    def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
-        self._done(self._finish_call(key, token, keep_queue=keep_queue, attempt=attempt))
+    def finish(
+        self, key: str, token: str, *, keep_queue: bool = False, attempt: str = ""
+    ) -> PendingCall | None:
+        return self._done(self._finish_call(key, token, keep_queue=keep_queue, attempt=attempt))
 
     def dequeue(self, key: str, token: str | None = None) -> bool:
         return self._done(self._dequeue_call(key, token))
@@ -448,8 +472,17 @@ def _claimed(key: str, run: bool, reply: Any) -> str:
 
 
 def _started(key: str, reply: Any) -> str:
-    """What a START ``reply`` granted of ``key`` (an integer: granted), else "" (a conflict's snapshot)."""
-    return f"the run lock of {key!r}, granted" if type(reply) is int else ""
+    """What a START ``reply`` granted of ``key`` (an integer or a list: granted), else "" (a snapshot)."""
+    return f"the run lock of {key!r}, granted" if type(reply) in (int, list) else ""
+
+
+def _pending(key: str, reply: Any) -> PendingCall | None:
+    """FINISH's reply: the pending call now queued ({token, args, job id, call}), else None."""
+    if type(reply) is not list:
+        return None
+    token, args, job_id, call = (text(part) for part in reply)
+    cls = ""  # the class is the key's: the caller knows it
+    return PendingCall(token, QueueMeta(cls, args, job_id, call))
 
 
 def _if_one(what: str, reply: Any) -> str:
