@@ -99,12 +99,13 @@ def subject_of(sent: list[Sent]) -> str:
 
 
 def script_names(module: Any | None = None) -> dict[str, str]:
-    """The SHA1 of each Lua script in uniqjob's Redis script module, to its name (for the table only)."""
+    """The SHA1 of each Lua script in uniqjob's Redis script modules, to its name (for the table only)."""
     if module is None:
         try:
-            from uniqjob.stores.redis import _lua as module
+            from uniqjob.stores.redis import _lua, _lua_settle
         except ImportError:  # moved by a refactor: the table shows SHA1 prefixes instead
             return {}
+        return {**script_names(_lua), **script_names(_lua_settle)}
     names = {}
     for name in getattr(module, "__all__", ()):
         source = getattr(module, name, None)

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import _coalesce
 from .errors import JobNotUnique, holder_text
 from .joblock import JobLock
 from .stores._log import get_logger
@@ -31,6 +32,8 @@ def apply(cls: type[UniqueJob], lock: JobLock, args: Sequence[Any], kwargs: dict
     :data:`RESCHEDULED` for the caller to wait and try again.
     """
     policy = cls.unique_on_conflict
+    if policy in ("keep_last", "replace"):
+        return _coalesce.conflict(cls, lock)
     if policy == "raise":
         raise JobNotUnique(lock.key, _holder(lock))
     # A duplicate is the common case of a busy queue: the holder's facts are

@@ -20,8 +20,8 @@ from . import _joblock_sync
 from ._joblock_base import STRATEGIES, Strategy, current
 from ._undo import undos
 from .heartbeat import Beat
-from .locks import LockState, QueueMeta, new_token
-from .stores.base import Backend
+from .locks import LockState, PendingCall, QueueMeta, new_token
+from .stores.base import Backend, Coalesce
 
 if TYPE_CHECKING:
     from .stores.aio import AsyncBackend
@@ -74,6 +74,8 @@ class JobLock:
         "_outer",
         "adopt",
         "backend",
+        "call",
+        "coalesce",
         "conflict",
         "fence",
         "gone_tokens",
@@ -82,6 +84,8 @@ class JobLock:
         "limit",
         "meta",
         "on_lost",
+        "pending",
+        "replaced",
         "strategy",
         "token",
         "ttl",
@@ -100,6 +104,7 @@ class JobLock:
         strategy: Strategy = "until_executed",
         limit: int = 1,
         on_lost: Callable[[JobLock], None] | None = None,
+        coalesce: Coalesce = "",
     ) -> None:
         self.backend = backend
         self.key = key
@@ -128,6 +133,14 @@ class JobLock:
         self._attempt_token: str | None = None
         #: Tokens of the queued locks that acquire() reclaimed because the queue proved their job gone.
         self.gone_tokens: list[str] = []
+        #: What a conflicting claim asks the store to coalesce (see Backend.claim; the job's policy).
+        self.coalesce: Coalesce = coalesce
+        #: The latest call's arguments (JSON) its start was handed, to perform with; "" if none.
+        self.call = ""
+        #: The call that waited behind this one, queued by its release, for the job layer to push.
+        self.pending: PendingCall | None = None
+        #: The job id of the queued call this one replaced (policy "replace"), for its queue to drop.
+        self.replaced = ""
 
     def __repr__(self) -> str:
         return f"JobLock({self.key!r}, strategy={self.strategy!r}, backend={self.backend!r})"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "Coalesced",
     "Holder",
     "LockState",
     "Parts",

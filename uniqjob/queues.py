@@ -99,6 +99,17 @@ class Queue:
         """
         return False
 
+    def handle(self, job_id: str) -> Any:
+        """The queue's handle of job ``job_id`` (made locally, nothing asked of the queue); None if it
+        has none. A "keep_last" duplicate returns the queued job's."""
+        return None
+
+    def remove(self, job_id: str) -> Any:
+        """Take job ``job_id`` out of the queue, if it is still there (policy "replace": the job whose
+        call was replaced). Best effort: the store refuses that job's start anyway. A queue that
+        cannot leaves this out; a class using "replace" on it is then a ConfigurationError."""
+        raise NotImplementedError
+
     def pending_delay(self) -> float:
         """Seconds until the job about to be pushed may start (a countdown, an ETA); 0 if at once.
 

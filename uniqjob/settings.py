@@ -37,8 +37,8 @@ __all__ = [
 
 log = get_logger(__name__)
 
-ConflictPolicy = Literal["log", "discard", "raise", "reschedule"]
-POLICIES: tuple[ConflictPolicy, ...] = ("log", "discard", "raise", "reschedule")
+ConflictPolicy = Literal["log", "discard", "raise", "reschedule", "keep_last", "replace"]
+POLICIES: tuple[ConflictPolicy, ...] = ("log", "discard", "raise", "reschedule", "keep_last", "replace")
 
 #: Every setting a job class may define; any other ``unique_*`` attribute is a typo.
 SETTINGS = frozenset(
@@ -135,6 +135,7 @@ def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
         raise ConfigurationError(
             f"{name}.unique_on_conflict is 'reschedule', but {type(queue).__name__} cannot delay jobs"
         )
+    _check_coalescing(cls, name, queue, queue_base)
     on_lost = cls.unique_on_lost
     if on_lost is not None and not callable(on_lost):
         raise ConfigurationError(
@@ -213,6 +214,27 @@ def _check_once_per(cls: type[UniqueJob], name: str, autoexpire: object) -> None
         raise ConfigurationError(
             f"{name}.unique_once_per sets the lock's expiry (its tick's end): drop unique_lock_autoexpire"
         )
+
+
+def _check_coalescing(cls: type[UniqueJob], name: str, queue: Queue | None, queue_base: type[Queue]) -> None:
+    """A coalescing policy ("keep_last", "replace") needs what it stands on; see uniqjob._coalesce."""
+    policy = cls.unique_on_conflict
+    if policy not in ("keep_last", "replace"):
+        return
+    what = f"{name}.unique_on_conflict {policy!r}"
+    if cls.unique_strategy != "until_executed":
+        raise ConfigurationError(f"{what} coalesces queued and running calls: it needs unique_strategy"
+                                 f" 'until_executed', not {cls.unique_strategy!r}")  # fmt: skip
+    if getattr(cls, "concurrency_limit", None) is not None or cls.unique_once_per is not None:
+        raise ConfigurationError(f"{what} takes no concurrency_limit and no unique_once_per")
+    if queue is None:
+        return
+    if queue.suspect_after is None:
+        raise ConfigurationError(
+            f"{what} needs a queue that names a job before it is pushed; {type(queue).__name__} does not"
+        )
+    if policy == "replace" and type(queue).remove is queue_base.remove:
+        raise ConfigurationError(f"{what} needs a queue that can remove a job; {type(queue).__name__} cannot")
 
 
 def _one_of(name: str, attr: str, value: object, allowed: tuple[str, ...]) -> None:

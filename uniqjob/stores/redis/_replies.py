@@ -20,12 +20,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import BackendError, CorruptRecordError
-from ...locks import QUEUED, RUNNING, Holder, Parts, PendingCall, QueueMeta, QueueRecord, RunRecord
+from ...locks import QUEUED, RUNNING, Coalesced, Holder, Parts, PendingCall, QueueMeta, QueueRecord, RunRecord
 from ..semaphores import Outcome, ParkedInfo, Promotion, SemaphoreState, SlotInfo, Via, decode_holder
 from . import _lua as lua
 from ._wire import text
 
-__all__ = ["REPLIES", "Malformed", "parts"]
+__all__ = ["COALESCED", "REPLIES", "Malformed", "parts", "pending_call"]
 
 # -- the lock store's snapshots ---------------------------------------------------------
 
@@ -154,6 +154,18 @@ def parts(key: str, reply: str, names: list[str], store: str) -> Parts:
     except _Shape as exc:
         raise CorruptRecordError(names[index], str(exc), key=key, backend=store) from None
     return queue_lock, run_lock, clock
+
+
+#: CLAIM's reply letter before a snapshot: what it coalesced (LockState.coalesced).
+COALESCED: dict[str, Coalesced] = {"L": "latest", "P": "pending", "R": "replaced"}
+
+
+def pending_call(reply: Any) -> PendingCall | None:
+    """FINISH's reply: the pending call it queued ({token, args, job id, call}), else None."""
+    if type(reply) is not list:
+        return None
+    token, args, job_id, call = (text(part) for part in reply)
+    return PendingCall(token, QueueMeta("", args, job_id, call))  # its class is the key's
 
 
 # -- the semaphore store's arrays -------------------------------------------------------

@@ -33,10 +33,11 @@ from ..base import Backend, Coalesce, QueueMode
 from ..semaphores import SemaphoreStore
 from . import _listing
 from . import _lua as lua
+from . import _lua_settle as settle
 from ._acks import Acks, check_wait
 from ._client import backend_error, key_of, names, where
 from ._clients import client_for, redis_client_from_url
-from ._replies import parts
+from ._replies import COALESCED, parts, pending_call
 from ._semaphores import RedisSemaphores
 from ._url import check_store_options, parse
 from ._wire import Wire, text
@@ -50,7 +51,6 @@ T = TypeVar("T")
 
 _QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k", "own": "o"}
 _COALESCE = {"keep_last": "l", "replace": "p"}  # CLAIM's coalesce argument
-_COALESCED = {"L": "latest", "P": "pending", "R": "replaced"}  # and the letter of its reply
 _QUIET = "Q"  # the mark of a snapshot that need not be read: see _lua's snapshot()
 _PARTS = ("q", "r", "f")  # queue lock, run lock, last fence
 _TALLIED = (*_PARTS, "d")  # and the dropped duplicates
@@ -122,14 +122,14 @@ class RedisBackend(Backend):
             self._wire = Wire(client)
             self._claim = self._script(lua.CLAIM)
             self._start = self._script(lua.START)
-            self._renew = self._script(lua.RENEW)
-            self._attach = self._script(lua.ATTACH)
-            self._requeue = self._script(lua.REQUEUE)
-            self._finish = self._script(lua.FINISH)
-            self._dequeue = self._script(lua.DEQUEUE)
-            self._reclaim = self._script(lua.RECLAIM)
+            self._renew = self._script(settle.RENEW)
+            self._attach = self._script(settle.ATTACH)
+            self._requeue = self._script(settle.REQUEUE)
+            self._finish = self._script(settle.FINISH)
+            self._dequeue = self._script(settle.DEQUEUE)
+            self._reclaim = self._script(settle.RECLAIM)
             self._read = self._script(lua.READ)
-            self._purge = self._script(lua.PURGE)
+            self._purge = self._script(settle.PURGE)
             self._acks = Acks(self._wire, replicas, self.replica_timeout) if replicas else None
         except Exception as exc:
             raise ConfigurationError(f"cannot use {where(client)} as a Redis client: {exc!r}") from exc
@@ -218,10 +218,8 @@ class RedisBackend(Backend):
                 )
             items += said[1]
             items += [str(_ms(run.lease)), run.attempt]
-        if meta.call or coalesce:  # CLAIM's and START's last two (none on the usual path)
-            if run is None:
-                items += ["", "", "", "", "", ""]
-            items += [meta.call, _COALESCE.get(coalesce, "")]
+        if meta.call or coalesce:  # CLAIM's last two (none on the usual path), after RUN_ARGV
+            items += [*([""] * 6 if run is None else ()), meta.call, _COALESCE.get(coalesce, "")]
         return items
 
     # Each primitive is a script call (:class:`Call`: what to send, and how to read the reply) and
@@ -261,15 +259,12 @@ class RedisBackend(Backend):
             if run is not None:
                 run.fence = reply
             return None
-        if type(reply) is list:
-            assert run is not None
+        if type(reply) is list and run is not None:
             run.fence, run.call = int(reply[0]), text(reply[1])
             return None
-        coalesced = _COALESCED.get(reply[:1])
-        if coalesced is None:
-            return self._state(key, reply)
-        state = self._state(key, reply[1:])
-        state.coalesced = coalesced  # type: ignore[assignment]
+        coalesced = COALESCED.get(reply[:1], "")
+        state = self._state(key, reply[1:] if coalesced else reply)
+        state.coalesced = coalesced
         return state
 
     def _claim_call(
@@ -336,7 +331,7 @@ class RedisBackend(Backend):
         self, key: str, token: str, *, keep_queue: bool = False, attempt: str = ""
     ) -> Call[PendingCall | None]:
         items = [*self._keys(key)[:2], token, "1" if keep_queue else "0", attempt]
-        return Call(self._finish, 2, items, partial(_pending, key))
+        return Call(self._finish, 2, items, pending_call)
 
     def _dequeue_call(self, key: str, token: str | None = None) -> Call[bool]:
         return Call(self._dequeue, 1, [self._keys(key)[0], token or ""], bool)
@@ -474,15 +469,6 @@ def _claimed(key: str, run: bool, reply: Any) -> str:
 def _started(key: str, reply: Any) -> str:
     """What a START ``reply`` granted of ``key`` (an integer or a list: granted), else "" (a snapshot)."""
     return f"the run lock of {key!r}, granted" if type(reply) in (int, list) else ""
-
-
-def _pending(key: str, reply: Any) -> PendingCall | None:
-    """FINISH's reply: the pending call now queued ({token, args, job id, call}), else None."""
-    if type(reply) is not list:
-        return None
-    token, args, job_id, call = (text(part) for part in reply)
-    cls = ""  # the class is the key's: the caller knows it
-    return PendingCall(token, QueueMeta(cls, args, job_id, call))
 
 
 def _if_one(what: str, reply: Any) -> str:

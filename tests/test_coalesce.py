@@ -1,0 +1,104 @@
+"""Coalescing policies as a user meets them inline: "keep_last" and "replace" (docs/strategies.md)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+
+import uniqjob
+from uniqjob import ConfigurationError, Pending, Queue, UniqueJob
+from uniqjob.joblock import JobLock
+from uniqjob.stores.base import Backend
+
+
+@pytest.fixture
+def use(backend: Backend) -> Backend:
+    uniqjob.configure(backend)
+    return backend
+
+
+class Sync(UniqueJob):
+    """Syncs an account; a call while one runs for the account waits, keeping the latest version."""
+
+    unique_on_conflict = "keep_last"
+    unique_args = ("account",)
+    runs: ClassVar[list[tuple[int, int]]] = []
+    inner: ClassVar[list[Any]] = []
+
+    def perform(self, account: int, version: int) -> int:
+        self.runs.append((account, version))
+        if version == 1:  # triggers while this one runs: the last one runs next
+            self.inner.extend(Sync.enqueue(account, v) for v in (2, 3, 4))
+        return version
+
+
+class Replace(UniqueJob):
+    unique_on_conflict = "replace"
+    unique_args = ("account",)
+    runs: ClassVar[list[int]] = []
+    inner: ClassVar[list[Any]] = []
+
+    def perform(self, account: int, version: int) -> None:
+        self.runs.append(version)
+        if version == 1:
+            self.inner.append(Replace.enqueue(account, 2))
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    Sync.runs.clear()
+    Sync.inner.clear()
+    Replace.runs.clear()
+    Replace.inner.clear()
+
+
+def test_keep_last_inline_runs_once_more_with_the_last_arguments(use: Backend) -> None:
+    assert Sync.run(7, 1) == 1
+    assert Sync.runs == [(7, 1), (7, 4)]  # 2 and 3 coalesced into 4
+    assert all(isinstance(p, Pending) and p.key == Sync.lock_key(7, 0) for p in Sync.inner)
+    assert use.read(Sync.lock_key(7, 0)).free
+    assert use.duplicates() == {"tests.test_coalesce.Sync": 3}
+
+
+def test_replace_inline_drops_a_duplicate_of_a_running_call(use: Backend) -> None:
+    Replace.run(7, 1)
+    assert Replace.runs == [1] and Replace.inner == [None]
+    assert use.read(Replace.lock_key(7, 0)).free
+
+
+def test_keep_last_refuses_arguments_the_store_cannot_keep(use: Backend) -> None:
+    with pytest.raises(ConfigurationError, match=r"keep_last.*JSON"):
+        Sync.run(7, object())  # type: ignore[arg-type]
+
+
+def test_coalescing_needs_until_executed_and_a_queue_that_can_do_it() -> None:
+    with pytest.raises(ConfigurationError, match=r"'keep_last'.*until_executed"):
+
+        class Early(UniqueJob):
+            unique_on_conflict = "keep_last"
+            unique_strategy = "until_executing"
+
+            def perform(self) -> None: ...
+
+    class NoIds(Queue):
+        def push(self, job_cls: type[UniqueJob], lock: JobLock, args: Any, kwargs: Any) -> None: ...
+
+    with pytest.raises(ConfigurationError, match="names a job before it is pushed"):
+
+        class Unnamed(UniqueJob):
+            unique_on_conflict = "keep_last"
+            unique_queue = NoIds()
+
+            def perform(self) -> None: ...
+
+    class Named(NoIds):
+        suspect_after = 60.0
+
+    with pytest.raises(ConfigurationError, match="'replace' needs a queue that can remove a job"):
+
+        class Unremovable(UniqueJob):
+            unique_on_conflict = "replace"
+            unique_queue = Named()
+
+            def perform(self) -> None: ...
