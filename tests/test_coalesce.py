@@ -69,7 +69,7 @@ def test_replace_inline_drops_a_duplicate_of_a_running_call(use: Backend) -> Non
 
 def test_keep_last_refuses_arguments_the_store_cannot_keep(use: Backend) -> None:
     with pytest.raises(ConfigurationError, match=r"keep_last.*JSON"):
-        Sync.run(7, object())  # type: ignore[arg-type]
+        Sync.run(7, object())
 
 
 def test_coalescing_needs_until_executed_and_a_queue_that_can_do_it() -> None:

@@ -9,18 +9,20 @@ marker, and what a coalesced duplicate returns.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigurationError
+from .locks import PendingCall, QueueMeta
 from .stores._log import get_logger
 
 if TYPE_CHECKING:
     from .job import UniqueJob
     from .joblock import JobLock
-    from .stores.base import Coalesce
+    from .stores.base import Backend, Coalesce
 
-__all__ = ["Pending", "conflict", "decode", "encode", "mode"]
+__all__ = ["Pending", "conflict", "decode", "encode", "follower", "mode", "resume"]
 
 log = get_logger("uniqjob.job")
 
@@ -53,8 +55,11 @@ def encode(cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any]) 
     are not JSON (strings, numbers, booleans, None, lists and dicts with string keys)."""
     import json  # here: only a keep_last call needs it
 
+    call: dict[str, Any] = {"a": list(args), "k": kwargs}
+    if cls.unique_queue is not None:  # whoever reclaims a dead holder's key pushes its pending call
+        call["j"] = f"{cls.__module__}:{cls.__qualname__}"
     try:
-        return json.dumps({"a": list(args), "k": kwargs}, separators=(",", ":"), allow_nan=False)
+        return json.dumps(call, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(
             f"{cls.job_name()}: unique_on_conflict 'keep_last' keeps the latest call's arguments in the"
@@ -87,3 +92,40 @@ def conflict(cls: type[UniqueJob], lock: JobLock) -> Any:
         facts = state.describe() if state is not None else {}
         log.info("%s dropped: %s is already locked (%s)", cls.job_name(), lock.key, facts)
     return None
+
+
+def follower(cls: type[UniqueJob], key: str, pending: PendingCall) -> JobLock:
+    """The lock of ``pending``, the call that waited behind ``key``'s run, now its queued lock."""
+    lock = cls.lock_from(key, pending.token)
+    lock.meta = QueueMeta(lock.meta.cls, pending.meta.args, pending.meta.job_id)
+    return lock
+
+
+def resume(backend: Backend, key: str, token: str) -> bool:
+    """Reclaim a dead holder's queue lock ``token`` of ``key`` that has a pending call, and push that call.
+
+    The release queues the pending call in the same step, as a holder's own would; True if
+    one was pushed. (``uniqjob reap``: a "keep_last" call that waited behind a run that
+    died still runs.) An async queue's (arq's) pending call is left queued: reclaimed once
+    that queue proves its job gone, at the key's next call.
+    """
+    from .integrations import resolve_job  # here: only a reap that meets a pending call needs it
+
+    pending = backend.finish(key, token)
+    if pending is None:
+        return False
+    ref = json_ref(pending.meta.call)
+    queue = resolve_job(ref).unique_queue if ref else None
+    if queue is None:
+        return False
+    cls = resolve_job(ref)
+    args, kwargs = decode(pending.meta.call)
+    pushed = queue.push(cls, follower(cls, key, pending), args, kwargs)
+    return not inspect.isawaitable(pushed)
+
+
+def json_ref(text: str) -> str:
+    """The job class reference (``module:QualName``) in a call's JSON, "" if it has none."""
+    import json
+
+    return str(json.loads(text).get("j", ""))

@@ -90,8 +90,7 @@ def _next(cls: type[UniqueJob], lock: JobLock, store: Backend) -> None:
     while (pending := lock.pending) is not None:
         lock.pending = None
         args, kwargs = _coalesce.decode(pending.meta.call)
-        follower = cls.lock_from(lock.key, pending.token)
-        follower.meta = QueueMeta(lock.meta.cls, pending.meta.args, pending.meta.job_id)
+        follower = _coalesce.follower(cls, lock.key, pending)
         queue = cls.unique_queue
         if queue is not None:
             try:

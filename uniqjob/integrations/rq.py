@@ -27,6 +27,7 @@ RQ options for one job, apart from the job's own arguments, go through
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import uuid
@@ -41,6 +42,7 @@ import redis
 try:
     from rq import Queue as RQ
     from rq import Retry, get_current_job
+    from rq.exceptions import InvalidJobOperation, NoSuchJobError
     from rq.job import Job
 except ModuleNotFoundError as exc:  # the optional extra
     raise ModuleNotFoundError(
@@ -220,6 +222,15 @@ class RQQueue(Queue):
         return self.queue.enqueue_in(
             timedelta(seconds=delay), enqueue_again, args=call, description=description, result_ttl=0
         )
+
+    def handle(self, job_id: str) -> Job:
+        """An RQ ``Job`` of id ``job_id`` on this queue's connection, not fetched (``refresh()`` reads it)."""
+        return Job(job_id, connection=self.queue.connection)
+
+    def remove(self, job_id: str) -> None:
+        """Cancel RQ job ``job_id`` (policy "replace"), unless it is gone or no longer cancellable."""
+        with contextlib.suppress(NoSuchJobError, InvalidJobOperation):  # gone, or ended: its start is refused
+            Job.fetch(job_id, connection=self.queue.connection).cancel()
 
     def job_gone(self, job_id: str) -> bool:
         """True if RQ no longer has job ``job_id``, or has it finished, failed, stopped or cancelled."""

@@ -135,8 +135,17 @@ def class_matches(cls: str | None, wanted: str) -> bool:
 
 
 def _reclaim(backend: Backend, state: LockState) -> bool:
-    """Delete the locks ``state`` shows, token-checked: a lock taken again meanwhile stays."""
+    """Delete the locks ``state`` shows, token-checked: a lock taken again meanwhile stays.
+
+    A queue lock with a pending call ("keep_last") is released as its holder would have:
+    the pending call is queued and pushed (uniqjob._coalesce.resume).
+    """
     queue_token = state.queue.token if state.queue is not None else None
+    if state.queue is not None and state.queue.pending is not None:
+        from .._coalesce import resume  # here: only a key with a pending call needs it
+
+        resume(backend, state.key, state.queue.token)
+        return True
     return backend.reclaim(state.key, queue_token, state.run.token if state.run is not None else None)
 
 
