@@ -776,3 +776,27 @@ def test_a_start_that_owns_its_queue_lock_takes_it_as_run_does(store: Store) -> 
     assert _start_own(b, "t1")[0] is None  # a re-take, after a lost reply
     b.finish("k", "t1")
     assert b.read("k").free
+
+
+def test_debounce_is_due_after_the_last_call_and_never_past_the_longest_wait(store: Store) -> None:
+    b = store.backend
+    slow = (60.0, None)
+    assert _coalesce(b, "t1", 1, "keep_last", debounce=slow) is None
+    first = b.read("k").queue
+    assert first is not None and first.due == pytest.approx(first.since + 60, abs=1e-3)
+    refused, _ = _start_own(b, "t1")  # not yet due: its job is delayed again
+    assert refused is not None and refused.queue is not None and refused.queue.due is not None
+    assert refused.queue.due > refused.now and b.read("k").run is None
+    store.advance(0.05)
+    state = _coalesce(b, "t2", 2, "keep_last", debounce=slow)
+    assert state is not None and state.coalesced == "latest"
+    pushed = b.read("k").queue
+    assert pushed is not None and pushed.due is not None and pushed.due > first.due  # pushed back
+    state = _coalesce(b, "t3", 3, "keep_last", debounce=(60.0, 0.1))
+    capped = b.read("k").queue
+    assert capped is not None and capped.due == pytest.approx(capped.since + 0.1, abs=1e-3)
+    store.advance(0.15)
+    granted, run = _start_own(b, "t1")
+    assert granted is None and run.call == _call(3).call
+    b.finish("k", "t1")
+    assert b.read("k").free

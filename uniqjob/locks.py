@@ -130,6 +130,7 @@ class QueueRecord:
     meta: QueueMeta
     ttl: float | None  # seconds left before autoexpire; None: no autoexpire
     pending: PendingCall | None = None  # the call that runs after this one ("keep_last")
+    due: float | None = None  # store clock, seconds: its job may not start before (debounce)
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from ..errors import CorruptRecordError
 from ..locks import LockState, PendingCall, QueueMeta, RunClaim
-from .base import Backend, Coalesce, QueueMode
+from .base import Backend, Coalesce, Debounce, QueueMode
 
 __all__ = ["AsyncBackend", "completed", "in_thread"]
 
@@ -42,11 +42,12 @@ class AsyncBackend:
         count: bool = False,
         counted: float | None = None,
         coalesce: Coalesce = "",
+        debounce: Debounce | None = None,
     ) -> LockState | None:
         """:meth:`Backend.claim <uniqjob.stores.base.Backend.claim>`, awaited."""
         answer: LockState | None = await in_thread(
             self.sync.claim, key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted,
-            coalesce=coalesce,
+            coalesce=coalesce, debounce=debounce,
         )  # fmt: skip
         return answer
 

@@ -27,7 +27,7 @@ from ..locks import (
     RunClaim,
     RunRecord,
 )
-from .base import Backend, Coalesce, QueueMode
+from .base import Backend, Coalesce, Debounce, QueueMode
 
 Record = dict[str, Any]
 
@@ -50,6 +50,7 @@ def _parts(q: Record | None, r: Record | None, now: float) -> Parts:
             meta=QueueMeta(cls, q.get("args", ""), q.get("job_id", ""), q.get("call", "")),
             ttl=None if expires is None else expires - now,
             pending=_pending(q),
+            due=q.get("due"),
         )
     if r is not None:
         run = RunRecord(
@@ -201,13 +202,20 @@ class LockMachine:
         return r.get("attempt", "") not in ("", attempt)
 
     def claim(
-        self, token: str, meta: QueueMeta, ttl: float | None, run: RunClaim | None, coalesce: Coalesce = ""
+        self,
+        token: str,
+        meta: QueueMeta,
+        ttl: float | None,
+        run: RunClaim | None,
+        *,
+        coalesce: Coalesce = "",
+        debounce: Debounce | None = None,
     ) -> LockState | None:
         if self.q is not None:
             if self.q["state"] == RUNNING and self.r is None:
                 self.q, self.changed = None, True  # orphan: its holder stopped beating
             elif self.q["token"] != token:
-                return self._coalesce(token, meta, coalesce) if coalesce else self._refused()
+                return self._coalesce(token, meta, coalesce, debounce) if coalesce else self._refused()
             elif run is None:
                 return None  # our own claim, retried after a lost reply: it holds already
             elif self._retakes(token, run):
@@ -224,9 +232,13 @@ class LockMachine:
             self._set_run(token, run)
         else:
             self._set_queue(token, QUEUED, meta, ttl)
+            if debounce is not None and self.q is not None:
+                self.q["due"] = self.now + debounce[0]
         return None
 
-    def _coalesce(self, token: str, meta: QueueMeta, coalesce: Coalesce) -> LockState:
+    def _coalesce(
+        self, token: str, meta: QueueMeta, coalesce: Coalesce, debounce: Debounce | None
+    ) -> LockState:
         """A claim's conflict with another token's live queue lock, coalesced (see Backend.claim)."""
         q = self.q
         assert q is not None
@@ -235,6 +247,10 @@ class LockMachine:
             if coalesce == "keep_last":
                 kept = {k: v for k, v in q.items() if k not in _PENDING}
                 self.q = {**kept, "args": meta.args, "call": meta.call}
+                if debounce is not None:  # pushed back, but never past the longest wait
+                    wait, longest = debounce
+                    due = self.now + wait
+                    self.q["due"] = due if longest is None else min(due, q["since"] + longest)
                 state.coalesced = "latest"
             else:
                 mine = {"token": token, "since": self.now, "args": meta.args, "job_id": meta.job_id}
@@ -263,8 +279,8 @@ class LockMachine:
             return self.state()
         mine = self.q is not None and (self.q["token"] == token or adopt)
         if queue_lock == "own":
-            if not mine:
-                return self.state()
+            if not mine or (self.q is not None and self.q.get("due", self.now) > self.now):
+                return self.state()  # replaced, taken over, or not yet due
             queue_lock = "run"
         self._set_run(token, run)
         run.call = self.q.get("call", "") if mine and self.q is not None else ""
@@ -377,9 +393,10 @@ class LockMachineBackend(Backend):
         count: bool = False,
         counted: float | None = None,
         coalesce: Coalesce = "",
+        debounce: Debounce | None = None,
     ) -> LockState | None:
         with self._lock_machine(key) as m:
-            state = m.claim(token, meta, ttl, run, coalesce)
+            state = m.claim(token, meta, ttl, run, coalesce=coalesce, debounce=debounce)
             m.tally(token, meta.cls, state, count, counted)
             return state
 

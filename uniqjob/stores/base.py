@@ -23,12 +23,14 @@ from ..locks import LockState, PendingCall, QueueMeta, RunClaim
 from ._drops import check_window
 from .semaphores import SemaphoreStore, read_each
 
-__all__ = ["Backend", "Coalesce", "QueueMode", "SemaphoreStore"]
+__all__ = ["Backend", "Coalesce", "Debounce", "QueueMode", "SemaphoreStore"]
 
 #: What taking the run lock does to the queue lock: see :meth:`Backend.start`.
 QueueMode = Literal["run", "release", "keep", "own"]
 #: What a claim does with a conflicting queue lock of another token: see :meth:`Backend.claim`.
 Coalesce = Literal["", "keep_last", "replace"]
+#: A debounced claim's delay and longest wait (None: no bound), seconds: see :meth:`Backend.claim`.
+Debounce = tuple[float, float | None]
 
 
 class Backend(ABC):
@@ -49,6 +51,7 @@ class Backend(ABC):
         count: bool = False,
         counted: float | None = None,
         coalesce: Coalesce = "",
+        debounce: Debounce | None = None,
     ) -> LockState | None:
         """Take the queue lock of ``key`` for ``token``; None when taken, else the state in the way.
 
@@ -82,6 +85,12 @@ class Backend(ABC):
           is refused from now on.
 
         Anything else (``replace`` of a running lock) refuses as without ``coalesce``.
+
+        **Debounce** (``debounce``: seconds, and the longest wait or None). A
+        queue lock taken, or made ``"latest"``, gets a due time (the store's clock):
+        ``seconds`` from now, but never later than the longest wait after the lock
+        was taken (``since``). A :meth:`start` with ``queue_lock="own"`` before it
+        is due is refused, the state showing the due time (``QueueRecord.due``).
         """
 
     @abstractmethod
@@ -112,7 +121,8 @@ class Backend(ABC):
         - ``"keep"``: it is not touched;
         - ``"own"``: as ``"run"``, but the start is refused (the state returned)
           unless the queue lock is ``token``'s (or any, with ``adopt``): a job
-          whose call was replaced or taken over never runs.
+          whose call was replaced or taken over never runs; and while the queue
+          lock is not yet due (see :meth:`claim`'s debounce).
 
         When granted, ``run.call`` is set to the arguments the queue lock recorded
         (``meta.call``, the latest call's when claims coalesced into it), or "".

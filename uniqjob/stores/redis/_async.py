@@ -28,7 +28,7 @@ from redis.commands.core import Script
 from ...errors import CorruptRecordError
 from ...locks import LockState, PendingCall, QueueMeta, RunClaim
 from .._async_base import AsyncBackend, in_thread
-from ..base import Backend, Coalesce, QueueMode
+from ..base import Backend, Coalesce, Debounce, QueueMode
 from ._acks import check_wait
 from ._clients import POOL_SIZE, maker
 from ._store import Call, RedisBackend
@@ -154,10 +154,12 @@ class RedisAsync(AsyncBackend):
         count: bool = False,
         counted: float | None = None,
         coalesce: Coalesce = "",
+        debounce: Debounce | None = None,
     ) -> LockState | None:
         call = self.sync._claim_call(
-            key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted, coalesce=coalesce
-        )
+            key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted, coalesce=coalesce,
+            debounce=debounce,
+        )  # fmt: skip
         return await self._done(call)
 
     async def start(

@@ -78,7 +78,7 @@ def corrupt_reply(exc: BaseException, count: int) -> tuple[int, str] | None:
 # scripts read them in this order (HMGET), and _replies.py unpacks them by these names.
 QUEUE_FIELDS = {
     "token": "t", "state": "s", "since": "a", "cls": "c", "cls_len": "n", "args": "p", "job_id": "j",
-    "call": "k", "p_token": "P", "p_args": "A", "p_job_id": "J", "p_call": "K",
+    "call": "k", "p_token": "P", "p_args": "A", "p_job_id": "J", "p_call": "K", "due": "d",
 }  # fmt: skip
 RUN_FIELDS = {
     "token": "t", "host": "h", "node": "o", "pid": "i", "pstart": "b", "started": "a", "lease": "l",
@@ -91,7 +91,7 @@ SNAPSHOT = ("now", "queue", "queue_ttl", "run", "run_ttl")
 # then CLAIM's and START's run lock (after their mode / flags) or REQUEUE's attempt.
 QUEUE_ARGV = ("token", "ttl_ms", "cls", "cls_len", "args", "job_id")
 RUN_ARGV = ("host", "node", "pid", "pstart", "lease_ms", "attempt")
-CLAIM_ARGV = (*QUEUE_ARGV, "mode", *RUN_ARGV, "call", "coalesce")
+CLAIM_ARGV = (*QUEUE_ARGV, "mode", *RUN_ARGV, "call", "coalesce", "wait_ms", "longest_ms")
 START_ARGV = (*QUEUE_ARGV, "flags", *RUN_ARGV)
 REQUEUE_ARGV = (*QUEUE_ARGV, "attempt")
 
@@ -128,7 +128,8 @@ end
 #   queue lock: t token, s state ('q' queued / 'r' running), a since (µs),
 #               c class or n its length in the key, p arguments preview, j job id,
 #               k the call's arguments (JSON, policy keep_last); a pending call (keep_last):
-#               P its token, A its arguments preview, J its job id, K its arguments
+#               P its token, A its arguments preview, J its job id, K its arguments;
+#               d when its job is due (µs, debounce)
 #   run lock:   t token, h host, o node, i pid, b process start, a started (µs), l lease (ms),
 #               x attempt (tells two deliveries of one token apart), f fence
 # Times are the server's TIME as whole microseconds, so no float ever rounds them.
@@ -259,6 +260,12 @@ local function put(fields)
   if #hset > 2 then redis.call(unpack(hset)) end
   if #hdel > 2 then redis.call(unpack(hdel)) end
 end
+-- A debounced lock's due time (µs text): ARGV[16] ms from now, at most ARGV[17] ms after since.
+local function due(now, since)
+  local d = tonumber(now) + tonumber(ARGV[16]) * 1000
+  if since and (ARGV[17] or '') ~= '' then d = math.min(d, tonumber(since) + tonumber(ARGV[17]) * 1000) end
+  return string.format('%.0f', d)
+end
 local function take_back(drop)
   if string.sub(drop, 1, 1) ~= '=' then return end
   local b = string.sub(drop, 2)
@@ -271,7 +278,9 @@ end
 # KEYS: queue lock, run lock, last fence, dropped duplicates.
 # ARGV: token, ttl_ms, cls, cls_len, args, job_id, mode ('q' or 'r', then a drop: see count_drop),
 #       host, node, pid, pstart, lease_ms, attempt ('' each with mode 'q'), call (the arguments
-#       as JSON), coalesce ('l' keep_last or 'p' replace, as Backend's claim says; both optional)
+#       as JSON), coalesce ('l' keep_last or 'p' replace), wait_ms, longest_ms (debounce: a
+#       lock taken or made latest is due in wait_ms, at most longest_ms after it was taken; ''
+#       none; all four optional)
 # Returns 1 when the queue lock is taken (mode 'q'), the fence when both are
 # (mode 'r'), else a snapshot of what is in the way, after a letter if a live queue lock
 # of another token was coalesced: 'L' latest, 'P' pending, 'R' replaced (the lock is ours).
@@ -304,7 +313,9 @@ if present(q) then
     local co = ARGV[15] or ''
     if type(reply) ~= 'string' or co == '' then return reply end
     if q[2] == 'q' and co == 'l' then  -- the queued call runs with the latest arguments
-      put({'p', ARGV[5], 'k', ARGV[14], 'P', '', 'A', '', 'J', '', 'K', ''})
+      local d = ''
+      if (ARGV[16] or '') ~= '' then d = due(now, q[3]) end
+      put({'p', ARGV[5], 'k', ARGV[14], 'P', '', 'A', '', 'J', '', 'K', '', 'd', d})
       return 'L' .. reply
     elseif q[2] == 'q' then  -- replaced: the lock is ours, with our job
       put({'t', ARGV[1], 'a', now, 'p', ARGV[5], 'j', ARGV[6], 'k', ARGV[14]})
@@ -319,7 +330,10 @@ else
   q = false
 end
 if mode ~= 'r' then
-  if not mine then set_queue(ARGV[1], 'q', now) end
+  if not mine then
+    set_queue(ARGV[1], 'q', now)
+    if (ARGV[16] or '') ~= '' then redis.call('HSET', KEYS[1], 'd', due(now)) end
+  end
   take_back(drop)
   return 1
 end
@@ -348,7 +362,7 @@ return fence
 # KEYS: queue lock, run lock, last fence, dropped duplicates.
 # ARGV: token, ttl_ms, cls, cls_len, args, job_id, flags, host, node, pid, pstart, lease_ms, attempt
 # flags: 'a' (adopt) or '-', then the queue mode: 'r' (run), 'x' (release), 'k' (keep) or 'o'
-# (own: as 'r', refused unless the queue lock is the token's), then a drop: see count_drop.
+# (own: as 'r', refused unless the queue lock is the token's and due), then a drop: see count_drop.
 # A run lock of the same token but another attempt is a second delivery: in the way.
 # Returns the fence when the run lock is taken (a re-take keeps the one it
 # holds), or {fence, call} when the queue lock it holds records a call (k); else a
@@ -360,18 +374,18 @@ local now = clock()
 local run = redis.pcall('HMGET', KEYS[2], 't', 'x', 'a', 'f')
 if failed(run) then return unreadable(2, run, 'hash') end
 local mode = string.sub(ARGV[7], 2, 2)
-local qtok, call = false, false
+local qtok, call, due = false, false, false
 if mode ~= 'k' then
-  local q = redis.pcall('HMGET', KEYS[1], 't', 'k')
+  local q = redis.pcall('HMGET', KEYS[1], 't', 'k', 'd')
   if failed(q) then return unreadable(1, q, 'hash') end
-  qtok, call = q[1], q[2]
+  qtok, call, due = q[1], q[2], q[3]
 end
 local held = present(run)
 local drop = string.sub(ARGV[7], 3)
 if held and not own_run(run, ARGV[1], ARGV[13]) then return refused(now, drop, run[1]) end
 local mine = qtok and (qtok == ARGV[1] or string.sub(ARGV[7], 1, 1) == 'a')
-if mode == 'o' then
-  if not mine then return refused(now, drop, run[1]) end
+if mode == 'o' then  -- replaced, taken over, or not yet due (debounce): refused
+  if not mine or (due and tonumber(due) > tonumber(now)) then return refused(now, drop, run[1]) end
   mode = 'r'
 end
 local fence = held and tonumber(run[4])

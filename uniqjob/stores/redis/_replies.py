@@ -78,7 +78,7 @@ def _queue_record(key: str, fields: list[Any], ttl: int) -> QueueRecord:
         raise _Shape(f"fields are {fields!r:.60}, not the {_QUEUE_COUNT} the scripts read")
     # by name: the names and order of _lua.QUEUE_FIELDS (a test holds them to it); an unpack
     # is the quickest way to name a list's items
-    token, state, since, cls, cls_len, args, job_id, call, p_token, p_args, p_job_id, p_call = fields
+    token, state, since, cls, cls_len, args, job_id, call, p_token, p_args, p_job_id, p_call, due = fields
     if state not in ("q", "r"):
         shown = "missing" if state is False else repr(state)[:40]
         raise _Shape(f"field s (state) is {shown}, not 'q' or 'r'")
@@ -104,6 +104,7 @@ def _queue_record(key: str, fields: list[Any], ttl: int) -> QueueRecord:
         meta,
         ttl / 1000 if ttl >= 0 else None,
         pending,
+        None if due is False else _count(due, "d (due)") / 1_000_000,
     )
 
 

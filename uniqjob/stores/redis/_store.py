@@ -29,7 +29,7 @@ from redis.commands.core import Script
 from ...errors import BackendError, ConfigurationError, CorruptRecordError
 from ...locks import Holder, LockState, PendingCall, QueueMeta, RunClaim
 from .._drops import WINDOW, minute
-from ..base import Backend, Coalesce, QueueMode
+from ..base import Backend, Coalesce, Debounce, QueueMode
 from ..semaphores import SemaphoreStore
 from . import _listing
 from . import _lua as lua
@@ -198,7 +198,6 @@ class RedisBackend(Backend):
         flag: str,
         run: RunClaim | None,
         keys: list[str] | None = None,
-        coalesce: Coalesce = "",
     ) -> list[Any]:
         """``keys`` (all three of ``key``'s by default), then ARGV by name: _lua.QUEUE_ARGV, ``flag``
         (CLAIM's mode, START's flags or REQUEUE's attempt), then with ``run`` _lua.RUN_ARGV (see
@@ -218,8 +217,6 @@ class RedisBackend(Backend):
                 )
             items += said[1]
             items += [str(_ms(run.lease)), run.attempt]
-        if meta.call or coalesce:  # CLAIM's last two (none on the usual path), after RUN_ARGV
-            items += [*([""] * 6 if run is None else ()), meta.call, _COALESCE.get(coalesce, "")]
         return items
 
     # Each primitive is a script call (:class:`Call`: what to send, and how to read the reply) and
@@ -253,8 +250,7 @@ class RedisBackend(Backend):
             raise self._failure(exc, items[:numkeys]) from exc
 
     def _granted(self, key: str, run: RunClaim | None, reply: Any) -> LockState | None:
-        """A CLAIM or START reply: None when taken (an integer: 1, or the run lock's fence; START's
-        {fence, call} with a recorded call), else the state, coalesced as its first letter says"""
+        """A CLAIM or START reply: None when taken (1, the fence, or {fence, call}), else the state"""
         if type(reply) is int:
             if run is not None:
                 run.fence = reply
@@ -278,10 +274,14 @@ class RedisBackend(Backend):
         count: bool = False,
         counted: float | None = None,
         coalesce: Coalesce = "",
+        debounce: Debounce | None = None,
     ) -> Call[LockState | None]:
         flag = ("q" if run is None else "r") + _drop(count, counted)
-        keys = self._tallied(key)
-        items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=keys, coalesce=coalesce)
+        items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
+        if meta.call or coalesce or debounce:  # CLAIM_ARGV's tail (none on the usual path)
+            wait, longest = debounce or (0.0, None)
+            items += [*([""] * 6 if run is None else ()), meta.call, _COALESCE.get(coalesce, ""),
+                      str(_ms(wait)) if debounce else "", str(_ms(longest)) if longest else ""]  # fmt: skip
         decode = partial(self._granted, key, run)
         if self._acks is None:  # no replicas to acknowledge it: no grant text, nothing to undo
             return Call(self._claim, 4, items, decode)
@@ -354,10 +354,10 @@ class RedisBackend(Backend):
         count: bool = False,
         counted: float | None = None,
         coalesce: Coalesce = "",
+        debounce: Debounce | None = None,
     ) -> LockState | None:
-        call = self._claim_call(
-            key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted, coalesce=coalesce
-        )
+        call = self._claim_call(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted,
+                                coalesce=coalesce, debounce=debounce)  # fmt: skip
         return self._done(call)
 
     def start(
