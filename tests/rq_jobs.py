@@ -171,3 +171,25 @@ def trigger(name: str, first: int, count: int) -> None:
     """Call Busy ``count`` times, versions ``first``, ``first + 1``, ... (one process of a race)."""
     for version in range(first, first + count):
         Busy.enqueue(name, version)
+
+
+class Debounced(UniqueJob):
+    """Runs a second after the last call of its name, with that call's version."""
+
+    unique_queue = queue
+    unique_debounce = 1.0
+    unique_args = ("name",)
+    unique_run_lease = 2.0
+
+    def perform(self, name: str, version: int) -> int:
+        r = client()
+        r.rpush(f"versions:{name}", version)
+        job_started(r, name)
+        job_done(r, name)
+        return version
+
+
+class Bounded(Debounced):
+    """Debounced, but runs at the latest 2 s after the first call of a burst."""
+
+    unique_debounce_max_wait = 2.0

@@ -102,3 +102,66 @@ def test_coalescing_needs_until_executed_and_a_queue_that_can_do_it() -> None:
             unique_queue = Named()
 
             def perform(self) -> None: ...
+
+
+class Later(Queue):
+    """A queue that names its jobs and delays them (nothing is pushed anywhere)."""
+
+    suspect_after = 60.0
+
+    def push(self, job_cls: type[UniqueJob], lock: JobLock, args: Any, kwargs: Any) -> None: ...
+
+    def push_in(self, job_cls: type[UniqueJob], lock: JobLock, args: Any, kwargs: Any, delay: float) -> None:
+        pass
+
+
+def test_debounce_settings_are_checked_when_the_class_is_defined() -> None:
+    with pytest.raises(ConfigurationError, match=r"unique_debounce delays its job in its queue: it has no queue"):  # noqa: E501
+
+        class Inline(UniqueJob):
+            unique_debounce = 1.0
+
+            def perform(self) -> None: ...
+
+    with pytest.raises(ConfigurationError, match="unique_debounce_max_wait needs unique_debounce"):
+
+        class Unbounded(UniqueJob):
+            unique_debounce_max_wait = 1.0
+
+            def perform(self) -> None: ...
+
+    with pytest.raises(ConfigurationError, match=r"max_wait \(1 s\) is shorter than unique_debounce \(5 s\)"):
+
+        class Short(UniqueJob):
+            unique_queue = Later()
+            unique_debounce = 5.0
+            unique_debounce_max_wait = 1.0
+
+            def perform(self) -> None: ...
+
+    with pytest.raises(ConfigurationError, match="takes unique_on_conflict 'keep_last'"):
+
+        class Raising(UniqueJob):
+            unique_queue = Later()
+            unique_debounce = 5.0
+            unique_on_conflict = "raise"
+
+            def perform(self) -> None: ...
+
+
+class Debounced(UniqueJob):
+    unique_queue = Later()
+    unique_debounce = 5.0
+
+    def perform(self, n: int) -> None: ...
+
+
+def test_a_debounced_job_is_refused_inline_and_for_one_call(use: Backend) -> None:
+    with pytest.raises(ConfigurationError, match=r"unique_debounce delays its job in its queue: run\(\)"):
+        Debounced.run(1)
+    assert use.read(Debounced.lock_key(1)).free
+    with pytest.raises(ConfigurationError, match="debounce cannot be given for one call"):
+        Debounced.using(debounce=1.0)
+    assert Debounced.enqueue(1) is None  # pushed, delayed (Later returns no handle)
+    queued = use.read(Debounced.lock_key(1)).queue
+    assert queued is not None and queued.due == pytest.approx(queued.since + 5.0, abs=1e-3)

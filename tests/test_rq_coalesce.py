@@ -23,7 +23,7 @@ from tests.integration_workers import (
     wait_until,
     worker_pool,
 )
-from tests.rq_jobs import QUEUE, Busy, Latest, Replaced, queue
+from tests.rq_jobs import QUEUE, Bounded, Busy, Debounced, Latest, Replaced, queue
 from uniqjob import Pending, UniqueJob
 from uniqjob.integrations.rq import RQQueue
 from uniqjob.locks import LockState
@@ -42,9 +42,9 @@ def workers(
         yield pool
 
 
-def start_worker(workers: Workers, name: str = "rq", **env: str) -> None:
+def start_worker(workers: Workers, name: str = "rq", *options: str, **env: str) -> None:
     rq = str(Path(sys.executable).with_name("rq"))
-    argv = [rq, "worker", "-u", os.environ[URL_VAR], "-n", f"{name}-{os.urandom(4).hex()}", QUEUE]
+    argv = [rq, "worker", "-u", os.environ[URL_VAR], "-n", f"{name}-{os.urandom(4).hex()}", *options, QUEUE]
     workers.start(name, argv, **env)
 
 
@@ -145,3 +145,41 @@ def test_triggers_from_8_processes_never_overlap_and_never_lose_the_last(
     assert int(redis_client.get("overlaps:race") or 0) == 0  # never two runs at once
     # the last run has the last trigger's arguments: the last call of one of the 8 processes
     assert runs[-1] in {p * 1000 + 24 for p in range(8)}, runs
+
+
+def settled(job_cls: type[UniqueJob], name: str) -> bool:
+    """The key is free and RQ holds no job, queued or scheduled: no run of it can come any more."""
+    rq = queue.queue
+    return state(job_cls, name).free and len(rq) == 0 and rq.scheduled_job_registry.count == 0
+
+
+def test_50_triggers_in_a_debounced_burst_run_once_with_the_last(
+    workers: Workers, redis_client: redis.Redis
+) -> None:
+    start_worker(workers, "rq", "--with-scheduler")
+    handles = [Debounced.enqueue("d", v) for v in range(1, 51)]
+    assert isinstance(handles[0], Job) and {h.id for h in handles} == {handles[0].id}
+    assert len(queue.queue) == 0  # scheduled, not queued
+    queued = state(Debounced, "d").queue
+    assert queued is not None and queued.due is not None and queued.meta.args == "'d', 50"
+    wait_until(lambda: count(redis_client, "done", "d") == 1, "the debounced run")
+    wait_until(lambda: settled(Debounced, "d"), "nothing left to run")
+    assert versions(redis_client, "d") == [50]
+
+
+def test_max_wait_bounds_a_burst_that_never_ends(workers: Workers, redis_client: redis.Redis) -> None:
+    start_worker(workers, "rq", "--with-scheduler")
+    version = 0
+
+    def trigger() -> bool:  # a call of the burst every 20 ms (wait_until polls), until a run starts
+        nonlocal version
+        version += 1
+        Bounded.enqueue("b", version)
+        return count(redis_client, "started", "b") > 0
+
+    wait_until(trigger, "a run within the burst (max_wait)", timeout=30)
+    assert versions(redis_client, "b")[0] < version  # it ran while calls still came
+    last = version
+    wait_until(lambda: settled(Bounded, "b"), "the burst's last call to run")
+    assert versions(redis_client, "b")[-1] == last  # never a lost last trigger
+    assert count(redis_client, "done", "b") <= 3

@@ -45,8 +45,10 @@ class Pending:
 
 
 def mode(cls: type[UniqueJob]) -> Coalesce:
-    """What ``cls``'s claims ask the store to coalesce ("": nothing)."""
+    """What ``cls``'s claims ask the store to coalesce ("": nothing); a debounced class keeps the last."""
     policy = cls.unique_on_conflict
+    if cls.unique_debounce is not None:
+        return "keep_last"
     return policy if policy in ("keep_last", "replace") else ""
 
 

@@ -32,7 +32,7 @@ def apply(cls: type[UniqueJob], lock: JobLock, args: Sequence[Any], kwargs: dict
     :data:`RESCHEDULED` for the caller to wait and try again.
     """
     policy = cls.unique_on_conflict
-    if policy in ("keep_last", "replace"):
+    if _coalesce.mode(cls):
         return _coalesce.conflict(cls, lock)
     if policy == "raise":
         raise JobNotUnique(lock.key, _holder(lock))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from . import _callouts, _coalesce, _conflicts, _job_base, _joblock_sync, settings
 from .concurrency import _job as _concurrency
 from .concurrency import _job_sync as _slots
-from .errors import BackendError, JobNotUnique
+from .errors import BackendError, ConfigurationError, JobNotUnique
 from .locks import QueueMeta
 from .stores.base import Backend
 
@@ -59,7 +59,10 @@ def enqueue(
         if job_id:
             meta = lock.meta
             lock.meta = QueueMeta(meta.cls, meta.args, job_id)
-        if cls.concurrency_limit is None:  # no slot to take: straight to the queue
+        if lock.debounce is not None:  # due once the burst is over: see uniqjob._coalesce
+            delay = lock.debounce[0]
+            handle = _callouts.call_out(queue.push_in, cls, lock, tuple(args), dict(kwargs), delay)
+        elif cls.concurrency_limit is None:  # no slot to take: straight to the queue
             handle = _callouts.call_out(queue.push, cls, lock, tuple(args), dict(kwargs))
         else:
             handle = _slots.push(cls, queue, lock, args, kwargs)
@@ -82,6 +85,19 @@ def _remove(queue: Queue, job_id: str) -> None:
         _job_base.log.warning("could not remove replaced job %s from its queue", job_id, exc_info=True)
 
 
+def _delay(
+    cls: type[UniqueJob], lock: JobLock, store: Backend, args: Sequence[Any], kwargs: dict[str, Any]
+) -> None:
+    """A debounced job started before it was due (calls came meanwhile): push it again, to start then."""
+    queue, state = cls.unique_queue, lock.conflict
+    assert queue is not None and state is not None and state.queue is not None and state.queue.due is not None
+    delay = state.queue.due - state.now
+    meta = lock.meta
+    lock.meta = QueueMeta(meta.cls, meta.args, _callouts.call_out(queue.new_job_id))
+    _callouts.call_out(queue.push_in, cls, lock, tuple(args), dict(kwargs), max(delay, 0.0))
+    _joblock_sync.attach(lock, store)  # the lock names its job: the one pushed now
+
+
 def _next(cls: type[UniqueJob], lock: JobLock, store: Backend) -> None:
     """Push the call that waited behind ``lock``'s (policy "keep_last"), queued by its release.
 
@@ -94,7 +110,10 @@ def _next(cls: type[UniqueJob], lock: JobLock, store: Backend) -> None:
         queue = cls.unique_queue
         if queue is not None:
             try:
-                _callouts.call_out(queue.push, cls, follower, args, kwargs)
+                if lock.debounce is None:
+                    _callouts.call_out(queue.push, cls, follower, args, kwargs)
+                else:  # a burst that came while this one ran: it is due a debounce from now
+                    _callouts.call_out(queue.push_in, cls, follower, args, kwargs, lock.debounce[0])
             except Exception:  # its lock stays queued: reclaimed once its queue proves the job gone
                 _job_base.log.error("could not push the pending call of %s", lock.key, exc_info=True)
             return
@@ -117,6 +136,11 @@ def run(
     cls: type[UniqueJob], lock: JobLock, store: Backend, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> Any:
     """Lock, perform in this process, release; perform's result, or None when the call is dropped."""
+    if lock.debounce is not None:
+        raise ConfigurationError(
+            f"{cls.job_name()}.unique_debounce delays its job in its queue: run() would perform it now;"
+            " call enqueue()"
+        )
     _concurrency.mark_inline(lock)  # a concurrency "block" waits in this process
     while True:
         if lock.strategy == "until_executed" and cls.concurrency_limit is None:
@@ -158,6 +182,9 @@ def execute(
         if lock.coalesce and (queue_lock is None or queue_lock.token != lock.token):
             # Its call was replaced, or run by another job: nothing of it is left to run.
             _job_base.log.info("%s: skipped %s, whose call was replaced", cls.job_name(), lock.key)
+            return None
+        if queue_lock is not None and queue_lock.due is not None:  # debounced, and not yet due
+            _delay(cls, lock, store, args, kwargs)
             return None
         if run is not None and run.token == lock.token:
             # This very job is running elsewhere (a broker delivered it twice): not

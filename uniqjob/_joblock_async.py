@@ -63,7 +63,7 @@ async def acquire(
             try:
                 state = await store.claim(
                     candidate, lock.token, meta=meta, ttl=lock.ttl, run=claim, count=count, counted=before,
-                    coalesce=lock.coalesce,
+                    coalesce=lock.coalesce, debounce=lock.debounce,
                 )  # fmt: skip
             except CorruptRecordError:
                 raise  # the store answered: nothing was applied

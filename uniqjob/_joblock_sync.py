@@ -64,7 +64,7 @@ def acquire(
             try:
                 state = store.claim(
                     candidate, lock.token, meta=meta, ttl=lock.ttl, run=claim, count=count, counted=before,
-                    coalesce=lock.coalesce,
+                    coalesce=lock.coalesce, debounce=lock.debounce,
                 )  # fmt: skip
             except CorruptRecordError:
                 raise  # the store answered: nothing was applied

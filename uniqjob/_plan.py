@@ -170,6 +170,7 @@ def build_lock(
         limit=cls.unique_lock_limit,
         on_lost=cls.unique_on_lost,
         coalesce=coalesce,
+        debounce=settings.debounce(cls) if cls.unique_debounce is not None else None,
     )
 
 

@@ -21,7 +21,7 @@ from ._joblock_base import STRATEGIES, Strategy, current
 from ._undo import undos
 from .heartbeat import Beat
 from .locks import LockState, PendingCall, QueueMeta, new_token
-from .stores.base import Backend, Coalesce
+from .stores.base import Backend, Coalesce, Debounce
 
 if TYPE_CHECKING:
     from .stores.aio import AsyncBackend
@@ -77,6 +77,7 @@ class JobLock:
         "call",
         "coalesce",
         "conflict",
+        "debounce",
         "fence",
         "gone_tokens",
         "key",
@@ -105,6 +106,7 @@ class JobLock:
         limit: int = 1,
         on_lost: Callable[[JobLock], None] | None = None,
         coalesce: Coalesce = "",
+        debounce: Debounce | None = None,
     ) -> None:
         self.backend = backend
         self.key = key
@@ -135,6 +137,8 @@ class JobLock:
         self.gone_tokens: list[str] = []
         #: What a conflicting claim asks the store to coalesce (see Backend.claim; the job's policy).
         self.coalesce: Coalesce = coalesce
+        #: A debounced claim's delay and longest wait (see Backend.claim); None: none.
+        self.debounce = debounce
         #: The latest call's arguments (JSON) its start was handed, to perform with; "" if none.
         self.call = ""
         #: The call that waited behind this one, queued by its release, for the job layer to push.

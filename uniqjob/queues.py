@@ -99,6 +99,18 @@ class Queue:
         """
         return False
 
+    def push_in(
+        self,
+        job_cls: type[UniqueJob],
+        lock: JobLock,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        delay: float,
+    ) -> Any:
+        """:meth:`push`, the job to start in ``delay`` seconds (``unique_debounce``). A queue that
+        cannot delay a job leaves this out; a class debounced on it is then a ConfigurationError."""
+        raise NotImplementedError
+
     def handle(self, job_id: str) -> Any:
         """The queue's handle of job ``job_id`` (made locally, nothing asked of the queue); None if it
         has none. A "keep_last" duplicate returns the queued job's."""

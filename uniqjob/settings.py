@@ -55,6 +55,8 @@ SETTINGS = frozenset(
         "unique_reschedule_delay",
         "unique_on_lost",
         "unique_once_per",
+        "unique_debounce",
+        "unique_debounce_max_wait",
     }
 )
 
@@ -216,12 +218,43 @@ def _check_once_per(cls: type[UniqueJob], name: str, autoexpire: object) -> None
         )
 
 
+def debounce(cls: type[UniqueJob]) -> tuple[float, float | None] | None:
+    """``cls``'s debounce, in seconds: its delay and longest wait; None without one."""
+    wait = seconds(cls.unique_debounce, f"{cls.__qualname__}.unique_debounce")
+    longest = seconds(cls.unique_debounce_max_wait, f"{cls.__qualname__}.unique_debounce_max_wait")
+    return None if wait is None else (wait, longest)
+
+
+def _check_debounce(cls: type[UniqueJob], name: str, queue: Queue | None, queue_base: type[Queue]) -> None:
+    """Debounce delays a call in its queue and coalesces the calls of a burst into it."""
+    wait = debounce(cls)
+    if wait is None:
+        if cls.unique_debounce_max_wait is not None:
+            raise ConfigurationError(f"{name}.unique_debounce_max_wait needs unique_debounce")
+        return
+    if wait[1] is not None and wait[1] < wait[0]:
+        raise ConfigurationError(
+            f"{name}.unique_debounce_max_wait ({wait[1]:g} s) is shorter than unique_debounce ({wait[0]:g} s)"
+        )
+    if cls.unique_on_conflict not in ("log", "keep_last"):
+        raise ConfigurationError(
+            f"{name}.unique_debounce coalesces the calls of a burst into the latest: it takes"
+            f" unique_on_conflict 'keep_last' (or none), not {cls.unique_on_conflict!r}"
+        )
+    if queue is None or type(queue).push_in is queue_base.push_in:
+        where = f"{type(queue).__name__}, which cannot" if queue else "no queue (run() performs at once)"
+        raise ConfigurationError(f"{name}.unique_debounce delays its job in its queue: it has {where}")
+
+
 def _check_coalescing(cls: type[UniqueJob], name: str, queue: Queue | None, queue_base: type[Queue]) -> None:
-    """A coalescing policy ("keep_last", "replace") needs what it stands on; see uniqjob._coalesce."""
+    """A coalescing policy (keep_last, replace, debounce) needs what it stands on; see uniqjob._coalesce."""
+    _check_debounce(cls, name, queue, queue_base)
     policy = cls.unique_on_conflict
-    if policy not in ("keep_last", "replace"):
+    if policy not in ("keep_last", "replace") and cls.unique_debounce is None:
         return
     what = f"{name}.unique_on_conflict {policy!r}"
+    if cls.unique_debounce is not None:
+        what = f"{name}.unique_debounce"
     if cls.unique_strategy != "until_executed":
         raise ConfigurationError(f"{what} coalesces queued and running calls: it needs unique_strategy"
                                  f" 'until_executed', not {cls.unique_strategy!r}")  # fmt: skip

@@ -174,9 +174,14 @@ class RQQueue(Queue):
         return str(uuid.uuid4())
 
     def push(
-        self, job_cls: type[UniqueJob], lock: JobLock, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        job_cls: type[UniqueJob],
+        lock: JobLock,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        delay: float | None = None,
     ) -> Job:
-        """Enqueue the job into RQ, with its lock's key and token in the job's meta.
+        """Enqueue the job into RQ, with its lock's key and token in the job's meta (``delay``: see push_in).
 
         Inside :func:`enqueue_call`, that call's options override the queue's
         (a ``job_id`` given there is the lock's job id already: :meth:`new_job_id`).
@@ -189,16 +194,25 @@ class RQQueue(Queue):
             options.update(call.options)
             options.pop("job_id", None)
         at_front = bool(options.pop("at_front", False))
-        return self.queue.enqueue_call(
-            run_job,
-            args=args,
-            kwargs=kwargs,
-            job_id=lock.meta.job_id or None,
-            meta={HEADER: ticket.dump()},
-            description=f"{job_cls.job_name()}({lock.meta.args})",
-            at_front=at_front,
-            **options,
-        )
+        job = {"job_id": lock.meta.job_id or None, "meta": {HEADER: ticket.dump()}, **options}
+        job["description"] = f"{job_cls.job_name()}({lock.meta.args})"
+        if delay is not None:  # RQ's scheduler enqueues it then (rq worker --with-scheduler)
+            return self.queue.enqueue_in(timedelta(seconds=delay), run_job, args=args, kwargs=kwargs, **job)
+        return self.queue.enqueue_call(run_job, args=args, kwargs=kwargs, at_front=at_front, **job)
+
+    def push_in(
+        self,
+        job_cls: type[UniqueJob],
+        lock: JobLock,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        delay: float,
+    ) -> Job:
+        """:meth:`push`, the job scheduled to start in ``delay`` seconds (``unique_debounce``).
+
+        RQ's scheduler, inside workers started with ``rq worker --with-scheduler``, enqueues it then.
+        """
+        return self.push(job_cls, lock, args, kwargs, delay=delay)
 
     def push_later(
         self, job_cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any], delay: float
