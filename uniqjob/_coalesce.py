@@ -13,6 +13,7 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
+from . import settings
 from .errors import ConfigurationError
 from .locks import PendingCall, QueueMeta
 from .stores._log import get_logger
@@ -117,13 +118,17 @@ def resume(backend: Backend, key: str, token: str) -> bool:
     if pending is None:
         return False
     ref = json_ref(pending.meta.call)
-    queue = resolve_job(ref).unique_queue if ref else None
-    if queue is None:
+    cls = resolve_job(ref) if ref else None
+    queue = cls.unique_queue if cls is not None else None
+    if cls is None or queue is None or inspect.iscoroutinefunction(queue.push):
         return False
-    cls = resolve_job(ref)
     args, kwargs = decode(pending.meta.call)
-    pushed = queue.push(cls, follower(cls, key, pending), args, kwargs)
-    return not inspect.isawaitable(pushed)
+    lock, wait = follower(cls, key, pending), settings.debounce(cls)
+    if wait is not None:
+        queue.push_in(cls, lock, args, kwargs, wait[0])
+    else:
+        queue.push(cls, lock, args, kwargs)
+    return True
 
 
 def json_ref(text: str) -> str:

@@ -172,6 +172,35 @@ class CeleryQueue(Queue):
             self.task, args, kwargs, task_id=lock.meta.job_id or None, headers=headers, **options
         )
 
+    def push_in(
+        self,
+        job_cls: type[UniqueJob],
+        lock: JobLock,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        delay: float,
+    ) -> Any:
+        """:meth:`push` with a ``countdown`` of ``delay`` seconds (``unique_debounce``)."""
+        call = _pending.get()
+        if call is not None and call.job is job_cls:
+            options = {k: v for k, v in call.options.items() if k not in ("countdown", "eta")}
+            call = replace(call, options={**options, "countdown": delay})
+        else:
+            call = _Call(job_cls, "", {"countdown": delay})
+        reset = _pending.set(call)
+        try:
+            return self.push(job_cls, lock, args, kwargs)
+        finally:
+            _pending.reset(reset)
+
+    def handle(self, job_id: str) -> Any:
+        """The task's ``AsyncResult`` of id ``job_id`` (nothing asked of the backend)."""
+        return self.task.AsyncResult(job_id)
+
+    def remove(self, job_id: str) -> None:
+        """Revoke task ``job_id`` (policy "replace"): workers discard it when it reaches them."""
+        self.task.app.control.revoke(job_id)
+
     def push_later(
         self, job_cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any], delay: float
     ) -> Any:
