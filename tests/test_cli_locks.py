@@ -20,7 +20,7 @@ __all__ = ["kill_leftovers", "store"]  # fixtures shared with test_cli
 
 FIELDS = {
     "key", "class", "args", "job_id", "state", "host", "pid", "age_s", "ttl_s", "lease_s", "orphaned",
-    "path", "reason",
+    "path", "reason", "pending", "due_s",
 }  # fmt: skip
 
 

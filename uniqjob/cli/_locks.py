@@ -73,6 +73,10 @@ def _job(row: LockRow) -> str:
         text = escape(f"unreadable: {row.reason}")
     else:
         text = escape(f"{row.job_class or '?'}({row.args or ''})")
+        if row.due_s is not None:
+            text += f" due in {duration(row.due_s)}"
+        if row.pending is not None:
+            text += escape(f" then ({row.pending})")
     return text if len(text) <= _JOB_WIDTH else text[: _JOB_WIDTH - 3] + "..."
 
 
@@ -117,8 +121,12 @@ STATE is queued (waiting in its queue), parked (waiting for a concurrency slot, 
 no queue yet), running, or corrupt. JOB_ID is the queue's id of the job (RQ, Celery),
 recorded when it was enqueued; "-" for a lock with none (inline, `uniqjob run`, parked).
 
+JOB says "due in 3.0s" for a debounced job (unique_debounce) not yet due, and "then
+(ARGS)" for the call that waits behind a running one (unique_on_conflict keep_last).
+
 --json fields: key, class, args, state, job_id, host, pid, age_s, ttl_s, lease_s,
-orphaned, path, reason (the last two only set, and key may be null, for a corrupt record);
+orphaned, path, reason (the last two only set, and key may be null, for a corrupt record),
+pending (the waiting call's arguments), due_s (seconds until a debounced job is due);
 every line is a lock row (JSON Lines: `jq .key` reads them all). The dropped
 duplicates and other figures are in `uniqjob stats --json`.
 

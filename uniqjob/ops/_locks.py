@@ -46,6 +46,10 @@ class LockRow:
     orphaned: bool = False
     path: str | None = None
     reason: str | None = None
+    #: The arguments of the call that runs after this one ("keep_last"), None if none waits.
+    pending: str | None = None
+    #: Seconds until a debounced job is due (``unique_debounce``; 0 once due), None if not debounced.
+    due_s: float | None = None
 
     @classmethod
     def from_corrupt(cls, error: CorruptRecordError, key: str | None = None) -> LockRow:
@@ -74,6 +78,8 @@ class LockRow:
             ttl_s=round(queue.ttl, 3) if queue is not None and queue.ttl is not None else None,
             lease_s=round(run.lease_left, 3) if run is not None else None,
             orphaned=orphaned(state),  # the library's one orphan rule
+            pending=queue.pending.meta.args if queue is not None and queue.pending is not None else None,
+            due_s=round(max(queue.due - state.now, 0.0), 3) if queue is not None and queue.due else None,
         )
 
     @property

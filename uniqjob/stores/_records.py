@@ -142,8 +142,6 @@ class LockMachine:
             "job_id": meta.job_id,
             "expires": None if ttl is None else self.now + ttl,
         }
-        if meta.call:
-            self.q["call"] = meta.call
         self.changed = True
 
     def _set_run(self, token: str, claim: RunClaim) -> None:
@@ -254,7 +252,7 @@ class LockMachine:
                 state.coalesced = "latest"
             else:
                 mine = {"token": token, "since": self.now, "args": meta.args, "job_id": meta.job_id}
-                self.q = {**q, **mine, "call": meta.call}
+                self.q = {**{k: v for k, v in q.items() if k != "call"}, **mine}
                 state.coalesced = "replaced"
         elif coalesce == "keep_last":
             pending = {"p_token": token, "p_args": meta.args, "p_job_id": meta.job_id, "p_call": meta.call}
@@ -352,6 +350,7 @@ class LockMachine:
         pending = _pending(q)
         if pending is not None:  # the call that waited behind this one: queued now, for the caller to push
             self._set_queue(pending.token, QUEUED, replace(pending.meta, cls=q.get("cls", "")), None)
+            # (its arguments are in the job its caller pushes: none kept for its start)
         return pending
 
     def dequeue(self, token: str | None) -> bool:

@@ -207,7 +207,6 @@ local function set_queue(token, state, now)
   if value ~= '' then hset[#hset + 1] = name; hset[#hset + 1] = value end
   if ARGV[5] ~= '' then hset[#hset + 1] = 'p'; hset[#hset + 1] = ARGV[5] end
   if ARGV[6] ~= '' then hset[#hset + 1] = 'j'; hset[#hset + 1] = ARGV[6] end
-  if ARGV[14] and ARGV[14] ~= '' then hset[#hset + 1] = 'k'; hset[#hset + 1] = ARGV[14] end
   redis.call(unpack(hset))
   if ARGV[2] ~= '0' then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 end
@@ -260,10 +259,10 @@ local function put(fields)
   if #hset > 2 then redis.call(unpack(hset)) end
   if #hdel > 2 then redis.call(unpack(hdel)) end
 end
--- A debounced lock's due time (µs text): ARGV[16] ms from now, at most ARGV[17] ms after since.
-local function due(now, since)
-  local d = tonumber(now) + tonumber(ARGV[16]) * 1000
-  if since and (ARGV[17] or '') ~= '' then d = math.min(d, tonumber(since) + tonumber(ARGV[17]) * 1000) end
+-- A debounced lock's due time (µs text): wait ms from now, at most longest ms ('': none) after since.
+local function due(now, since, wait, longest)
+  local d = tonumber(now) + tonumber(wait) * 1000
+  if since and longest ~= '' then d = math.min(d, tonumber(since) + tonumber(longest) * 1000) end
   return string.format('%.0f', d)
 end
 local function take_back(drop)
@@ -277,10 +276,10 @@ end
 
 # KEYS: queue lock, run lock, last fence, dropped duplicates.
 # ARGV: token, ttl_ms, cls, cls_len, args, job_id, mode ('q' or 'r', then a drop: see count_drop),
-#       host, node, pid, pstart, lease_ms, attempt ('' each with mode 'q'), call (the arguments
+#       host, node, pid, pstart, lease_ms, attempt (none with mode 'q'), call (the arguments
 #       as JSON), coalesce ('l' keep_last or 'p' replace), wait_ms, longest_ms (debounce: a
-#       lock taken or made latest is due in wait_ms, at most longest_ms after it was taken; ''
-#       none; all four optional)
+#       lock taken or made latest is due in wait_ms, at most longest_ms after it was taken, ''
+#       none; these four are optional, and come right after mode with mode 'q')
 # Returns 1 when the queue lock is taken (mode 'q'), the fence when both are
 # (mode 'r'), else a snapshot of what is in the way, after a letter if a live queue lock
 # of another token was coalesced: 'L' latest, 'P' pending, 'R' replaced (the lock is ours).
@@ -295,6 +294,8 @@ local q = redis.pcall('HMGET', KEYS[1], """
     + """)  -- all a conflict reports
 if failed(q) then return unreadable(1, q, 'hash') end
 local mode, drop = string.sub(ARGV[7], 1, 1), string.sub(ARGV[7], 2)
+local call, co, wait, longest = '', '', '', ''  -- the optional last four: after mode 'q', or RUN_ARGV
+if #ARGV == 11 or #ARGV == 17 then call, co, wait, longest = unpack(ARGV, #ARGV - 3) end
 local run, floor
 if mode == 'r' then  -- read all first: a damaged record must stop the script before any write
   run = redis.pcall('HMGET', KEYS[2], 't', 'x', 'f')
@@ -310,18 +311,17 @@ if present(q) then
     mine = true  -- a retry whose first reply was lost
   else
     local reply = refused(now, drop, run and run[1], q)
-    local co = ARGV[15] or ''
     if type(reply) ~= 'string' or co == '' then return reply end
     if q[2] == 'q' and co == 'l' then  -- the queued call runs with the latest arguments
       local d = ''
-      if (ARGV[16] or '') ~= '' then d = due(now, q[3]) end
-      put({'p', ARGV[5], 'k', ARGV[14], 'P', '', 'A', '', 'J', '', 'K', '', 'd', d})
+      if wait ~= '' then d = due(now, q[3], wait, longest) end
+      put({'p', ARGV[5], 'k', call, 'P', '', 'A', '', 'J', '', 'K', '', 'd', d})
       return 'L' .. reply
     elseif q[2] == 'q' then  -- replaced: the lock is ours, with our job
-      put({'t', ARGV[1], 'a', now, 'p', ARGV[5], 'j', ARGV[6], 'k', ARGV[14]})
+      put({'t', ARGV[1], 'a', now, 'p', ARGV[5], 'j', ARGV[6], 'k', ''})
       return 'R' .. reply
     elseif co == 'l' then  -- waits behind the running call
-      put({'P', ARGV[1], 'A', ARGV[5], 'J', ARGV[6], 'K', ARGV[14]})
+      put({'P', ARGV[1], 'A', ARGV[5], 'J', ARGV[6], 'K', call})
       return 'P' .. reply
     end
     return reply
@@ -332,7 +332,7 @@ end
 if mode ~= 'r' then
   if not mine then
     set_queue(ARGV[1], 'q', now)
-    if (ARGV[16] or '') ~= '' then redis.call('HSET', KEYS[1], 'd', due(now)) end
+    if wait ~= '' then redis.call('HSET', KEYS[1], 'd', due(now, false, wait, '')) end
   end
   take_back(drop)
   return 1

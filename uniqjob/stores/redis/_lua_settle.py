@@ -93,7 +93,6 @@ if ARGV[2] == '0' then
     redis.call('HSET', KEYS[1], 't', p[1], 's', 'q', 'a', clock())
     if p[2] ~= '' then redis.call('HSET', KEYS[1], 'p', p[2]) end
     if p[3] ~= '' then redis.call('HSET', KEYS[1], 'j', p[3]) end
-    if p[4] ~= '' then redis.call('HSET', KEYS[1], 'k', p[4]) end
     redis.call('PERSIST', KEYS[1])
     return p
   end

@@ -280,7 +280,7 @@ class RedisBackend(Backend):
         items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
         if meta.call or coalesce or debounce:  # CLAIM_ARGV's tail (none on the usual path)
             wait, longest = debounce or (0.0, None)
-            items += [*([""] * 6 if run is None else ()), meta.call, _COALESCE.get(coalesce, ""),
+            items += [meta.call, _COALESCE.get(coalesce, ""),
                       str(_ms(wait)) if debounce else "", str(_ms(longest)) if longest else ""]  # fmt: skip
         decode = partial(self._granted, key, run)
         if self._acks is None:  # no replicas to acknowledge it: no grant text, nothing to undo
