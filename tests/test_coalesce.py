@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, ClassVar
 
 import pytest
@@ -165,3 +166,19 @@ def test_a_debounced_job_is_refused_inline_and_for_one_call(use: Backend) -> Non
     assert Debounced.enqueue(1) is None  # pushed, delayed (Later returns no handle)
     queued = use.read(Debounced.lock_key(1)).queue
     assert queued is not None and queued.due == pytest.approx(queued.since + 5.0, abs=1e-3)
+
+
+def test_keep_last_inline_through_the_asyncio_api(use: Backend) -> None:
+    assert asyncio.run(Sync.arun(8, 1)) == 1
+    assert Sync.runs == [(8, 1), (8, 4)]
+
+
+def test_locks_show_the_pending_call_and_the_due_time(use: Backend) -> None:
+    Debounced.enqueue(2)
+    row = next(r for r in uniqjob.ops.iter_rows(use) if r.key == Debounced.lock_key(2))
+    assert row.due_s is not None and 4 < row.due_s <= 5 and row.pending is None
+    lock = Sync.lock(9, 1)
+    assert lock.acquire(run=True)
+    assert isinstance(Sync.enqueue(9, 2), Pending)
+    row = next(r for r in uniqjob.ops.iter_rows(use) if r.key == lock.key)
+    assert row.pending == "9, 2" and row.to_json()["pending"] == "9, 2" and row.due_s is None
