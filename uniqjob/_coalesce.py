@@ -9,11 +9,9 @@ marker, and what a coalesced duplicate returns.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
-from . import settings
 from .errors import ConfigurationError
 from .locks import PendingCall, QueueMeta
 from .stores._log import get_logger
@@ -21,9 +19,9 @@ from .stores._log import get_logger
 if TYPE_CHECKING:
     from .job import UniqueJob
     from .joblock import JobLock
-    from .stores.base import Backend, Coalesce
+    from .stores.base import Coalesce
 
-__all__ = ["Pending", "conflict", "decode", "encode", "follower", "mode", "resume"]
+__all__ = ["Pending", "conflict", "decode", "encode", "follower", "json_ref", "mode"]
 
 log = get_logger("uniqjob.job")
 
@@ -102,33 +100,6 @@ def follower(cls: type[UniqueJob], key: str, pending: PendingCall) -> JobLock:
     lock = cls.lock_from(key, pending.token)
     lock.meta = QueueMeta(lock.meta.cls, pending.meta.args, pending.meta.job_id)
     return lock
-
-
-def resume(backend: Backend, key: str, token: str) -> bool:
-    """Reclaim a dead holder's queue lock ``token`` of ``key`` that has a pending call, and push that call.
-
-    The release queues the pending call in the same step, as a holder's own would; True if
-    one was pushed. (``uniqjob reap``: a "keep_last" call that waited behind a run that
-    died still runs.) An async queue's (arq's) pending call is left queued: reclaimed once
-    that queue proves its job gone, at the key's next call.
-    """
-    from .integrations import resolve_job  # here: only a reap that meets a pending call needs it
-
-    pending = backend.finish(key, token)
-    if pending is None:
-        return False
-    ref = json_ref(pending.meta.call)
-    cls = resolve_job(ref) if ref else None
-    queue = cls.unique_queue if cls is not None else None
-    if cls is None or queue is None or inspect.iscoroutinefunction(queue.push):
-        return False
-    args, kwargs = decode(pending.meta.call)
-    lock, wait = follower(cls, key, pending), settings.debounce(cls)
-    if wait is not None:
-        queue.push_in(cls, lock, args, kwargs, wait[0])
-    else:
-        queue.push(cls, lock, args, kwargs)
-    return True
 
 
 def json_ref(text: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Literal
@@ -148,11 +149,35 @@ def _reclaim(backend: Backend, state: LockState) -> bool:
     """
     queue_token = state.queue.token if state.queue is not None else None
     if state.queue is not None and state.queue.pending is not None:
-        from .._coalesce import resume  # here: only a key with a pending call needs it
-
-        resume(backend, state.key, state.queue.token)
+        _resume(backend, state.key, state.queue.token)
         return True
     return backend.reclaim(state.key, queue_token, state.run.token if state.run is not None else None)
+
+
+def _resume(backend: Backend, key: str, token: str) -> bool:
+    """Release a dead holder's queue lock ``token`` of ``key`` that has a pending call, and push that call.
+
+    The release queues the pending call in the same step, as the holder's own would have;
+    True if it was pushed. An async queue's (arq's) pending call is left queued: reclaimed
+    once that queue proves its job gone, at the key's next call.
+    """
+    # here: only a key with a pending call needs them
+    from .. import _coalesce, settings
+    from ..integrations import resolve_job
+
+    pending = backend.finish(key, token)
+    ref = _coalesce.json_ref(pending.meta.call) if pending is not None else ""
+    cls = resolve_job(ref) if ref else None
+    queue = cls.unique_queue if cls is not None else None
+    if pending is None or cls is None or queue is None or inspect.iscoroutinefunction(queue.push):
+        return False
+    args, kwargs = _coalesce.decode(pending.meta.call)
+    lock, wait = _coalesce.follower(cls, key, pending), settings.debounce(cls)
+    if wait is not None:
+        queue.push_in(cls, lock, args, kwargs, wait[0])
+    else:
+        queue.push(cls, lock, args, kwargs)
+    return True
 
 
 @dataclass(frozen=True, slots=True)
