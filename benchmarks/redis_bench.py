@@ -20,6 +20,8 @@ LABELS = {
     "job.fresh": "fresh enqueue · UniqueJob.enqueue",
     "joblock.duplicate": "duplicate rejected · JobLock.acquire",
     "job.duplicate": "duplicate rejected · UniqueJob.enqueue",
+    "job.keep_last": "duplicate coalesced (keep_last) · UniqueJob.enqueue",
+    "job.debounce": "duplicate debounced · UniqueJob.enqueue",
     "joblock.cycle": "full cycle · JobLock acquire, running(), release",
     "job.cycle": "full cycle · enqueue, then lock_from() + execute()",
 }

@@ -51,6 +51,8 @@ OPS: dict[str, Spec] = {
     "joblock.duplicate": Spec("JobLock.acquire(), a queued key: rejected", 1.2, 1, False),
     "job.fresh": Spec("UniqueJob.enqueue(), a new call", 1.35, 1, True),
     "job.duplicate": Spec("UniqueJob.enqueue(), a queued call: dropped", 1.35, 1, False),
+    "job.keep_last": Spec("UniqueJob.enqueue(), keep_last, a queued call: coalesced", 1.35, 1, False),
+    "job.debounce": Spec("UniqueJob.enqueue(), debounce, a queued call: pushed back", 1.35, 1, False),
     "job.cycle": Spec("UniqueJob full cycle: enqueue → perform → release", 1.35, 3, True),
     "joblock.cycle": Spec("JobLock cycle: acquire → running() → release", None, 3, True),
 }
@@ -195,6 +197,12 @@ def run_section(
                         "x",
                     )
                 )
+        plain = by_id["redis.job.duplicate", parser]
+        for row in (by_id["redis.job.keep_last", parser], by_id["redis.job.debounce", parser]):
+            if row.median_us and plain.median_us:  # issue 24: a coalesced duplicate costs about a plain one
+                ratio = row.median_us / plain.median_us
+                label = f"Redis {row.label} ({parser}) vs a plain duplicate"
+                report.targets.append(Target(f"{row.id}.vs_duplicate.{parser}", label, ratio, 1.5, "x"))
         if not trips_counted and not mine[0].skipped:  # the same with either parser: counted once
             trips_counted = True
             for row in mine:

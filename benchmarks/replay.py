@@ -104,10 +104,10 @@ def script_names(module: Any | None = None) -> dict[str, str]:
         modules = [module]
     else:
         try:
-            from uniqjob.stores.redis import _lua, _overlap
+            from uniqjob.stores.redis import _lua, _lua_settle, _overlap
         except ImportError:  # moved by a refactor: the table shows SHA1 prefixes instead
             return {}
-        modules = [_lua, _overlap]
+        modules = [_lua, _lua_settle, _overlap]
     names = {}
     for each in modules:
         for name in getattr(each, "__all__", ()):

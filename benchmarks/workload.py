@@ -9,6 +9,7 @@ preview and the settings), so the cost of making a key shows as the gap.
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ from uniqjob import JobLock, Queue, UniqueJob
 from uniqjob.locks import QueueMeta
 from uniqjob.stores.base import Backend
 
-__all__ = ["NullQueue", "SendReport", "Workload"]
+__all__ = ["Latest", "NamingQueue", "NullQueue", "SendReport", "Workload"]
 
 
 class NullQueue(Queue):
@@ -47,13 +48,47 @@ class SendReport(UniqueJob):
         """Do nothing: the benchmark times the locks around the work, not the work."""
 
 
-def job_class(backend: Backend) -> type[SendReport]:
-    """Return ``SendReport`` bound to ``backend``, with the same name (so the same keys)."""
+class NamingQueue(NullQueue):
+    """A NullQueue that names each job before its claim and can delay it, as RQ does: what the
+    coalescing policies need (``keep_last``, ``unique_debounce``)."""
 
-    class Bound(SendReport):
+    suspect_after = 60.0
+
+    def new_job_id(self) -> str:
+        return str(uuid.uuid4())
+
+    def push_in(
+        self,
+        job_cls: type[UniqueJob],
+        lock: JobLock,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        delay: float,
+    ) -> Any:
+        return lock
+
+
+class Latest(SendReport):
+    """SendReport whose duplicates coalesce: the queued call runs with the latest arguments."""
+
+    unique_queue = NamingQueue()
+    unique_on_conflict = "keep_last"
+
+
+class Debounced(SendReport):
+    """SendReport run a minute after the last call of a burst."""
+
+    unique_queue = NamingQueue()
+    unique_debounce = 60.0
+
+
+def job_class(backend: Backend, base: type[SendReport] = SendReport) -> type[SendReport]:
+    """Return ``base`` bound to ``backend``, with the same name (so the same keys)."""
+
+    class Bound(base):  # type: ignore[valid-type,misc]
         unique_backend = backend
 
-    Bound.__qualname__ = SendReport.__qualname__
+    Bound.__qualname__ = base.__qualname__
     return Bound
 
 
@@ -71,8 +106,10 @@ class Workload:
         if not JobLock(backend, self.held_key, meta=self.meta).acquire():
             raise RuntimeError(f"{backend!r} already holds {self.held_key}: use a fresh store")
         self.held_id = -1 - first_id
-        if self.job.enqueue(self.held_id) is None:
-            raise RuntimeError(f"{backend!r} already holds the job key of {self.held_id}")
+        self.latest, self.debounced = job_class(backend, Latest), job_class(backend, Debounced)
+        for job in (self.job, self.latest, self.debounced):
+            if not isinstance(job.enqueue(self.held_id), JobLock):
+                raise RuntimeError(f"{backend!r} already holds the job key of {self.held_id}")
 
     def ops(self) -> dict[str, Op]:
         """Return each operation by name: ``<layer>.<fresh|duplicate|cycle>``."""
@@ -81,6 +118,8 @@ class Workload:
             "job.fresh": self.job_fresh,
             "joblock.duplicate": self.lock_duplicate,
             "job.duplicate": self.job_duplicate,
+            "job.keep_last": self.job_keep_last,
+            "job.debounce": self.job_debounce,
             "joblock.cycle": self.lock_cycle,
             "job.cycle": self.job_cycle,
         }
@@ -118,6 +157,16 @@ class Workload:
     def job_duplicate(self) -> None:
         """``enqueue`` a call that is queued already: dropped by the default policy."""
         if self.job.enqueue(self.held_id) is not None:
+            raise RuntimeError("a duplicate was let through")
+
+    def job_keep_last(self) -> None:
+        """``enqueue`` a call that is queued already, keep_last: its arguments become the queued call's."""
+        if isinstance(self.latest.enqueue(self.held_id), JobLock):
+            raise RuntimeError("a duplicate was let through")
+
+    def job_debounce(self) -> None:
+        """``enqueue`` a call of a debounced burst: the queued job's arguments and due time move."""
+        if isinstance(self.debounced.enqueue(self.held_id), JobLock):
             raise RuntimeError("a duplicate was let through")
 
     def job_cycle(self) -> None:

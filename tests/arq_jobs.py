@@ -14,6 +14,7 @@ from arq.connections import RedisSettings
 from tests.integration_workers import JOB_TIMEOUT, URL_VAR, client, job_done, job_started, pretend_other_host
 from uniqjob import UniqueJob
 from uniqjob.integrations.arq import FUNCTIONS, ArqQueue
+from uniqjob.settings import ConflictPolicy
 
 pretend_other_host()
 
@@ -152,6 +153,36 @@ class LimitedDiscard(Limited):
     """At the limit, ``aenqueue`` drops the call: None, logged."""
 
     concurrency_on_conflict = "discard"
+
+
+class Latest(UniqueJob):
+    """keep_last: calls of one name coalesce, the latest version wins; each run waits at the gate ``name``."""
+
+    unique_queue = queue
+    unique_on_conflict: ClassVar[ConflictPolicy] = "keep_last"
+    unique_args = ("name",)
+    unique_run_lease = 2.0
+
+    async def perform(self, name: str, version: int) -> int:
+        r = client()
+        r.rpush(f"versions:{name}", version)
+        job_started(r, name)
+        await wait_for_gate(r, name)
+        job_done(r, name)
+        return version
+
+
+class Replaced(Latest):
+    """replace: a call while one is queued takes its place."""
+
+    unique_on_conflict = "replace"
+
+
+class Debounced(Latest):
+    """Runs a second after the last call of its name, with that call's version."""
+
+    unique_debounce = 1.0
+
 
 
 class WorkerSettings:

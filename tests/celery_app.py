@@ -169,3 +169,27 @@ class Export(UniqueTask):
 
 
 export = app.register_task(Export())
+
+
+def _versioned(name: str, version: int) -> int:
+    client().rpush(f"versions:{name}", version)
+    _gated(name)
+    return version
+
+
+@unique_task(unique_on_conflict="keep_last", unique_args=("name",), unique_run_lease=2.0)
+def latest(name: str, version: int) -> int:
+    """keep_last: calls of one name coalesce, the latest version wins; each run waits at the gate ``name``."""
+    return _versioned(name, version)
+
+
+@unique_task(unique_on_conflict="replace", unique_args=("name",), unique_run_lease=2.0)
+def replaced(name: str, version: int) -> int:
+    """replace: a call while one is queued takes its place."""
+    return _versioned(name, version)
+
+
+@unique_task(unique_debounce=1.0, unique_args=("name",), unique_run_lease=2.0)
+def debounced(name: str, version: int) -> int:
+    """Runs a second after the last call of its name, with that call's version."""
+    return _versioned(name, version)

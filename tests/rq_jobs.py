@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from typing import ClassVar
 
 from redis import Redis
 from rq import Queue, Retry
@@ -17,6 +19,7 @@ from tests.integration_workers import (
 )
 from uniqjob import UniqueJob
 from uniqjob.integrations.rq import RQQueue
+from uniqjob.settings import ConflictPolicy
 
 pretend_other_host()
 
@@ -122,3 +125,71 @@ class OneAtATime(Gate):
 
     concurrency_limit = 1
     concurrency_on_conflict = "block"
+
+
+class Latest(UniqueJob):
+    """keep_last: calls of one name coalesce, the latest version wins; each run waits at the gate ``name``."""
+
+    unique_queue = queue
+    unique_on_conflict: ClassVar[ConflictPolicy] = "keep_last"
+    unique_args = ("name",)
+    unique_run_lease = 1.0
+
+    def perform(self, name: str, version: int) -> int:
+        r = client()
+        r.rpush(f"versions:{name}", version)
+        job_started(r, name)
+        wait_for_gate(r, name)
+        job_done(r, name)
+        return version
+
+
+class Replaced(Latest):
+    """replace: a call while one is queued takes its place."""
+
+    unique_on_conflict = "replace"
+
+
+class Busy(UniqueJob):
+    """keep_last without a gate: counts the runs at once of its name (``overlaps`` if ever two)."""
+
+    unique_queue = queue
+    unique_on_conflict = "keep_last"
+    unique_args = ("name",)
+    unique_run_lease = 2.0
+
+    def perform(self, name: str, version: int) -> None:
+        r = client()
+        if r.incr(f"running:{name}") > 1:
+            r.incr(f"overlaps:{name}")
+        r.rpush(f"versions:{name}", version)
+        time.sleep(0.02)
+        r.decr(f"running:{name}")
+
+
+def trigger(name: str, first: int, count: int) -> None:
+    """Call Busy ``count`` times, versions ``first``, ``first + 1``, ... (one process of a race)."""
+    for version in range(first, first + count):
+        Busy.enqueue(name, version)
+
+
+class Debounced(UniqueJob):
+    """Runs a second after the last call of its name, with that call's version."""
+
+    unique_queue = queue
+    unique_debounce = 1.0
+    unique_args = ("name",)
+    unique_run_lease = 2.0
+
+    def perform(self, name: str, version: int) -> int:
+        r = client()
+        r.rpush(f"versions:{name}", version)
+        job_started(r, name)
+        job_done(r, name)
+        return version
+
+
+class Bounded(Debounced):
+    """Debounced, but runs at the latest 2 s after the first call of a burst."""
+
+    unique_debounce_max_wait = 2.0

@@ -20,21 +20,24 @@ from arq.jobs import Job, JobStatus
 import uniqjob
 import uniqjob.queues
 from tests.arq_jobs import (
+    Debounced,
     Expiring,
     Failing,
     Flaky,
     Gate,
+    Latest,
     Limited,
     LimitedDiscard,
     LimitedFlaky,
     LimitedRaise,
+    Replaced,
     Rescheduled,
     queue,
 )
 from tests.conftest import FakeClock
 from tests.integration_workers import NODE_VAR, URL_VAR, Workers, count, open_gate, wait_until, worker_pool
 from tests.redis_server import RedisServer
-from uniqjob import ConcurrencyLimitExceeded, ConfigurationError, UniqueJob
+from uniqjob import ConcurrencyLimitExceeded, ConfigurationError, Pending, UniqueJob
 from uniqjob.concurrency import Parked
 from uniqjob.integrations import Ticket
 from uniqjob.integrations.arq import ArqQueue, decide, run_job
@@ -374,3 +377,52 @@ def test_a_young_lock_s_lost_job_is_reclaimed_once_the_lock_is_old_enough(
         assert isinstance(second, Job) and second.job_id != first.job_id
     finally:
         uniqjob.configure(None)
+
+
+# -- coalescing: keep_last, replace and debounce (docs/strategies.md) -----------------------------
+
+
+def versions(r: redis.Redis, name: str) -> list[int]:
+    return [int(v) for v in r.lrange(f"versions:{name}", 0, -1)]
+
+
+def burst(job_cls: type[UniqueJob], name: str, first: int, last: int) -> list[Any]:
+    """``await job_cls.aenqueue(name, v)`` for each version, in one event loop."""
+
+    async def main() -> list[Any]:
+        return [await job_cls.aenqueue(name, v) for v in range(first, last + 1)]
+
+    return run(main())
+
+
+@pytest.mark.slow
+def test_keep_last_runs_once_more_with_the_last_of_50_triggers(
+    workers: Workers, redis_client: redis.Redis
+) -> None:
+    start_worker(workers)
+    assert isinstance(burst(Latest, "a", 0, 0)[0], Job)
+    wait_until(lambda: count(redis_client, "started", "a") == 1, "the first run to start")
+    assert all(isinstance(p, Pending) for p in burst(Latest, "a", 1, 50))
+    open_gate(redis_client, "a")
+    wait_until(lambda: count(redis_client, "done", "a") == 2 and state(Latest, "a", 0).free, "the next run")
+    assert versions(redis_client, "a") == [0, 50]
+
+
+@pytest.mark.slow
+def test_replace_never_runs_the_replaced_job(workers: Workers, redis_client: redis.Redis) -> None:
+    handles = burst(Replaced, "r", 0, 3)
+    assert len({h.job_id for h in handles}) == 4
+    open_gate(redis_client, "r")
+    start_worker(workers)  # a worker without allow_abort_jobs: the aborted jobs come, and are refused
+    wait_until(lambda: count(redis_client, "done", "r") == 1 and state(Replaced, "r", 0).free, "the run")
+    assert versions(redis_client, "r") == [3]
+
+
+@pytest.mark.slow
+def test_a_debounced_burst_of_50_runs_once_with_the_last(workers: Workers, redis_client: redis.Redis) -> None:
+    start_worker(workers)
+    handles = burst(Debounced, "d", 1, 50)
+    assert {h.job_id for h in handles} == {handles[0].job_id}
+    open_gate(redis_client, "d")
+    wait_until(lambda: count(redis_client, "done", "d") == 1 and state(Debounced, "d", 0).free, "the run")
+    assert versions(redis_client, "d") == [50]

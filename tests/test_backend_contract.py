@@ -14,7 +14,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -737,3 +737,141 @@ def test_a_stop_request_ends_with_its_run_lock(store: Store) -> None:
     state = b.read("k")
     assert state.run is not None and state.run.token == "t" and state.run.stop == ""
     assert b.renew("k", "t", 10)
+
+
+# -- coalescing (Backend.claim's coalesce, start's "own", finish's pending call) ----------------
+
+
+def _call(n: int) -> QueueMeta:
+    """The meta of call ``n`` of tests.Job: its preview, job id and arguments."""
+    return QueueMeta("tests.Job", f"({n},)", f"job-{n}", json.dumps({"a": [n]}))
+
+
+def _coalesce(b: Backend, token: str, n: int, how: str, **kw: object) -> LockState | None:
+    return b.claim("k", token, meta=_call(n), coalesce=how, **kw)  # type: ignore[arg-type]
+
+
+def _start_own(b: Backend, token: str, holder: Holder = ME) -> tuple[LockState | None, RunClaim]:
+    run = RunClaim(holder, LEASE)
+    return b.start("k", token, run=run, meta=META, queue_lock="own"), run
+
+
+def test_keep_last_while_queued_hands_the_latest_arguments_to_the_start(store: Store) -> None:
+    b = store.backend
+    assert _coalesce(b, "t1", 1, "keep_last") is None
+    for n in (2, 3):
+        state = _coalesce(b, f"t{n}", n, "keep_last")
+        assert state is not None and state.coalesced == "latest"
+        assert state.queue is not None and state.queue.token == "t1" and state.queue.meta.job_id == "job-1"
+    queue = b.read("k").queue
+    assert queue is not None and queue.token == "t1" and queue.meta == replace(_call(3), job_id="job-1")
+    refused, run = _start_own(b, "t2")  # a coalesced call's token holds nothing
+    assert refused is not None and run.call == ""
+    granted, run = _start_own(b, "t1")
+    assert granted is None and run.call == _call(3).call and run.fence > 0
+    assert b.finish("k", "t1") is None
+    assert b.read("k").free
+
+
+def test_keep_last_while_running_keeps_one_pending_call_queued_by_finish(store: Store) -> None:
+    b = store.backend
+    assert _coalesce(b, "t1", 1, "keep_last") is None
+    assert _start_own(b, "t1")[0] is None
+    for n in (2, 3, 4):
+        state = _coalesce(b, f"t{n}", n, "keep_last", count=True)
+        assert state is not None and state.coalesced == "pending" and state.queue is not None
+        assert state.queue.state == "running"
+    queue = b.read("k").queue
+    assert queue is not None and queue.pending is not None
+    assert queue.pending.token == "t4" and queue.pending.meta == replace(_call(4), cls="")
+    assert b.duplicates() == {"tests.Job": 3}  # each coalesced call is a drop
+    pending = b.finish("k", "t1")
+    assert pending is not None and pending.token == "t4" and pending.meta.call == _call(4).call
+    assert pending.meta.job_id == "job-4"
+    state = b.read("k")
+    assert state.run is None and state.queue is not None and state.queue.state == "queued"
+    assert state.queue.token == "t4" and state.queue.meta == replace(_call(4), call="")
+    assert state.queue.pending is None
+    granted, run = _start_own(b, "t4")  # its caller pushed the job with the pending call's arguments
+    assert granted is None and run.call == ""
+    assert b.finish("k", "t4") is None
+    assert b.read("k").free
+
+
+def test_keep_last_while_queued_drops_a_pending_call(store: Store) -> None:
+    b = store.backend
+    assert _coalesce(b, "t1", 1, "keep_last") is None
+    assert _start_own(b, "t1")[0] is None
+    assert _coalesce(b, "t2", 2, "keep_last") is not None  # pending
+    assert b.requeue("k", "t1", meta=_call(1), ttl=None)  # t1 waits for a retry: queued again
+    state = _coalesce(b, "t3", 3, "keep_last")
+    assert state is not None and state.coalesced == "latest"
+    queue = b.read("k").queue
+    assert queue is not None and queue.pending is None and queue.meta.call == _call(3).call
+    assert b.finish("k", "t1") is None  # the retry runs with the latest arguments: nothing after it
+
+
+def test_an_orphan_with_a_pending_call_goes_to_the_next_claim(store: Store) -> None:
+    b = store.backend
+    assert _coalesce(b, "t1", 1, "keep_last") is None
+    assert _start_own(b, "t1", OTHER)[0] is None
+    assert _coalesce(b, "t2", 2, "keep_last") is not None
+    store.advance(LEASE * 1.5)  # the holder stopped beating: its record is an orphan
+    assert _coalesce(b, "t3", 3, "keep_last") is None  # the latest call takes the key
+    queue = b.read("k").queue
+    assert queue is not None and queue.token == "t3" and queue.pending is None
+    assert queue.meta == replace(_call(3), call="")  # a fresh lock: its job carries the arguments
+
+
+def test_replace_moves_a_queued_lock_to_the_new_job_and_refuses_the_old_start(store: Store) -> None:
+    b = store.backend
+    assert _coalesce(b, "t1", 1, "replace") is None
+    state = _coalesce(b, "t2", 2, "replace", count=True)
+    assert state is not None and state.coalesced == "replaced"
+    assert state.queue is not None and state.queue.token == "t1" and state.queue.meta.job_id == "job-1"
+    queue = b.read("k").queue
+    assert queue is not None and queue.token == "t2" and queue.meta.job_id == "job-2"
+    assert b.duplicates() == {"tests.Job": 1}  # the replaced call
+    refused, _ = _start_own(b, "t1")  # the replaced job, dequeued by a worker all the same
+    assert refused is not None and b.read("k").run is None
+    assert _start_own(b, "t2")[0] is None
+    state = _coalesce(b, "t3", 3, "replace")  # running: refused as any duplicate
+    assert state is not None and state.coalesced == ""
+    b.finish("k", "t2")
+    assert b.read("k").free
+    assert _start_own(b, "t1")[0] is not None  # nor later, once the key is free
+
+
+def test_a_start_that_owns_its_queue_lock_takes_it_as_run_does(store: Store) -> None:
+    b = store.backend
+    assert claim(b, "t1") is None
+    assert _start_own(b, "t1")[0] is None
+    state = b.read("k")
+    assert state.queue is not None and state.queue.state == "running" and state.run is not None
+    assert _start_own(b, "t1")[0] is None  # a re-take, after a lost reply
+    b.finish("k", "t1")
+    assert b.read("k").free
+
+
+def test_debounce_is_due_after_the_last_call_and_never_past_the_longest_wait(store: Store) -> None:
+    b = store.backend
+    slow = (60.0, None)
+    assert _coalesce(b, "t1", 1, "keep_last", debounce=slow) is None
+    first = b.read("k").queue
+    assert first is not None and first.due == pytest.approx(first.since + 60, abs=1e-3)
+    refused, _ = _start_own(b, "t1")  # not yet due: its job is delayed again
+    assert refused is not None and refused.queue is not None and refused.queue.due is not None
+    assert refused.queue.due > refused.now and b.read("k").run is None
+    store.advance(0.05)
+    state = _coalesce(b, "t2", 2, "keep_last", debounce=slow)
+    assert state is not None and state.coalesced == "latest"
+    pushed = b.read("k").queue
+    assert pushed is not None and pushed.due is not None and pushed.due > (first.due or 0)  # pushed back
+    state = _coalesce(b, "t3", 3, "keep_last", debounce=(60.0, 0.1))
+    capped = b.read("k").queue
+    assert capped is not None and capped.due == pytest.approx(capped.since + 0.1, abs=1e-3)
+    store.advance(0.15)
+    granted, run = _start_own(b, "t1")
+    assert granted is None and run.call == _call(3).call
+    b.finish("k", "t1")
+    assert b.read("k").free

@@ -29,23 +29,26 @@ from tests.celery_app import (
     VISIBILITY_VAR,
     Export,
     app,
+    debounced,
     echo,
     expiring,
     export,
     flaky,
     gate,
     late_gate,
+    latest,
     once_a_while,
     one_at_a_time,
     order_step,
     pair,
+    replaced,
     requeued_gate,
     rescheduled,
     slow_gate,
 )
 from tests.integration_workers import NODE_VAR, REPO, URL_VAR, Workers, count, open_gate, wait_until
 from tests.redis_server import RedisServer
-from uniqjob import ConfigurationError, JobNotUnique, Parked
+from uniqjob import ConfigurationError, JobNotUnique, Parked, Pending
 from uniqjob.concurrency import Park
 from uniqjob.concurrency.codec import encode_call
 from uniqjob.integrations import job_ref, resolve_job
@@ -577,3 +580,44 @@ def _dead_broker() -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"redis://127.0.0.1:{port}/0"
+
+
+# -- coalescing: keep_last, replace and debounce (docs/strategies.md) -----------------------------
+
+
+def versions(r: redis.Redis, name: str) -> list[int]:
+    return [int(v) for v in r.lrange(f"versions:{name}", 0, -1)]
+
+
+@pytest.mark.slow
+def test_keep_last_runs_once_more_with_the_last_of_50_triggers(workers: Workers, broker: redis.Redis) -> None:
+    start_worker(workers)
+    assert isinstance(latest.delay("a", 0), AsyncResult)
+    wait_until(lambda: count(broker, "started", "a") == 1, "the first run to start")
+    assert all(isinstance(latest.delay("a", v), Pending) for v in range(1, 51))
+    open_gate(broker, "a")
+    wait_until(lambda: count(broker, "done", "a") == 2 and state(latest, "a", 0).free, "the pending run")
+    assert versions(broker, "a") == [0, 50]
+
+
+@pytest.mark.slow
+def test_replace_never_runs_the_replaced_task(workers: Workers, broker: redis.Redis) -> None:
+    first = replaced.delay("r", 0)
+    handles = [replaced.delay("r", v) for v in range(1, 4)]
+    assert len({first.id, *(h.id for h in handles)}) == 4
+    assert state(replaced, "r", 0).queue is not None
+    open_gate(broker, "r")
+    start_worker(workers)  # the replaced tasks are still in the broker: their start is refused
+    wait_until(lambda: count(broker, "done", "r") == 1 and state(replaced, "r", 0).free, "the run")
+    wait_until(lambda: broker.llen("uniqjob-test") == 0, "the broker to drain")
+    assert versions(broker, "r") == [3]
+
+
+@pytest.mark.slow
+def test_a_debounced_burst_of_50_runs_once_with_the_last(workers: Workers, broker: redis.Redis) -> None:
+    start_worker(workers)
+    handles = [debounced.delay("d", v) for v in range(1, 51)]
+    assert {h.id for h in handles} == {handles[0].id}
+    open_gate(broker, "d")
+    wait_until(lambda: count(broker, "done", "d") == 1 and state(debounced, "d", 0).free, "the debounced run")
+    assert versions(broker, "d") == [50]

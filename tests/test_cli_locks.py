@@ -20,7 +20,7 @@ __all__ = ["kill_leftovers", "store"]  # fixtures shared with test_cli
 
 FIELDS = {
     "key", "class", "args", "job_id", "state", "host", "pid", "age_s", "ttl_s", "lease_s", "orphaned",
-    "path", "reason", "pending_run", "stop_asked_by",
+    "path", "reason", "pending_run", "stop_asked_by", "pending", "due_s",
 }  # fmt: skip
 
 

@@ -112,7 +112,8 @@ def test_bad_per_call_settings_are_configuration_errors_naming_them(redis_backen
     with pytest.raises(ConfigurationError, match="'unique_on_conflict' is not a uniqjob setting"):
         Export.using(unique_on_conflict="raise")  # using() takes them without the prefix
     with pytest.raises(
-        ConfigurationError, match="must be one of log, discard, raise, reschedule, use_existing; got 'boom'"
+        ConfigurationError,
+        match="must be one of log, discard, raise, reschedule, use_existing, keep_last, replace; got 'boom'",
     ):
         Export.using(on_conflict="boom")
     with pytest.raises(ConfigurationError, match=r"Export.using\(\) \(lock_autoexpire=-1\): .*positive"):

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from uniqjob.locks import Holder
-from uniqjob.stores.redis import RedisBackend, _lua, _replies, _semaphore_lua
+from uniqjob.stores.redis import RedisBackend, _lua, _lua_settle, _replies, _semaphore_lua
 from uniqjob.stores.redis._lua import CLOCK
 from uniqjob.stores.redis._semaphores import RedisSemaphores
 
@@ -107,7 +107,7 @@ def _names(line: str) -> tuple[str, ...]:
 
 
 def test_the_lock_scripts_argv_and_snapshot_are_read_by_the_names_of_one_table() -> None:
-    source = inspect.getsource(_lua)
+    source = inspect.getsource(_lua) + inspect.getsource(_lua_settle)
     for name, argv in (
         ("CLAIM", _lua.CLAIM_ARGV),
         ("START", _lua.START_ARGV),

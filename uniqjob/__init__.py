@@ -19,6 +19,7 @@ from .errors import (
 
 if _typing.TYPE_CHECKING:
     from . import ops as ops  # a submodule reached through __getattr__
+    from ._coalesce import Pending
     from .concurrency import Parked
     from .config import backend_from_url, configure, default_backend
     from .functions import unique
@@ -40,6 +41,7 @@ __all__ = [
     "JobNotUnique",
     "MemoryBackend",
     "Parked",
+    "Pending",
     "Queue",
     "RedisBackend",
     "UniqJobError",
@@ -62,6 +64,7 @@ _LAZY = {
     "Backend": ".stores.base",
     "JobLock": ".joblock",
     "Parked": ".concurrency",
+    "Pending": "._coalesce",
     "Queue": ".job",
     "UniqueJob": ".job",
     "backend_from_url": ".config",

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import _coalesce
 from .errors import JobNotUnique, holder_text
 from .joblock import JobLock
 from .stores._log import get_logger
@@ -32,6 +33,8 @@ def apply(cls: type[UniqueJob], lock: JobLock, args: Sequence[Any], kwargs: dict
     returns the queue's handle of the holder's job (see :func:`_existing`).
     """
     policy = cls.unique_on_conflict
+    if _coalesce.mode(cls):
+        return _coalesce.conflict(cls, lock)
     if policy == "raise":
         raise JobNotUnique(lock.key, _holder(lock))
     if policy == "use_existing":

@@ -15,10 +15,10 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from . import _callouts, _conflicts, _job_base, _joblock_async, settings
+from . import _callouts, _coalesce, _conflicts, _job_base, _joblock_async, settings
 from .concurrency import _job as _concurrency
 from .concurrency import _job_async as _slots
-from .errors import BackendError, JobNotUnique
+from .errors import BackendError, ConfigurationError, JobNotUnique
 from .locks import QueueMeta
 from .stores.aio import AsyncBackend
 
@@ -47,7 +47,7 @@ async def enqueue(
     after = queue.suspect_after if cls.concurrency_limit is None else None
     if after is not None:
         meta = lock.meta
-        lock.meta = QueueMeta(meta.cls, meta.args, await _callouts.acall_out(queue.new_job_id))
+        lock.meta = QueueMeta(meta.cls, meta.args, await _callouts.acall_out(queue.new_job_id), meta.call)
     if cls.unique_strategy != "while_executing" and not await _joblock_async.acquire(
         lock, store, gone=gone, gone_after=after
     ):
@@ -58,7 +58,10 @@ async def enqueue(
         if job_id:
             meta = lock.meta
             lock.meta = QueueMeta(meta.cls, meta.args, job_id)
-        if cls.concurrency_limit is None:  # no slot to take: straight to the queue
+        if lock.debounce is not None:  # due once the burst is over: see uniqjob._coalesce
+            delay = lock.debounce[0]
+            handle = await _callouts.acall_out(queue.push_in, cls, lock, tuple(args), dict(kwargs), delay)
+        elif cls.concurrency_limit is None:  # no slot to take: straight to the queue
             handle = await _callouts.acall_out(queue.push, cls, lock, tuple(args), dict(kwargs))
         else:
             handle = await _slots.push(cls, queue, lock, args, kwargs)
@@ -68,7 +71,59 @@ async def enqueue(
     if lock.meta.job_id and after is None:
         # the job exists now: its queue may prove it gone from here on
         await _joblock_async.attach(lock, store)
+    if lock.replaced:
+        await _remove(queue, lock.replaced)
     return handle
+
+
+async def _remove(queue: Queue, job_id: str) -> None:
+    """Take a replaced call's job out of its queue; if that fails, its start is refused all the same."""
+    try:
+        await _callouts.acall_out(queue.remove, job_id)
+    except Exception:
+        _job_base.log.warning("could not remove replaced job %s from its queue", job_id, exc_info=True)
+
+
+async def _delay(
+    cls: type[UniqueJob], lock: JobLock, store: AsyncBackend, args: Sequence[Any], kwargs: dict[str, Any]
+) -> None:
+    """A debounced job started before it was due (calls came meanwhile): push it again, to start then."""
+    queue, state = cls.unique_queue, lock.conflict
+    assert queue is not None and state is not None and state.queue is not None and state.queue.due is not None
+    delay = state.queue.due - state.now
+    meta = lock.meta
+    lock.meta = QueueMeta(meta.cls, meta.args, await _callouts.acall_out(queue.new_job_id))
+    await _callouts.acall_out(queue.push_in, cls, lock, tuple(args), dict(kwargs), max(delay, 0.0))
+    await _joblock_async.attach(lock, store)  # the lock names its job: the one pushed now
+
+
+async def _next(cls: type[UniqueJob], lock: JobLock, store: AsyncBackend) -> None:
+    """Push the call that waited behind ``lock``'s (policy "keep_last"), queued by its release.
+
+    Inline (no queue), it runs here, and so does each one that waits behind it in turn.
+    """
+    while (pending := lock.pending) is not None:
+        lock.pending = None
+        args, kwargs = _coalesce.decode(pending.meta.call)
+        follower = _coalesce.follower(cls, lock.key, pending)
+        queue = cls.unique_queue
+        if queue is not None:
+            try:
+                if lock.debounce is None:
+                    await _callouts.acall_out(queue.push, cls, follower, args, kwargs)
+                else:  # a burst that came while this one ran: it is due a debounce from now
+                    await _callouts.acall_out(queue.push_in, cls, follower, args, kwargs, lock.debounce[0])
+            except Exception:  # its lock stays queued: reclaimed once its queue proves the job gone
+                _job_base.log.error("could not push the pending call of %s", lock.key, exc_info=True)
+            return
+        try:
+            await _joblock_async.start(follower, store)
+        except JobNotUnique:
+            return  # taken over meanwhile: a later call runs instead
+        if follower.call:
+            args, kwargs = _coalesce.decode(follower.call)
+        await _perform(cls, follower, store, args, kwargs, releasing=True)
+        lock = follower
 
 
 def _job_gone(queue: Queue, job_id: str) -> Any:
@@ -80,12 +135,19 @@ async def run(
     cls: type[UniqueJob], lock: JobLock, store: AsyncBackend, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> Any:
     """Lock, perform in this process, release; perform's result, or None when the call is dropped."""
+    if lock.debounce is not None:
+        raise ConfigurationError(
+            f"{cls.job_name()}.unique_debounce delays its job in its queue: run() would perform it now;"
+            " call enqueue()"
+        )
     _concurrency.mark_inline(lock)  # a concurrency "block" waits in this process
     while True:
         if lock.strategy == "until_executed" and cls.concurrency_limit is None:
             # the common case in one step: both locks at once
             if await _joblock_async.acquire(lock, store, run=True):
-                return await _perform(cls, lock, store, args, kwargs, releasing=True)
+                result = await _perform(cls, lock, store, args, kwargs, releasing=True)
+                await _next(cls, lock, store)
+                return result
             result = await _callouts.acall_out(_conflicts.apply, cls, lock, args, kwargs)
         elif cls.unique_strategy != "while_executing" and not await _joblock_async.acquire(lock, store):
             result = await _callouts.acall_out(_conflicts.apply, cls, lock, args, kwargs)
@@ -115,6 +177,14 @@ async def execute(
         await _joblock_async.start(lock, store)
     except JobNotUnique:
         run = lock.conflict.run if lock.conflict is not None else None
+        queue_lock = lock.conflict.queue if lock.conflict is not None else None
+        if lock.coalesce and (queue_lock is None or queue_lock.token != lock.token):
+            # Its call was replaced, or run by another job: nothing of it is left to run.
+            _job_base.log.info("%s: skipped %s, whose call was replaced", cls.job_name(), lock.key)
+            return None
+        if queue_lock is not None and queue_lock.due is not None:  # debounced, and not yet due
+            await _delay(cls, lock, store, args, kwargs)
+            return None
         if run is not None and run.token == lock.token:
             # This very job is running elsewhere (a broker delivered it twice): not
             # a duplicate call to reschedule or report, just a copy to skip.
@@ -130,14 +200,20 @@ async def execute(
         if _concurrency.is_inline(lock):
             lock.undo_start()
         raise
+    if lock.call:  # "keep_last": the latest call's arguments, recorded while this one was queued
+        args, kwargs = _coalesce.decode(lock.call)
     if settle is None:
-        return await _perform(cls, lock, store, args, kwargs, releasing=True)
+        result = await _perform(cls, lock, store, args, kwargs, releasing=True)
+        await _next(cls, lock, store)
+        return result
     try:
         result = await _perform(cls, lock, store, args, kwargs, releasing=False)
     except BaseException as exc:
         await _callouts.acall_out(settle, exc, None)
+        await _next(cls, lock, store)
         raise
     await _callouts.acall_out(settle, None, result)
+    await _next(cls, lock, store)
     return result
 
 

@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from . import _callouts, _conflicts, _job_base, _joblock_sync, settings
+from . import _callouts, _coalesce, _conflicts, _job_base, _joblock_sync, settings
 from .concurrency import _job as _concurrency
 from .concurrency import _job_sync as _slots
-from .errors import BackendError, JobNotUnique
+from .errors import BackendError, ConfigurationError, JobNotUnique
 from .locks import QueueMeta
 from .stores.base import Backend
 
@@ -48,7 +48,7 @@ def enqueue(
     after = queue.suspect_after if cls.concurrency_limit is None else None
     if after is not None:
         meta = lock.meta
-        lock.meta = QueueMeta(meta.cls, meta.args, _callouts.call_out(queue.new_job_id))
+        lock.meta = QueueMeta(meta.cls, meta.args, _callouts.call_out(queue.new_job_id), meta.call)
     if cls.unique_strategy != "while_executing" and not _joblock_sync.acquire(
         lock, store, gone=gone, gone_after=after
     ):
@@ -59,7 +59,10 @@ def enqueue(
         if job_id:
             meta = lock.meta
             lock.meta = QueueMeta(meta.cls, meta.args, job_id)
-        if cls.concurrency_limit is None:  # no slot to take: straight to the queue
+        if lock.debounce is not None:  # due once the burst is over: see uniqjob._coalesce
+            delay = lock.debounce[0]
+            handle = _callouts.call_out(queue.push_in, cls, lock, tuple(args), dict(kwargs), delay)
+        elif cls.concurrency_limit is None:  # no slot to take: straight to the queue
             handle = _callouts.call_out(queue.push, cls, lock, tuple(args), dict(kwargs))
         else:
             handle = _slots.push(cls, queue, lock, args, kwargs)
@@ -69,7 +72,59 @@ def enqueue(
     if lock.meta.job_id and after is None:
         # the job exists now: its queue may prove it gone from here on
         _joblock_sync.attach(lock, store)
+    if lock.replaced:
+        _remove(queue, lock.replaced)
     return handle
+
+
+def _remove(queue: Queue, job_id: str) -> None:
+    """Take a replaced call's job out of its queue; if that fails, its start is refused all the same."""
+    try:
+        _callouts.call_out(queue.remove, job_id)
+    except Exception:
+        _job_base.log.warning("could not remove replaced job %s from its queue", job_id, exc_info=True)
+
+
+def _delay(
+    cls: type[UniqueJob], lock: JobLock, store: Backend, args: Sequence[Any], kwargs: dict[str, Any]
+) -> None:
+    """A debounced job started before it was due (calls came meanwhile): push it again, to start then."""
+    queue, state = cls.unique_queue, lock.conflict
+    assert queue is not None and state is not None and state.queue is not None and state.queue.due is not None
+    delay = state.queue.due - state.now
+    meta = lock.meta
+    lock.meta = QueueMeta(meta.cls, meta.args, _callouts.call_out(queue.new_job_id))
+    _callouts.call_out(queue.push_in, cls, lock, tuple(args), dict(kwargs), max(delay, 0.0))
+    _joblock_sync.attach(lock, store)  # the lock names its job: the one pushed now
+
+
+def _next(cls: type[UniqueJob], lock: JobLock, store: Backend) -> None:
+    """Push the call that waited behind ``lock``'s (policy "keep_last"), queued by its release.
+
+    Inline (no queue), it runs here, and so does each one that waits behind it in turn.
+    """
+    while (pending := lock.pending) is not None:
+        lock.pending = None
+        args, kwargs = _coalesce.decode(pending.meta.call)
+        follower = _coalesce.follower(cls, lock.key, pending)
+        queue = cls.unique_queue
+        if queue is not None:
+            try:
+                if lock.debounce is None:
+                    _callouts.call_out(queue.push, cls, follower, args, kwargs)
+                else:  # a burst that came while this one ran: it is due a debounce from now
+                    _callouts.call_out(queue.push_in, cls, follower, args, kwargs, lock.debounce[0])
+            except Exception:  # its lock stays queued: reclaimed once its queue proves the job gone
+                _job_base.log.error("could not push the pending call of %s", lock.key, exc_info=True)
+            return
+        try:
+            _joblock_sync.start(follower, store)
+        except JobNotUnique:
+            return  # taken over meanwhile: a later call runs instead
+        if follower.call:
+            args, kwargs = _coalesce.decode(follower.call)
+        _perform(cls, follower, store, args, kwargs, releasing=True)
+        lock = follower
 
 
 def _job_gone(queue: Queue, job_id: str) -> Any:
@@ -81,12 +136,19 @@ def run(
     cls: type[UniqueJob], lock: JobLock, store: Backend, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> Any:
     """Lock, perform in this process, release; perform's result, or None when the call is dropped."""
+    if lock.debounce is not None:
+        raise ConfigurationError(
+            f"{cls.job_name()}.unique_debounce delays its job in its queue: run() would perform it now;"
+            " call enqueue()"
+        )
     _concurrency.mark_inline(lock)  # a concurrency "block" waits in this process
     while True:
         if lock.strategy == "until_executed" and cls.concurrency_limit is None:
             # the common case in one step: both locks at once
             if _joblock_sync.acquire(lock, store, run=True):
-                return _perform(cls, lock, store, args, kwargs, releasing=True)
+                result = _perform(cls, lock, store, args, kwargs, releasing=True)
+                _next(cls, lock, store)
+                return result
             result = _callouts.call_out(_conflicts.apply, cls, lock, args, kwargs)
         elif cls.unique_strategy != "while_executing" and not _joblock_sync.acquire(lock, store):
             result = _callouts.call_out(_conflicts.apply, cls, lock, args, kwargs)
@@ -116,6 +178,14 @@ def execute(
         _joblock_sync.start(lock, store)
     except JobNotUnique:
         run = lock.conflict.run if lock.conflict is not None else None
+        queue_lock = lock.conflict.queue if lock.conflict is not None else None
+        if lock.coalesce and (queue_lock is None or queue_lock.token != lock.token):
+            # Its call was replaced, or run by another job: nothing of it is left to run.
+            _job_base.log.info("%s: skipped %s, whose call was replaced", cls.job_name(), lock.key)
+            return None
+        if queue_lock is not None and queue_lock.due is not None:  # debounced, and not yet due
+            _delay(cls, lock, store, args, kwargs)
+            return None
         if run is not None and run.token == lock.token:
             # This very job is running elsewhere (a broker delivered it twice): not
             # a duplicate call to reschedule or report, just a copy to skip.
@@ -131,14 +201,20 @@ def execute(
         if _concurrency.is_inline(lock):
             lock.undo_start()
         raise
+    if lock.call:  # "keep_last": the latest call's arguments, recorded while this one was queued
+        args, kwargs = _coalesce.decode(lock.call)
     if settle is None:
-        return _perform(cls, lock, store, args, kwargs, releasing=True)
+        result = _perform(cls, lock, store, args, kwargs, releasing=True)
+        _next(cls, lock, store)
+        return result
     try:
         result = _perform(cls, lock, store, args, kwargs, releasing=False)
     except BaseException as exc:
         _callouts.call_out(settle, exc, None)
+        _next(cls, lock, store)
         raise
     _callouts.call_out(settle, None, result)
+    _next(cls, lock, store)
     return result
 
 

@@ -62,17 +62,20 @@ async def acquire(
             lock._granted_at = heartbeat.clock()
             try:
                 state = await store.claim(
-                    candidate, lock.token, meta=meta, ttl=lock.ttl, run=claim, count=count, counted=before
-                )
+                    candidate, lock.token, meta=meta, ttl=lock.ttl, run=claim, count=count, counted=before,
+                    coalesce=lock.coalesce, debounce=lock.debounce,
+                )  # fmt: skip
             except CorruptRecordError:
                 raise  # the store answered: nothing was applied
             except BaseException:  # the store failed, or the caller was cancelled: it may be applied
                 undo_claim(lock, candidate)
                 raise
-            if state is None:
+            if state is None or state.coalesced == "replaced":
                 lock.key, lock.conflict, lock._key_fixed = candidate, None, True
                 if claim is not None:
                     lock.fence = claim.fence
+                if state is not None and state.queue is not None:
+                    lock.replaced = state.queue.meta.job_id  # ours now: its queue drops that job
                 return True
             lock.conflict = state
             state.refused = "both" if run else "queue"
@@ -124,6 +127,8 @@ async def start(lock: JobLock, store: AsyncBackend) -> None:
     if mode is None:
         await store.dequeue(lock.key, None if lock.adopt else lock.token)
         return
+    if lock.coalesce and mode == "run":
+        mode = "own"  # a call replaced or taken over never runs (its refusal is no duplicate)
     claim = RunClaim(local_holder(), lock.lease, lock._attempt)
     candidates = lock.candidate_keys()
     for candidate in candidates:
@@ -142,12 +147,12 @@ async def start(lock: JobLock, store: AsyncBackend) -> None:
                 ttl=lock.ttl,
                 adopt=lock.adopt,
                 queue_lock=mode,
-                count=count,
+                count=count and mode != "own",
                 counted=before,
             )
             if state is None:
                 lock.key, lock.conflict, lock._key_fixed = candidate, None, True
-                lock.fence = claim.fence
+                lock.fence, lock.call = claim.fence, claim.call
                 return
             lock.conflict = state
             state.refused = "run"
@@ -258,7 +263,7 @@ async def release(lock: JobLock, store: AsyncBackend) -> None:
     """Release what is still ours (see :meth:`JobLock.release`); never raises for the store."""
     key, token, keep, attempt = lock.key, lock.token, lock.strategy == "until_expired", lock._attempt
     try:
-        await store.finish(key, token, keep_queue=keep, attempt=attempt)
+        lock.pending = await store.finish(key, token, keep_queue=keep, attempt=attempt)
     except Exception as exc:  # whatever the client raised: see JobLock.release()
         unreleased(lock, exc)
     except GeneratorExit:
@@ -270,7 +275,7 @@ async def release(lock: JobLock, store: AsyncBackend) -> None:
         # cancelled meanwhile; made twice, it changes nothing more (token- and
         # attempt-checked: a live delivery of the same job is left alone).
         try:
-            await completed(store.finish(key, token, keep_queue=keep, attempt=attempt))
+            lock.pending = await completed(store.finish(key, token, keep_queue=keep, attempt=attempt))
         except Exception as exc:
             unreleased(lock, exc)
         raise

@@ -77,7 +77,7 @@ def claim_meta(lock: JobLock, *, with_job_id: bool = False) -> QueueMeta:
     only once the lock is old enough (:func:`gone_job`'s ``after``)."""
     meta = lock.meta
     if meta.job_id and not with_job_id:
-        return QueueMeta(meta.cls, meta.args)  # replace(meta, job_id=""), minus its introspection
+        return QueueMeta(meta.cls, meta.args, "", meta.call)  # replace(meta, job_id=""), quicker
     return meta
 
 

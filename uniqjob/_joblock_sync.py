@@ -63,17 +63,20 @@ def acquire(
             lock._granted_at = heartbeat.clock()
             try:
                 state = store.claim(
-                    candidate, lock.token, meta=meta, ttl=lock.ttl, run=claim, count=count, counted=before
-                )
+                    candidate, lock.token, meta=meta, ttl=lock.ttl, run=claim, count=count, counted=before,
+                    coalesce=lock.coalesce, debounce=lock.debounce,
+                )  # fmt: skip
             except CorruptRecordError:
                 raise  # the store answered: nothing was applied
             except BaseException:  # the store failed, or the caller was cancelled: it may be applied
                 undo_claim(lock, candidate)
                 raise
-            if state is None:
+            if state is None or state.coalesced == "replaced":
                 lock.key, lock.conflict, lock._key_fixed = candidate, None, True
                 if claim is not None:
                     lock.fence = claim.fence
+                if state is not None and state.queue is not None:
+                    lock.replaced = state.queue.meta.job_id  # ours now: its queue drops that job
                 return True
             lock.conflict = state
             state.refused = "both" if run else "queue"
@@ -125,6 +128,8 @@ def start(lock: JobLock, store: Backend) -> None:
     if mode is None:
         store.dequeue(lock.key, None if lock.adopt else lock.token)
         return
+    if lock.coalesce and mode == "run":
+        mode = "own"  # a call replaced or taken over never runs (its refusal is no duplicate)
     claim = RunClaim(local_holder(), lock.lease, lock._attempt)
     candidates = lock.candidate_keys()
     for candidate in candidates:
@@ -143,12 +148,12 @@ def start(lock: JobLock, store: Backend) -> None:
                 ttl=lock.ttl,
                 adopt=lock.adopt,
                 queue_lock=mode,
-                count=count,
+                count=count and mode != "own",
                 counted=before,
             )
             if state is None:
                 lock.key, lock.conflict, lock._key_fixed = candidate, None, True
-                lock.fence = claim.fence
+                lock.fence, lock.call = claim.fence, claim.call
                 return
             lock.conflict = state
             state.refused = "run"
@@ -259,7 +264,7 @@ def release(lock: JobLock, store: Backend) -> None:
     """Release what is still ours (see :meth:`JobLock.release`); never raises for the store."""
     key, token, keep, attempt = lock.key, lock.token, lock.strategy == "until_expired", lock._attempt
     try:
-        store.finish(key, token, keep_queue=keep, attempt=attempt)
+        lock.pending = store.finish(key, token, keep_queue=keep, attempt=attempt)
     except Exception as exc:  # whatever the client raised: see JobLock.release()
         unreleased(lock, exc)
     except GeneratorExit:
@@ -271,7 +276,7 @@ def release(lock: JobLock, store: Backend) -> None:
         # cancelled meanwhile; made twice, it changes nothing more (token- and
         # attempt-checked: a live delivery of the same job is left alone).
         try:
-            store.finish(key, token, keep_queue=keep, attempt=attempt)
+            lock.pending = store.finish(key, token, keep_queue=keep, attempt=attempt)
         except Exception as exc:
             unreleased(lock, exc)
         raise

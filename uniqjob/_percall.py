@@ -56,6 +56,8 @@ REFUSED: dict[str, str] = {
     "args": f"it makes the key, and {_KEY}",
     "key": f"it makes the key, and {_KEY}",
     "once_per": f"it makes the key (one per tick), and {_KEY}",
+    "debounce": f"the worker delays a job that is not yet due again, and {_WORKER}",
+    "debounce_max_wait": f"the worker delays a job that is not yet due again, and {_WORKER}",
     "lock_limit": _SHARED,
     "backend": "the worker finds the lock in the class's store",
     "queue": "the class's queue holds its jobs and proves them gone: a job pushed elsewhere would look gone",

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import config, settings
+from . import _coalesce, config, settings
 from ._calls import Binder, binder, describe_call
 from ._ticks import tick_of
 from .errors import UniqueKeyError
@@ -155,17 +155,22 @@ def build_lock(
         if tick and seconds is not None:
             now = tick_of(backend, key, seconds)
             key, ttl = now.key, now.ttl
+    coalesce = _coalesce.mode(cls)
+    # a keep_last call's arguments travel in its claim; a worker's rebuilt lock has none to send
+    call = _coalesce.encode(cls, args, kwargs) if coalesce == "keep_last" and token is None else ""
     return JobLock(
         backend,
         key,
         token=token,
         lease=float(cls.unique_run_lease),
         ttl=ttl,
-        meta=QueueMeta(name, describe_call(args, kwargs)),
+        meta=QueueMeta(name, describe_call(args, kwargs), "", call),
         adopt=adopt,
         strategy=strategy,
         limit=cls.unique_lock_limit,
         on_lost=cls.unique_on_lost,
+        coalesce=coalesce,
+        debounce=settings.debounce(cls) if cls.unique_debounce is not None else None,
     )
 
 

@@ -40,7 +40,8 @@ class UniqueJob:
     #: Seconds (or a timedelta, or a classmethod returning either) after which a
     #: queue lock expires even if its job never ran; None: never.
     unique_lock_autoexpire: ClassVar[float | timedelta | None] = None
-    #: What a duplicate does: "log" (drop, log at INFO), "discard", "raise" or "reschedule".
+    #: What a duplicate does: "log" (drop, log at INFO), "discard", "raise", "reschedule",
+    #: "keep_last" (the latest call runs) or "replace" (it takes a queued call's place).
     unique_on_conflict: ClassVar[ConflictPolicy] = "log"
     #: What is locked when: see the README's "Choosing a strategy".
     unique_strategy: ClassVar[Strategy] = "until_executed"
@@ -62,6 +63,11 @@ class UniqueJob:
     #: One run per tick of this period (seconds, a timedelta or "5m") of the store's clock, each
     #: tick's lock kept until the tick ends; None: no ticks. README "Cron on every host".
     unique_once_per: ClassVar[float | timedelta | str | None] = None
+    #: Seconds (or a timedelta): a call runs this long after the last call of its key in a burst,
+    #: with that call's arguments (through the queue's delayed push); None: at once.
+    unique_debounce: ClassVar[float | timedelta | None] = None
+    #: With unique_debounce: a burst's job runs at the latest this long after its first call.
+    unique_debounce_max_wait: ClassVar[float | timedelta | None] = None
 
     #: What the class's definition decides about its keys and locks (set on every class).
     _plan: ClassVar[JobPlan] = JobPlan()

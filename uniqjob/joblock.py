@@ -20,8 +20,8 @@ from . import _joblock_sync
 from ._joblock_base import STRATEGIES, Strategy, current
 from ._undo import undos
 from .heartbeat import Beat
-from .locks import LockState, QueueMeta, new_token
-from .stores.base import Backend
+from .locks import LockState, PendingCall, QueueMeta, new_token
+from .stores.base import Backend, Coalesce, Debounce
 
 if TYPE_CHECKING:
     from .stores.aio import AsyncBackend
@@ -74,7 +74,10 @@ class JobLock:
         "_outer",
         "adopt",
         "backend",
+        "call",
+        "coalesce",
         "conflict",
+        "debounce",
         "fence",
         "gone_tokens",
         "key",
@@ -82,6 +85,8 @@ class JobLock:
         "limit",
         "meta",
         "on_lost",
+        "pending",
+        "replaced",
         "strategy",
         "token",
         "ttl",
@@ -100,6 +105,8 @@ class JobLock:
         strategy: Strategy = "until_executed",
         limit: int = 1,
         on_lost: Callable[[JobLock], None] | None = None,
+        coalesce: Coalesce = "",
+        debounce: Debounce | None = None,
     ) -> None:
         self.backend = backend
         self.key = key
@@ -128,6 +135,16 @@ class JobLock:
         self._attempt_token: str | None = None
         #: Tokens of the queued locks that acquire() reclaimed because the queue proved their job gone.
         self.gone_tokens: list[str] = []
+        #: What a conflicting claim asks the store to coalesce (see Backend.claim; the job's policy).
+        self.coalesce: Coalesce = coalesce
+        #: A debounced claim's delay and longest wait (see Backend.claim); None: none.
+        self.debounce = debounce
+        #: The latest call's arguments (JSON) its start was handed, to perform with; "" if none.
+        self.call = ""
+        #: The call that waited behind this one, queued by its release, for the job layer to push.
+        self.pending: PendingCall | None = None
+        #: The job id of the queued call this one replaced (policy "replace"), for its queue to drop.
+        self.replaced = ""
 
     def __repr__(self) -> str:
         return f"JobLock({self.key!r}, strategy={self.strategy!r}, backend={self.backend!r})"

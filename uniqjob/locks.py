@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "Coalesced",
     "Holder",
     "LockState",
     "Parts",
+    "PendingCall",
     "QueueMeta",
     "QueueRecord",
     "RunClaim",
@@ -81,6 +83,16 @@ class QueueMeta:
     cls: str = ""
     args: str = ""
     job_id: str = ""
+    #: The call's arguments as JSON, kept for a policy that runs the latest call ("keep_last").
+    call: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCall:
+    """A call recorded behind a running one (policy "keep_last"), pushed when that run ends."""
+
+    token: str
+    meta: QueueMeta
 
 
 @dataclass(slots=True)
@@ -98,6 +110,9 @@ class RunClaim:
     lease: float
     attempt: str = ""
     fence: int = 0
+    #: Written by the store with the grant: the latest call's arguments that its queue lock
+    #: recorded (policy "keep_last": a duplicate's while it was queued); "" if none.
+    call: str = ""
 
 
 # The two records below are plain (not frozen) slotted dataclasses, built on every
@@ -114,6 +129,8 @@ class QueueRecord:
     since: float  # store clock, seconds
     meta: QueueMeta
     ttl: float | None  # seconds left before autoexpire; None: no autoexpire
+    pending: PendingCall | None = None  # the call that runs after this one ("keep_last")
+    due: float | None = None  # store clock, seconds: its job may not start before (debounce)
 
 
 @dataclass(slots=True)
@@ -133,6 +150,9 @@ class RunRecord:
 #: What a refused call asked for (see :attr:`LockState.refused`).
 Refused = Literal["", "queue", "both", "run"]
 
+#: What the store made of a claim's conflict (see :attr:`LockState.coalesced`).
+Coalesced = Literal["", "latest", "pending", "replaced"]
+
 #: What an unread LockState is read with: its queue lock, run lock and clock.
 Parts = tuple[QueueRecord | None, RunRecord | None, float]
 
@@ -146,7 +166,9 @@ class LockState:
     docs/performance.md).
     """
 
-    __slots__ = ("_nothing_to_reclaim", "_now", "_queue", "_read", "_run", "key", "pending_run", "refused")
+    __slots__ = (
+        "_nothing_to_reclaim", "_now", "_queue", "_read", "_run", "coalesced", "key", "pending_run", "refused"
+    )  # fmt: skip
 
     def __init__(
         self, key: str, queue: QueueRecord | None, run: RunRecord | None, now: float, pending_run: str = ""
@@ -159,6 +181,10 @@ class LockState:
         #: enqueue's queue lock), "both" (an inline run's queue and run locks) or "run" (a start);
         #: "" when not known. It tells which of the locks must end for that call (:meth:`clears`).
         self.refused: Refused = ""
+        #: What the store made of a refused claim with a policy (Backend.claim): "" nothing,
+        #: "latest" (its arguments replace the queued call's), "pending" (it runs after the
+        #: running call) or "replaced" (it took the queued call's place: the lock is the caller's).
+        self.coalesced: Coalesced = ""
         self._queue = queue
         self._run = run
         self._now = now  # the store's clock when the snapshot was taken
@@ -173,7 +199,7 @@ class LockState:
         """
         state = cls.__new__(cls)
         state.key = key
-        state.refused = state.pending_run = ""
+        state.refused = state.pending_run = state.coalesced = ""
         state._read = read
         state._nothing_to_reclaim = nothing_to_reclaim
         return state

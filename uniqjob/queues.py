@@ -81,15 +81,6 @@ class Queue:
         """
         raise NotImplementedError
 
-    def handle(self, job_id: str) -> Any:
-        """The queue's handle of its job ``job_id`` (policy "use_existing"), made without asking the queue.
-
-        A duplicate of a job on its way gets this, to wait for that job's result. A queue
-        that has no handles leaves this out; a class using "use_existing" on it is then a
-        ConfigurationError when it is defined. An async queue (arq) may return an awaitable.
-        """
-        raise NotImplementedError
-
     @property
     def proves_jobs_gone(self) -> bool:
         """True if :meth:`job_gone` can prove a lost job gone (by default: if the class overrides it).
@@ -107,6 +98,34 @@ class Queue:
         in doubt, return False: the lock is then kept.
         """
         return False
+
+    def push_in(
+        self,
+        job_cls: type[UniqueJob],
+        lock: JobLock,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        delay: float,
+    ) -> Any:
+        """:meth:`push`, the job to start in ``delay`` seconds (``unique_debounce``). A queue that
+        cannot delay a job leaves this out; a class debounced on it is then a ConfigurationError."""
+        raise NotImplementedError
+
+    def handle(self, job_id: str) -> Any:
+        """The queue's handle of its job ``job_id``, made without asking the queue; None if it has none.
+
+        A "use_existing" duplicate gets this, to wait for the result of the job on its way (a class
+        using "use_existing" on a queue that leaves this out is a ConfigurationError when it is
+        defined); a "keep_last" duplicate, the queued job's. An async queue (arq) may return an
+        awaitable.
+        """
+        return None
+
+    def remove(self, job_id: str) -> Any:
+        """Take job ``job_id`` out of the queue, if it is still there (policy "replace": the job whose
+        call was replaced). Best effort: the store refuses that job's start anyway. A queue that
+        cannot leaves this out; a class using "replace" on it is then a ConfigurationError."""
+        raise NotImplementedError
 
     def pending_delay(self) -> float:
         """Seconds until the job about to be pushed may start (a countdown, an ETA); 0 if at once.

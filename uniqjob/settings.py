@@ -37,8 +37,10 @@ __all__ = [
 
 log = get_logger(__name__)
 
-ConflictPolicy = Literal["log", "discard", "raise", "reschedule", "use_existing"]
-POLICIES: tuple[ConflictPolicy, ...] = ("log", "discard", "raise", "reschedule", "use_existing")
+ConflictPolicy = Literal["log", "discard", "raise", "reschedule", "use_existing", "keep_last", "replace"]
+POLICIES: tuple[ConflictPolicy, ...] = (
+    "log", "discard", "raise", "reschedule", "use_existing", "keep_last", "replace"
+)  # fmt: skip
 
 #: Every setting a job class may define; any other ``unique_*`` attribute is a typo.
 SETTINGS = frozenset(
@@ -55,6 +57,8 @@ SETTINGS = frozenset(
         "unique_reschedule_delay",
         "unique_on_lost",
         "unique_once_per",
+        "unique_debounce",
+        "unique_debounce_max_wait",
     }
 )
 
@@ -136,6 +140,7 @@ def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
             f"{name}.unique_on_conflict is 'reschedule', but {type(queue).__name__} cannot delay jobs"
         )
     _check_use_existing(cls, name, queue_base)
+    _check_coalescing(cls, name, queue, queue_base)
     on_lost = cls.unique_on_lost
     if on_lost is not None and not callable(on_lost):
         raise ConfigurationError(
@@ -231,6 +236,58 @@ def _check_use_existing(cls: type[UniqueJob], name: str, queue_base: type[Queue]
             f"{name}.unique_on_conflict is 'use_existing', but its queue {queue!r} cannot give a job's"
             " handle (it has no handle(job_id) method)"
         )
+
+
+def debounce(cls: type[UniqueJob]) -> tuple[float, float | None] | None:
+    """``cls``'s debounce, in seconds: its delay and longest wait; None without one."""
+    wait = seconds(cls.unique_debounce, f"{cls.__qualname__}.unique_debounce")
+    longest = seconds(cls.unique_debounce_max_wait, f"{cls.__qualname__}.unique_debounce_max_wait")
+    return None if wait is None else (wait, longest)
+
+
+def _check_debounce(cls: type[UniqueJob], name: str, queue: Queue | None, queue_base: type[Queue]) -> None:
+    """Debounce delays a call in its queue and coalesces the calls of a burst into it."""
+    wait = debounce(cls)
+    if wait is None:
+        if cls.unique_debounce_max_wait is not None:
+            raise ConfigurationError(f"{name}.unique_debounce_max_wait needs unique_debounce")
+        return
+    if wait[1] is not None and wait[1] < wait[0]:
+        raise ConfigurationError(
+            f"{name}.unique_debounce_max_wait ({wait[1]:g} s) is shorter than unique_debounce ({wait[0]:g} s)"
+        )
+    if cls.unique_on_conflict not in ("log", "keep_last"):
+        raise ConfigurationError(
+            f"{name}.unique_debounce coalesces the calls of a burst into the latest: it takes"
+            f" unique_on_conflict 'keep_last' (or none), not {cls.unique_on_conflict!r}"
+        )
+    if queue is None or type(queue).push_in is queue_base.push_in:
+        where = f"{type(queue).__name__}, which cannot" if queue else "no queue (run() performs at once)"
+        raise ConfigurationError(f"{name}.unique_debounce delays its job in its queue: it has {where}")
+
+
+def _check_coalescing(cls: type[UniqueJob], name: str, queue: Queue | None, queue_base: type[Queue]) -> None:
+    """A coalescing policy (keep_last, replace, debounce) needs what it stands on; see uniqjob._coalesce."""
+    _check_debounce(cls, name, queue, queue_base)
+    policy = cls.unique_on_conflict
+    if policy not in ("keep_last", "replace") and cls.unique_debounce is None:
+        return
+    what = f"{name}.unique_on_conflict {policy!r}"
+    if cls.unique_debounce is not None:
+        what = f"{name}.unique_debounce"
+    if cls.unique_strategy != "until_executed":
+        raise ConfigurationError(f"{what} coalesces queued and running calls: it needs unique_strategy"
+                                 f" 'until_executed', not {cls.unique_strategy!r}")  # fmt: skip
+    if getattr(cls, "concurrency_limit", None) is not None or cls.unique_once_per is not None:
+        raise ConfigurationError(f"{what} takes no concurrency_limit and no unique_once_per")
+    if queue is None:
+        return
+    if queue.suspect_after is None:
+        raise ConfigurationError(
+            f"{what} needs a queue that names a job before it is pushed; {type(queue).__name__} does not"
+        )
+    if policy == "replace" and type(queue).remove is queue_base.remove:
+        raise ConfigurationError(f"{what} needs a queue that can remove a job; {type(queue).__name__} cannot")
 
 
 def _one_of(name: str, attr: str, value: object, allowed: tuple[str, ...]) -> None:

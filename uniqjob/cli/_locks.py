@@ -73,6 +73,10 @@ def _job(row: LockRow) -> str:
         text = escape(f"unreadable: {row.reason}")
     else:
         text = escape(f"{row.job_class or '?'}({row.args or ''})")
+        if row.due_s is not None:
+            text += f" due in {duration(row.due_s)}"
+        if row.pending is not None:
+            text += escape(f" then ({row.pending})")
     return text if len(text) <= _JOB_WIDTH else text[: _JOB_WIDTH - 3] + "..."
 
 
@@ -128,9 +132,13 @@ OVERLAP is what `uniqjob run --overlap` asked of the lock: "next HOST:PID", the 
 waiting to run once it ends (buffer-one), or "stop by HOST:PID", the run that asked
 its holder to stop (terminate-other); "-" if nothing.
 
+JOB says "due in 3.0s" for a debounced job (unique_debounce) not yet due, and "then
+(ARGS)" for the call that waits behind a running one (unique_on_conflict keep_last).
+
 --json fields: key, class, args, state, job_id, host, pid, age_s, ttl_s, lease_s,
 orphaned, path, reason (these two only set, and key may be null, for a corrupt record),
-pending_run, stop_asked_by (null unless set);
+pending_run, stop_asked_by (`uniqjob run --overlap`), pending (the waiting call's arguments),
+due_s (seconds until a debounced job is due); null unless set;
 every line is a lock row (JSON Lines: `jq .key` reads them all). The dropped
 duplicates and other figures are in `uniqjob stats --json`.
 

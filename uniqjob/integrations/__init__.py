@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib import import_module
 from typing import Any, Final, Literal
 
 from .. import _job_async, _job_sync
+from .._refs import job_ref, resolve_job
 from ..errors import ConfigurationError
 from ..job import UniqueJob
 from ..joblock import JobLock
@@ -88,34 +88,6 @@ class Ticket:
         if job is not None and not isinstance(job, str):
             raise ConfigurationError(f"{where} carries malformed uniqjob lock data: {dict(data)!r}")
         return cls(str(fields["key"]), str(fields["token"]), job or "")
-
-
-def job_ref(job_cls: type[UniqueJob]) -> str:
-    """Return ``module:QualName`` of a job class, after checking that a worker can import it."""
-    qualname = job_cls.__qualname__
-    if "<locals>" in qualname or job_cls.__module__ == "__main__":
-        raise ConfigurationError(
-            f"{job_cls.job_name()} cannot be imported by a worker: define job classes at the top"
-            " level of an importable module (not in a function, not in __main__)"
-        )
-    return f"{job_cls.__module__}:{qualname}"
-
-
-def resolve_job(ref: str) -> type[UniqueJob]:
-    """Import the job class named by :func:`job_ref`; ConfigurationError if it cannot be found."""
-    module_name, _, qualname = ref.partition(":")
-    if not module_name or not qualname:
-        raise ConfigurationError(f"bad job class reference {ref!r}: expected 'module:QualName'")
-    try:
-        found: Any = import_module(module_name)
-        for part in qualname.split("."):
-            found = getattr(found, part)
-        found = getattr(found, "unique_job", found)  # a @unique function: its job class
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"cannot import job class {ref!r}: {exc}") from exc
-    if not (isinstance(found, type) and issubclass(found, UniqueJob)):
-        raise ConfigurationError(f"{ref!r} is not a UniqueJob class")
-    return found
 
 
 def perform(

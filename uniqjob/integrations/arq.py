@@ -35,6 +35,7 @@ job's slot as it keeps its lock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
@@ -129,9 +130,14 @@ class ArqQueue(Queue):
         return uuid.uuid4().hex
 
     async def push(  # an async queue: awaited by Job.aenqueue
-        self, job_cls: type[UniqueJob], lock: JobLock, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        job_cls: type[UniqueJob],
+        lock: JobLock,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        delay: float | None = None,
     ) -> Job:
-        """Enqueue the job into arq, with its lock's key and token."""
+        """Enqueue the job into arq, with its lock's key and token (``delay``: see push_in)."""
         ticket = Ticket(lock.key, lock.token, job_ref(job_cls))
         pool = await self.pool()
         job = await pool.enqueue_job(
@@ -142,10 +148,28 @@ class ArqQueue(Queue):
             _job_id=lock.meta.job_id or None,
             _queue_name=self.queue_name,
             _expires=self.expires,
+            _defer_by=delay,
         )
         if job is None:  # arq keeps job ids unique: a fresh one cannot be taken
             raise BackendError(f"arq refused job id {lock.meta.job_id!r}: it is in use", "arq")
         return job
+
+    async def push_in(
+        self,
+        job_cls: type[UniqueJob],
+        lock: JobLock,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        delay: float,
+    ) -> Job:
+        """:meth:`push`, the job deferred by ``delay`` seconds (arq's ``_defer_by``; ``unique_debounce``)."""
+        return await self.push(job_cls, lock, args, kwargs, delay=max(delay, 0.0))
+
+    async def remove(self, job_id: str) -> None:
+        """Abort arq job ``job_id`` (policy "replace"; workers with ``allow_abort_jobs`` drop it)."""
+        job = await self.handle(job_id)
+        with contextlib.suppress(TimeoutError):  # not waited for: its start is refused anyway
+            await job.abort(timeout=0)
 
     async def push_later(
         self, job_cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any], delay: float

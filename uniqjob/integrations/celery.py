@@ -161,20 +161,35 @@ class CeleryQueue(Queue):
         return call.delay if call is not None else 0.0
 
     def push(
-        self, job_cls: type[UniqueJob], lock: JobLock, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        job_cls: type[UniqueJob],
+        lock: JobLock,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        delay: float | None = None,
     ) -> Any:
         """Publish the task with the lock's key and token in a message header; return its AsyncResult."""
         call = _pending.get()
         options = dict(call.options) if call is not None and call.job is job_cls else {}
+        if delay is not None:  # push_in's
+            options = {k: v for k, v in options.items() if k != "eta"} | {"countdown": delay}
         headers = dict(options.pop("headers", None) or {})
         headers[HEADER] = Ticket(lock.key, lock.token).dump()
         return Task.apply_async(
             self.task, args, kwargs, task_id=lock.meta.job_id or None, headers=headers, **options
         )
 
+    def push_in(self, job_cls: type[UniqueJob], lock: JobLock, args: Any, kwargs: Any, delay: float) -> Any:
+        """:meth:`push` with a ``countdown`` of ``delay`` seconds (``unique_debounce``)."""
+        return self.push(job_cls, lock, args, kwargs, delay)
+
     def handle(self, job_id: str) -> Any:
-        """The task's ``AsyncResult`` of ``job_id`` (policy "use_existing"; made without a round trip)."""
+        """The task's ``AsyncResult`` of ``job_id`` (policies "use_existing", "keep_last"; no round trip)."""
         return self.task.AsyncResult(job_id)
+
+    def remove(self, job_id: str) -> None:
+        """Revoke task ``job_id`` (policy "replace"): workers discard it when it reaches them."""
+        self.task.app.control.revoke(job_id)
 
     def push_later(
         self, job_cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any], delay: float

@@ -27,6 +27,7 @@ RQ options for one job, apart from the job's own arguments, go through
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import uuid
@@ -41,6 +42,7 @@ import redis
 try:
     from rq import Queue as RQ
     from rq import Retry, get_current_job
+    from rq.exceptions import InvalidJobOperation, NoSuchJobError
     from rq.job import Job
 except ModuleNotFoundError as exc:  # the optional extra
     raise ModuleNotFoundError(
@@ -172,9 +174,14 @@ class RQQueue(Queue):
         return str(uuid.uuid4())
 
     def push(
-        self, job_cls: type[UniqueJob], lock: JobLock, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        job_cls: type[UniqueJob],
+        lock: JobLock,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        delay: float | None = None,
     ) -> Job:
-        """Enqueue the job into RQ, with its lock's key and token in the job's meta.
+        """Enqueue the job into RQ, with its lock's key and token in the job's meta (``delay``: see push_in).
 
         Inside :func:`enqueue_call`, that call's options override the queue's
         (a ``job_id`` given there is the lock's job id already: :meth:`new_job_id`).
@@ -187,16 +194,25 @@ class RQQueue(Queue):
             options.update(call.options)
             options.pop("job_id", None)
         at_front = bool(options.pop("at_front", False))
-        return self.queue.enqueue_call(
-            run_job,
-            args=args,
-            kwargs=kwargs,
-            job_id=lock.meta.job_id or None,
-            meta={HEADER: ticket.dump()},
-            description=f"{job_cls.job_name()}({lock.meta.args})",
-            at_front=at_front,
-            **options,
-        )
+        job = {"job_id": lock.meta.job_id or None, "meta": {HEADER: ticket.dump()}, **options}
+        job["description"] = f"{job_cls.job_name()}({lock.meta.args})"
+        if delay is not None:  # RQ's scheduler enqueues it then (rq worker --with-scheduler)
+            return self.queue.enqueue_in(timedelta(seconds=delay), run_job, args=args, kwargs=kwargs, **job)
+        return self.queue.enqueue_call(run_job, args=args, kwargs=kwargs, at_front=at_front, **job)
+
+    def push_in(
+        self,
+        job_cls: type[UniqueJob],
+        lock: JobLock,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        delay: float,
+    ) -> Job:
+        """:meth:`push`, the job scheduled to start in ``delay`` seconds (``unique_debounce``).
+
+        RQ's scheduler, inside workers started with ``rq worker --with-scheduler``, enqueues it then.
+        """
+        return self.push(job_cls, lock, args, kwargs, delay=delay)
 
     def push_later(
         self, job_cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any], delay: float
@@ -226,6 +242,12 @@ class RQQueue(Queue):
         (policy "use_existing": ``return_value()`` and ``get_status()`` read it when asked)."""
         queue = self.queue
         return queue.job_class(job_id, connection=queue.connection, serializer=queue.serializer)
+
+    def remove(self, job_id: str) -> None:
+        """Cancel RQ job ``job_id`` (policy "replace"), unless it is gone or no longer cancellable."""
+        queue = self.queue
+        with contextlib.suppress(NoSuchJobError, InvalidJobOperation):  # gone, or ended: its start is refused
+            queue.job_class.fetch(job_id, connection=queue.connection, serializer=queue.serializer).cancel()
 
     def job_gone(self, job_id: str) -> bool:
         """True if RQ no longer has job ``job_id``, or has it finished, failed, stopped or cancelled."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Literal
@@ -50,6 +51,10 @@ class LockRow:
     pending_run: str | None = None
     #: Who asked this run to stop (``uniqjob run --overlap terminate-other``), ``host:pid``.
     stop_asked_by: str | None = None
+    #: The arguments of the call that runs after this one ("keep_last"), None if none waits.
+    pending: str | None = None
+    #: Seconds until a debounced job is due (``unique_debounce``; 0 once due), None if not debounced.
+    due_s: float | None = None
 
     @classmethod
     def from_corrupt(cls, error: CorruptRecordError, key: str | None = None) -> LockRow:
@@ -80,6 +85,8 @@ class LockRow:
             orphaned=orphaned(state),  # the library's one orphan rule
             pending_run=state.pending_run or None,
             stop_asked_by=(run.stop or None) if run is not None else None,
+            pending=queue.pending.meta.args if queue is not None and queue.pending is not None else None,
+            due_s=round(max(queue.due - state.now, 0.0), 3) if queue is not None and queue.due else None,
         )
 
     @property
@@ -141,9 +148,42 @@ def class_matches(cls: str | None, wanted: str) -> bool:
 
 
 def _reclaim(backend: Backend, state: LockState) -> bool:
-    """Delete the locks ``state`` shows, token-checked: a lock taken again meanwhile stays."""
+    """Delete the locks ``state`` shows, token-checked: a lock taken again meanwhile stays.
+
+    A queue lock with a pending call ("keep_last") is released as its holder would have:
+    the pending call is queued and pushed (uniqjob._coalesce.resume).
+    """
     queue_token = state.queue.token if state.queue is not None else None
+    if state.queue is not None and state.queue.pending is not None:
+        _resume(backend, state.key, state.queue.token)
+        return True
     return backend.reclaim(state.key, queue_token, state.run.token if state.run is not None else None)
+
+
+def _resume(backend: Backend, key: str, token: str) -> bool:
+    """Release a dead holder's queue lock ``token`` of ``key`` that has a pending call, and push that call.
+
+    The release queues the pending call in the same step, as the holder's own would have;
+    True if it was pushed. An async queue's (arq's) pending call is left queued: reclaimed
+    once that queue proves its job gone, at the key's next call.
+    """
+    # here: only a key with a pending call needs them
+    from .. import _coalesce, settings
+    from .._refs import resolve_job
+
+    pending = backend.finish(key, token)
+    ref = _coalesce.json_ref(pending.meta.call) if pending is not None else ""
+    cls = resolve_job(ref) if ref else None
+    queue = cls.unique_queue if cls is not None else None
+    if pending is None or cls is None or queue is None or inspect.iscoroutinefunction(queue.push):
+        return False
+    args, kwargs = _coalesce.decode(pending.meta.call)
+    lock, wait = _coalesce.follower(cls, key, pending), settings.debounce(cls)
+    if wait is not None:
+        queue.push_in(cls, lock, args, kwargs, wait[0])
+    else:
+        queue.push(cls, lock, args, kwargs)
+    return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 from ..errors import CorruptRecordError
-from ..locks import LockState, QueueMeta, RunClaim
-from .base import Backend, QueueMode
+from ..locks import LockState, PendingCall, QueueMeta, RunClaim
+from .base import Backend, Coalesce, Debounce, QueueMode
 
 __all__ = ["AsyncBackend", "completed", "in_thread"]
 
@@ -41,11 +41,14 @@ class AsyncBackend:
         run: RunClaim | None = None,
         count: bool = False,
         counted: float | None = None,
+        coalesce: Coalesce = "",
+        debounce: Debounce | None = None,
     ) -> LockState | None:
         """:meth:`Backend.claim <uniqjob.stores.base.Backend.claim>`, awaited."""
         answer: LockState | None = await in_thread(
-            self.sync.claim, key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted
-        )
+            self.sync.claim, key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted,
+            coalesce=coalesce, debounce=debounce,
+        )  # fmt: skip
         return answer
 
     async def start(
@@ -90,9 +93,14 @@ class AsyncBackend:
         """:meth:`Backend.renew <uniqjob.stores.base.Backend.renew>`, awaited."""
         return bool(await in_thread(self.sync.renew, key, token, lease, attempt))
 
-    async def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
+    async def finish(
+        self, key: str, token: str, *, keep_queue: bool = False, attempt: str = ""
+    ) -> PendingCall | None:
         """:meth:`Backend.finish <uniqjob.stores.base.Backend.finish>`, awaited."""
-        await in_thread(self.sync.finish, key, token, keep_queue=keep_queue, attempt=attempt)
+        answer: PendingCall | None = await in_thread(
+            self.sync.finish, key, token, keep_queue=keep_queue, attempt=attempt
+        )
+        return answer
 
     async def dequeue(self, key: str, token: str | None = None) -> bool:
         """:meth:`Backend.dequeue <uniqjob.stores.base.Backend.dequeue>`, awaited."""

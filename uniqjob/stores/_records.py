@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -20,12 +21,13 @@ from ..locks import (
     Holder,
     LockState,
     Parts,
+    PendingCall,
     QueueMeta,
     QueueRecord,
     RunClaim,
     RunRecord,
 )
-from .base import Backend, Overlap, OverlapMode, QueueMode
+from .base import Backend, Coalesce, Debounce, Overlap, OverlapMode, QueueMode
 
 Record = dict[str, Any]
 
@@ -40,12 +42,15 @@ def _parts(q: Record | None, r: Record | None, now: float) -> Parts:
     queue = run = None
     if q is not None:
         expires = q.get("expires")
+        cls = q.get("cls", "")
         queue = QueueRecord(
             token=q["token"],
             state=q["state"],
             since=q["since"],
-            meta=QueueMeta(q.get("cls", ""), q.get("args", ""), q.get("job_id", "")),
+            meta=QueueMeta(cls, q.get("args", ""), q.get("job_id", ""), q.get("call", "")),
             ttl=None if expires is None else expires - now,
+            pending=_pending(q),
+            due=q.get("due"),
         )
     if r is not None:
         run = RunRecord(
@@ -58,6 +63,18 @@ def _parts(q: Record | None, r: Record | None, now: float) -> Parts:
             stop=r.get("stop", ""),
         )
     return queue, run, now
+
+
+def _pending(q: Record) -> PendingCall | None:
+    """The pending call a queue lock record holds (see Backend.claim's coalescing), or None."""
+    token = q.get("p_token")
+    if not token:
+        return None
+    return PendingCall(token, QueueMeta("", q.get("p_args", ""), q.get("p_job_id", ""), q.get("p_call", "")))
+
+
+#: A queue lock record's fields of a pending call.
+_PENDING = ("p_token", "p_args", "p_job_id", "p_call")
 
 
 class LockMachine:
@@ -196,12 +213,21 @@ class LockMachine:
             return False
         return r.get("attempt", "") not in ("", attempt)
 
-    def claim(self, token: str, meta: QueueMeta, ttl: float | None, run: RunClaim | None) -> LockState | None:
+    def claim(
+        self,
+        token: str,
+        meta: QueueMeta,
+        ttl: float | None,
+        run: RunClaim | None,
+        *,
+        coalesce: Coalesce = "",
+        debounce: Debounce | None = None,
+    ) -> LockState | None:
         if self.q is not None:
             if self.q["state"] == RUNNING and self.r is None:
                 self.q, self.changed = None, True  # orphan: its holder stopped beating
             elif self.q["token"] != token:
-                return self._refused()
+                return self._coalesce(token, meta, coalesce, debounce) if coalesce else self._refused()
             elif run is None:
                 return None  # our own claim, retried after a lost reply: it holds already
             elif self._retakes(token, run):
@@ -218,7 +244,38 @@ class LockMachine:
             self._set_run(token, run)
         else:
             self._set_queue(token, QUEUED, meta, ttl)
+            if debounce is not None and self.q is not None:
+                self.q["due"] = self.now + debounce[0]
         return None
+
+    def _coalesce(
+        self, token: str, meta: QueueMeta, coalesce: Coalesce, debounce: Debounce | None
+    ) -> LockState:
+        """A claim's conflict with another token's live queue lock, coalesced (see Backend.claim)."""
+        q = self.q
+        assert q is not None
+        state = self.state()
+        if q["state"] == QUEUED:
+            if coalesce == "keep_last":
+                kept = {k: v for k, v in q.items() if k not in _PENDING}
+                self.q = {**kept, "args": meta.args, "call": meta.call}
+                if debounce is not None:  # pushed back, but never past the longest wait
+                    wait, longest = debounce
+                    due = self.now + wait
+                    self.q["due"] = due if longest is None else min(due, q["since"] + longest)
+                state.coalesced = "latest"
+            else:
+                mine = {"token": token, "since": self.now, "args": meta.args, "job_id": meta.job_id}
+                self.q = {**{k: v for k, v in q.items() if k != "call"}, **mine}
+                state.coalesced = "replaced"
+        elif coalesce == "keep_last":
+            pending = {"p_token": token, "p_args": meta.args, "p_job_id": meta.job_id, "p_call": meta.call}
+            self.q = {**q, **pending}
+            state.coalesced = "pending"
+        else:
+            return state
+        self.changed = True
+        return state
 
     def start(
         self,
@@ -232,8 +289,13 @@ class LockMachine:
     ) -> LockState | None:
         if not self._retakes(token, run):
             return self.state()
-        self._set_run(token, run)
         mine = self.q is not None and (self.q["token"] == token or adopt)
+        if queue_lock == "own":
+            if not mine or (self.q is not None and self.q.get("due", self.now) > self.now):
+                return self.state()  # replaced, taken over, or not yet due
+            queue_lock = "run"
+        self._set_run(token, run)
+        run.call = self.q.get("call", "") if mine and self.q is not None else ""
         if queue_lock == "run":
             if self.q is None:
                 self._set_queue(token, RUNNING, meta, ttl)
@@ -292,13 +354,20 @@ class LockMachine:
         self.changed = True
         return True
 
-    def finish(self, token: str, keep_queue: bool, attempt: str = "") -> None:
+    def finish(self, token: str, keep_queue: bool, attempt: str = "") -> PendingCall | None:
         if self._other_delivery(token, attempt):
-            return  # both locks are a live delivery's: see Backend.finish
+            return None  # both locks are a live delivery's: see Backend.finish
         if self.r is not None and self.r["token"] == token:
             self.r, self.changed = None, True
-        if not keep_queue and self.q is not None and self.q["token"] == token:
-            self.q, self.changed = None, True
+        q = self.q
+        if keep_queue or q is None or q["token"] != token:
+            return None
+        self.q, self.changed = None, True
+        pending = _pending(q)
+        if pending is not None:  # the call that waited behind this one: queued now, for the caller to push
+            self._set_queue(pending.token, QUEUED, replace(pending.meta, cls=q.get("cls", "")), None)
+            # (its arguments are in the job its caller pushes: none kept for its start)
+        return pending
 
     def dequeue(self, token: str | None) -> bool:
         if self.q is None or self.q["state"] != QUEUED:
@@ -363,9 +432,11 @@ class LockMachineBackend(Backend):
         run: RunClaim | None = None,
         count: bool = False,
         counted: float | None = None,
+        coalesce: Coalesce = "",
+        debounce: Debounce | None = None,
     ) -> LockState | None:
         with self._lock_machine(key) as m:
-            state = m.claim(token, meta, ttl, run)
+            state = m.claim(token, meta, ttl, run, coalesce=coalesce, debounce=debounce)
             m.tally(token, meta.cls, state, count, counted)
             return state
 
@@ -399,9 +470,11 @@ class LockMachineBackend(Backend):
         with self._lock_machine(key) as m:
             return m.renew(token, lease, attempt)
 
-    def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
+    def finish(
+        self, key: str, token: str, *, keep_queue: bool = False, attempt: str = ""
+    ) -> PendingCall | None:
         with self._lock_machine(key) as m:
-            m.finish(token, keep_queue, attempt)
+            return m.finish(token, keep_queue, attempt)
 
     def dequeue(self, key: str, token: str | None = None) -> bool:
         with self._lock_machine(key) as m:

@@ -57,6 +57,9 @@ _QUEUE_FIELDS: Fields = {
     "args": (TEXT, True),
     "job_id": (TEXT, True),
     "expires": (NUMBER_OR_NULL, True),
+    # coalescing (Backend.claim): the latest call's arguments, and a pending call's fields
+    **{name: (TEXT, True) for name in ("call", "p_token", "p_job_id", "p_args", "p_call")},
+    "due": (NUMBER, True),
 }
 _RUN_FIELDS: Fields = {
     "token": (TEXT, False),
@@ -129,7 +132,12 @@ def _sound_queue(q: Any) -> bool:
         and type(q.get("cls", "")) is str
         and type(q.get("args", "")) is str
         and type(q.get("job_id", "")) is str
+        and all(type(q.get(name, "")) is str for name in _COALESCED)
+        and _is_number(q.get("due", 0))
     )
+
+
+_COALESCED = ("call", "p_token", "p_job_id", "p_args", "p_call")
 
 
 def _sound_run(r: Any) -> bool:

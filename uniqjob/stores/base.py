@@ -19,14 +19,18 @@ from collections.abc import Iterator, Sequence
 from typing import Literal
 
 from ..errors import ConfigurationError, CorruptRecordError
-from ..locks import Holder, LockState, QueueMeta, RunClaim
+from ..locks import Holder, LockState, PendingCall, QueueMeta, RunClaim
 from ._drops import check_window
 from .semaphores import SemaphoreStore, read_each
 
-__all__ = ["Backend", "Overlap", "OverlapMode", "QueueMode", "SemaphoreStore"]
+__all__ = ["Backend", "Coalesce", "Debounce", "Overlap", "OverlapMode", "QueueMode", "SemaphoreStore"]
 
 #: What taking the run lock does to the queue lock: see :meth:`Backend.start`.
-QueueMode = Literal["run", "release", "keep"]
+QueueMode = Literal["run", "release", "keep", "own"]
+#: What a claim does with a conflicting queue lock of another token: see :meth:`Backend.claim`.
+Coalesce = Literal["", "keep_last", "replace"]
+#: A debounced claim's delay and longest wait (None: no bound), seconds: see :meth:`Backend.claim`.
+Debounce = tuple[float, float | None]
 #: What a run that finds its key busy asks for: see :meth:`Backend.overlap`.
 OverlapMode = Literal["buffer", "terminate", "withdraw"]
 #: What :meth:`Backend.overlap` decided.
@@ -50,6 +54,8 @@ class Backend(ABC):
         run: RunClaim | None = None,
         count: bool = False,
         counted: float | None = None,
+        coalesce: Coalesce = "",
+        debounce: Debounce | None = None,
     ) -> LockState | None:
         """Take the queue lock of ``key`` for ``token``; None when taken, else the state in the way.
 
@@ -64,6 +70,31 @@ class Backend(ABC):
         own lock and succeeds again (with the same fence).
 
         ``count`` and ``counted``: see :meth:`duplicates`.
+
+        **Coalescing** (``coalesce``). A live queue lock of
+        another token is then changed in the same step, and the state returned
+        says how (:attr:`LockState.coalesced`), as it was before the change:
+
+        - ``"keep_last"``, the lock ``queued``: its call becomes this one
+          (``meta.args`` and ``meta.call``; a pending call is dropped), so its
+          job runs with the latest arguments (:meth:`start` hands them over):
+          ``"latest"``.
+        - ``"keep_last"``, the lock ``running``: this call (``token`` and
+          ``meta``) becomes the lock's pending call, replacing any earlier one;
+          :meth:`finish` turns it into the queued lock: ``"pending"``.
+        - ``"replace"``, the lock ``queued``: the lock becomes ``token``'s, with
+          ``meta`` (its job id too): ``"replaced"``; the state shows the lock it
+          replaced, whose job the caller removes from its queue. The lock is the
+          caller's: the replaced job's :meth:`start` with ``queue_lock="own"``
+          is refused from now on.
+
+        Anything else (``replace`` of a running lock) refuses as without ``coalesce``.
+
+        **Debounce** (``debounce``: seconds, and the longest wait or None). A
+        queue lock taken, or made ``"latest"``, gets a due time (the store's clock):
+        ``seconds`` from now, but never later than the longest wait after the lock
+        was taken (``since``). A :meth:`start` with ``queue_lock="own"`` before it
+        is due is refused, the state showing the due time (``QueueRecord.due``).
         """
 
     @abstractmethod
@@ -91,7 +122,14 @@ class Backend(ABC):
           created (with ``ttl``) if missing;
         - ``"release"``: it is deleted if it is ``token``'s (the lock passes
           from queue to run atomically);
-        - ``"keep"``: it is not touched.
+        - ``"keep"``: it is not touched;
+        - ``"own"``: as ``"run"``, but the start is refused (the state returned)
+          unless the queue lock is ``token``'s (or any, with ``adopt``): a job
+          whose call was replaced or taken over never runs; and while the queue
+          lock is not yet due (see :meth:`claim`'s debounce).
+
+        When granted, ``run.call`` is set to the arguments the queue lock recorded
+        (``meta.call``, the latest call's when claims coalesced into it), or "".
 
         With ``adopt``, a queue lock of any token counts as ``token``'s (a
         queue that cannot carry tokens); without it, another token's queue lock
@@ -161,8 +199,14 @@ class Backend(ABC):
         raise ConfigurationError(f"{type(self).__name__} cannot record pending runs or stop requests")
 
     @abstractmethod
-    def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
+    def finish(
+        self, key: str, token: str, *, keep_queue: bool = False, attempt: str = ""
+    ) -> PendingCall | None:
         """Release ``key``'s run lock and (unless ``keep_queue``) its queue lock, each only if ``token``'s.
+
+        **A pending call** (see :meth:`claim`'s coalescing): when ``token``'s queue
+        lock goes and holds one, it becomes the key's queue lock instead, ``queued``,
+        in the same step, and is returned for the caller to push; else None.
 
         **Attempts.** Two deliveries of one job share its token and differ by
         attempt (``RunClaim.attempt``). Given ``attempt``, the run lock is

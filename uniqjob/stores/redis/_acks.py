@@ -41,7 +41,7 @@ from typing import Any
 from ...errors import BackendError, ConfigurationError
 from ._wire import Wire
 
-__all__ = ["WAIT_HEADROOM", "Acks", "check_wait"]
+__all__ = ["WAIT_HEADROOM", "Acks", "check_wait", "claimed", "if_one", "started"]
 
 
 class Acks:
@@ -133,3 +133,22 @@ def check_wait(client: Any, replica_timeout: float) -> None:
             f"({limit}s) by at least {WAIT_HEADROOM}s: the wait for replicas would time out the "
             "connection instead"
         )
+
+
+# What a lock script's reply granted, for Acks.confirm ("": nothing to acknowledge).
+
+
+def claimed(key: str, run: bool, reply: Any) -> str:
+    """What a CLAIM ``reply`` granted of ``key`` (an integer: granted), else "" (a conflict's snapshot)."""
+    if type(reply) is not int:
+        return ""
+    return f"the {'queue and run locks' if run else 'queue lock'} of {key!r}, granted"
+
+
+def started(key: str, reply: Any) -> str:
+    """What a START ``reply`` granted of ``key`` (an integer or a list: granted), else "" (a snapshot)."""
+    return f"the run lock of {key!r}, granted" if type(reply) in (int, list) else ""
+
+
+def if_one(what: str, reply: Any) -> str:
+    return what if reply == 1 else ""

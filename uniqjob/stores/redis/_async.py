@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 from redis.commands.core import Script
 
 from ...errors import CorruptRecordError
-from ...locks import LockState, QueueMeta, RunClaim
+from ...locks import LockState, PendingCall, QueueMeta, RunClaim
 from .._async_base import AsyncBackend, in_thread
-from ..base import Backend, QueueMode
+from ..base import Backend, Coalesce, Debounce, QueueMode
 from ._acks import check_wait
 from ._clients import POOL_SIZE, maker
 from ._store import Call, RedisBackend
@@ -153,8 +153,13 @@ class RedisAsync(AsyncBackend):
         run: RunClaim | None = None,
         count: bool = False,
         counted: float | None = None,
+        coalesce: Coalesce = "",
+        debounce: Debounce | None = None,
     ) -> LockState | None:
-        call = self.sync._claim_call(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted)
+        call = self.sync._claim_call(
+            key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted, coalesce=coalesce,
+            debounce=debounce,
+        )  # fmt: skip
         return await self._done(call)
 
     async def start(
@@ -187,8 +192,10 @@ class RedisAsync(AsyncBackend):
     async def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
         return await self._done(self.sync._renew_call(key, token, lease, attempt))
 
-    async def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
-        await self._done(self.sync._finish_call(key, token, keep_queue=keep_queue, attempt=attempt))
+    async def finish(
+        self, key: str, token: str, *, keep_queue: bool = False, attempt: str = ""
+    ) -> PendingCall | None:
+        return await self._done(self.sync._finish_call(key, token, keep_queue=keep_queue, attempt=attempt))
 
     async def dequeue(self, key: str, token: str | None = None) -> bool:
         return await self._done(self.sync._dequeue_call(key, token))

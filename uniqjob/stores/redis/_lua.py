@@ -17,17 +17,10 @@ scripts' too (``_semaphore_lua``): every script reads the time through ``clock()
 from __future__ import annotations
 
 __all__ = [
-    "ATTACH",
     "CHECKS",
     "CLAIM",
     "CLOCK",
     "CORRUPT",
-    "DEQUEUE",
-    "FINISH",
-    "PURGE",
-    "RECLAIM",
-    "RENEW",
-    "REQUEUE",
     "START",
     "corrupt_reply",
 ]
@@ -84,6 +77,7 @@ def corrupt_reply(exc: BaseException, count: int) -> tuple[int, str] | None:
 # scripts read them in this order (HMGET), and _replies.py unpacks them by these names.
 QUEUE_FIELDS = {
     "token": "t", "state": "s", "since": "a", "cls": "c", "cls_len": "n", "args": "p", "job_id": "j",
+    "call": "k", "p_token": "P", "p_args": "A", "p_job_id": "J", "p_call": "K", "due": "d",
 }  # fmt: skip
 RUN_FIELDS = {
     "token": "t", "host": "h", "node": "o", "pid": "i", "pstart": "b", "started": "a", "lease": "l",
@@ -96,7 +90,7 @@ SNAPSHOT = ("now", "queue", "queue_ttl", "run", "run_ttl")
 # then CLAIM's and START's run lock (after their mode / flags) or REQUEUE's attempt.
 QUEUE_ARGV = ("token", "ttl_ms", "cls", "cls_len", "args", "job_id")
 RUN_ARGV = ("host", "node", "pid", "pstart", "lease_ms", "attempt")
-CLAIM_ARGV = (*QUEUE_ARGV, "mode", *RUN_ARGV)
+CLAIM_ARGV = (*QUEUE_ARGV, "mode", *RUN_ARGV, "call", "coalesce", "wait_ms", "longest_ms")
 START_ARGV = (*QUEUE_ARGV, "flags", *RUN_ARGV)
 REQUEUE_ARGV = (*QUEUE_ARGV, "attempt")
 
@@ -131,7 +125,10 @@ end
 # letter, empty fields are left out, and a class name that the key already
 # starts with is kept as its length (the queue hash then fits a small listpack).
 #   queue lock: t token, s state ('q' queued / 'r' running), a since (µs),
-#               c class or n its length in the key, p arguments preview, j job id
+#               c class or n its length in the key, p arguments preview, j job id,
+#               k the call's arguments (JSON, policy keep_last); a pending call (keep_last):
+#               P its token, A its arguments preview, J its job id, K its arguments;
+#               d when its job is due (µs, debounce)
 #   run lock:   t token, h host, o node, i pid, b process start, a started (µs), l lease (ms),
 #               x attempt (tells two deliveries of one token apart), f fence, k who asked it to stop
 # Times are the server's TIME as whole microseconds, so no float ever rounds them.
@@ -248,6 +245,25 @@ local function refused(now, drop, rtok, q)
   if type(reply) == 'string' then count_drop(now, drop, rtok) end
   return reply
 end
+-- Write the queue lock's fields {name, value, ...}: the empty ones are deleted (never kept empty).
+local function put(fields)
+  local hset, hdel = {'HSET', KEYS[1]}, {'HDEL', KEYS[1]}
+  for i = 1, #fields, 2 do
+    if fields[i + 1] ~= '' then
+      hset[#hset + 1] = fields[i]; hset[#hset + 1] = fields[i + 1]
+    else
+      hdel[#hdel + 1] = fields[i]
+    end
+  end
+  if #hset > 2 then redis.call(unpack(hset)) end
+  if #hdel > 2 then redis.call(unpack(hdel)) end
+end
+-- A debounced lock's due time (µs text): wait ms from now, at most longest ms ('': none) after since.
+local function due(now, since, wait, longest)
+  local d = tonumber(now) + tonumber(wait) * 1000
+  if since and longest ~= '' then d = math.min(d, tonumber(since) + tonumber(longest) * 1000) end
+  return string.format('%.0f', d)
+end
 local function take_back(drop)
   if string.sub(drop, 1, 1) ~= '=' then return end
   local b = string.sub(drop, 2)
@@ -259,10 +275,14 @@ end
 
 # KEYS: queue lock, run lock, last fence, dropped duplicates.
 # ARGV: token, ttl_ms, cls, cls_len, args, job_id, mode ('q' or 'r', then a drop: see count_drop),
-#       host, node, pid, pstart, lease_ms, attempt
+#       host, node, pid, pstart, lease_ms, attempt (none with mode 'q'), call (the arguments
+#       as JSON), coalesce ('l' keep_last or 'p' replace), wait_ms, longest_ms (debounce: a
+#       lock taken or made latest is due in wait_ms, at most longest_ms after it was taken, ''
+#       none; these four are optional, and come right after mode with mode 'q')
 # Returns 1 when the queue lock is taken (mode 'q'), the fence when both are
-# (mode 'r'), else a snapshot of what is in the way. Idempotent for its token:
-# a retry (its reply lost) finds its own lock and succeeds again, with the
+# (mode 'r'), else a snapshot of what is in the way, after a letter if a live queue lock
+# of another token was coalesced: 'L' latest, 'P' pending, 'R' replaced (the lock is ours).
+# Idempotent for its token: a retry (its reply lost) finds its own lock and succeeds again, with the
 # fence it was given, as long as no other token took the run lock meanwhile.
 CLAIM = (
     _PRELUDE
@@ -273,6 +293,8 @@ local q = redis.pcall('HMGET', KEYS[1], """
     + """)  -- all a conflict reports
 if failed(q) then return unreadable(1, q, 'hash') end
 local mode, drop = string.sub(ARGV[7], 1, 1), string.sub(ARGV[7], 2)
+local call, co, wait, longest = '', '', '', ''  -- the optional last four: after mode 'q', or RUN_ARGV
+if #ARGV == 11 or #ARGV == 17 then call, co, wait, longest = unpack(ARGV, #ARGV - 3) end
 local run, floor
 if mode == 'r' then  -- read all first: a damaged record must stop the script before any write
   run = redis.pcall('HMGET', KEYS[2], 't', 'x', 'f')
@@ -287,13 +309,30 @@ if present(q) then
   elseif q[1] == ARGV[1] then
     mine = true  -- a retry whose first reply was lost
   else
-    return refused(now, drop, run and run[1], q)
+    local reply = refused(now, drop, run and run[1], q)
+    if type(reply) ~= 'string' or co == '' then return reply end
+    if q[2] == 'q' and co == 'l' then  -- the queued call runs with the latest arguments
+      local d = ''
+      if wait ~= '' then d = due(now, q[3], wait, longest) end
+      put({'p', ARGV[5], 'k', call, 'P', '', 'A', '', 'J', '', 'K', '', 'd', d})
+      return 'L' .. reply
+    elseif q[2] == 'q' then  -- replaced: the lock is ours, with our job
+      put({'t', ARGV[1], 'a', now, 'p', ARGV[5], 'j', ARGV[6], 'k', ''})
+      return 'R' .. reply
+    elseif co == 'l' then  -- waits behind the running call
+      put({'P', ARGV[1], 'A', ARGV[5], 'J', ARGV[6], 'K', call})
+      return 'P' .. reply
+    end
+    return reply
   end
 else
   q = false
 end
 if mode ~= 'r' then
-  if not mine then set_queue(ARGV[1], 'q', now) end
+  if not mine then
+    set_queue(ARGV[1], 'q', now)
+    if wait ~= '' then redis.call('HSET', KEYS[1], 'd', due(now, false, wait, '')) end
+  end
   take_back(drop)
   return 1
 end
@@ -321,11 +360,12 @@ return fence
 
 # KEYS: queue lock, run lock, last fence, dropped duplicates.
 # ARGV: token, ttl_ms, cls, cls_len, args, job_id, flags, host, node, pid, pstart, lease_ms, attempt
-# flags: 'a' (adopt) or '-', then the queue mode: 'r' (run), 'x' (release) or 'k' (keep), then
-# a drop: see count_drop.
+# flags: 'a' (adopt) or '-', then the queue mode: 'r' (run), 'x' (release), 'k' (keep) or 'o'
+# (own: as 'r', refused unless the queue lock is the token's and due), then a drop: see count_drop.
 # A run lock of the same token but another attempt is a second delivery: in the way.
 # Returns the fence when the run lock is taken (a re-take keeps the one it
-# holds), else a snapshot of what is in the way.
+# holds), or {fence, call} when the queue lock it holds records a call (k); else a
+# snapshot of what is in the way.
 START = (
     _PRELUDE
     + """
@@ -333,14 +373,20 @@ local now = clock()
 local run = redis.pcall('HMGET', KEYS[2], 't', 'x', 'a', 'f')
 if failed(run) then return unreadable(2, run, 'hash') end
 local mode = string.sub(ARGV[7], 2, 2)
-local qtok = false
+local qtok, call, due = false, false, false
 if mode ~= 'k' then
-  qtok = redis.pcall('HGET', KEYS[1], 't')
-  if failed(qtok) then return unreadable(1, qtok, 'hash') end
+  local q = redis.pcall('HMGET', KEYS[1], 't', 'k', 'd')
+  if failed(q) then return unreadable(1, q, 'hash') end
+  qtok, call, due = q[1], q[2], q[3]
 end
 local held = present(run)
 local drop = string.sub(ARGV[7], 3)
 if held and not own_run(run, ARGV[1], ARGV[13]) then return refused(now, drop, run[1]) end
+local mine = qtok and (qtok == ARGV[1] or string.sub(ARGV[7], 1, 1) == 'a')
+if mode == 'o' then  -- replaced, taken over, or not yet due (debounce): refused
+  if not mine or (due and tonumber(due) > tonumber(now)) then return refused(now, drop, run[1]) end
+  mode = 'r'
+end
 local fence = held and tonumber(run[4])
 if held and run[4] and not fence then return corrupt(2, 'field f (fence) is not a number') end
 take_back(drop)
@@ -353,7 +399,6 @@ else
   set_run(ARGV[1], held and run[3] or now, 8, text)
 end
 if mode == 'k' then return fence end
-local mine = qtok and (qtok == ARGV[1] or string.sub(ARGV[7], 1, 1) == 'a')
 if mode == 'x' then
   if mine then redis.call('DEL', KEYS[1]) end
 elseif not qtok then
@@ -361,131 +406,7 @@ elseif not qtok then
 elseif mine then
   redis.call('HSET', KEYS[1], 't', ARGV[1], 's', 'r')
 end
+if mine and call then return {fence, call} end
 return fence
 """
 )
-
-# KEYS[1]: queue lock. ARGV: token, job_id. Returns 1 if recorded, 0 if the lock is not ours.
-ATTACH = (
-    _CHECKS
-    + """
-local t = redis.pcall('HGET', KEYS[1], 't')
-if failed(t) then return unreadable(1, t, 'hash') end
-if t ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'j', ARGV[2])
-return 1
-"""
-)
-
-# KEYS: queue lock, run lock. ARGV: token, ttl_ms (0: none), cls, cls_len, args, job_id, attempt ('': any).
-# Drops the token's run lock and makes its queue lock queued again (created if missing).
-# Returns 1; or 0, changing no queue lock, if the key is another's, and changing
-# nothing if the run lock is the token's but another attempt's (a live delivery).
-REQUEUE = (
-    _PRELUDE
-    + """
-local now = clock()
-local run = redis.pcall('HMGET', KEYS[2], 't', 'x')
-if failed(run) then return unreadable(2, run, 'hash') end
-local q = redis.pcall('HMGET', KEYS[1], 't', 's')
-if failed(q) then return unreadable(1, q, 'hash') end
-if run[1] == ARGV[1] then
-  if other_attempt(run[2], ARGV[7]) then return 0 end
-  redis.call('DEL', KEYS[2])
-end
-if q[1] and q[1] ~= ARGV[1] then
-  if q[2] ~= 'r' or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-  redis.call('DEL', KEYS[1])  -- an orphan: its holder is gone
-  q[1] = false
-end
-if not q[1] then
-  if q[2] then redis.call('DEL', KEYS[1]) end  -- no token: nothing of it may linger in ours
-  set_queue(ARGV[1], 'q', now)
-  return 1
-end
-redis.call('HSET', KEYS[1], 's', 'q')
-if ARGV[2] ~= '0' then redis.call('PEXPIRE', KEYS[1], ARGV[2]) else redis.call('PERSIST', KEYS[1]) end
-return 1
-"""
-)
-
-# KEYS[1]: run lock. ARGV: token, lease_ms, attempt ('': any). Returns 1 if renewed, 0 if not ours
-# or if its holder was asked to stop (_overlap: the lease is left to lapse where it is).
-RENEW = (
-    _CHECKS
-    + """
-local run = redis.pcall('HMGET', KEYS[1], 't', 'x', 'k')
-if failed(run) then return unreadable(1, run, 'hash') end
-if run[1] ~= ARGV[1] or other_attempt(run[2], ARGV[3]) or run[3] then return 0 end
-redis.call('HSET', KEYS[1], 'l', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-)
-
-# KEYS: queue lock, run lock. ARGV: token, keep_queue ('1' or '0'), attempt ('': any).
-# Deletes each lock that is still the token's (the key's last fence stays).
-# Returns 1, or 0, deleting neither, if the run lock is the token's but another
-# attempt's: a live delivery, which holds the queue lock too.
-FINISH = (
-    _CHECKS
-    + """
-local run = redis.pcall('HMGET', KEYS[2], 't', 'x')
-if failed(run) then return unreadable(2, run, 'hash') end
-local mine = run[1] == ARGV[1]
-if mine and other_attempt(run[2], ARGV[3]) then return 0 end
-local queue = false
-if ARGV[2] == '0' then
-  local qtok = redis.pcall('HGET', KEYS[1], 't')
-  if failed(qtok) then return unreadable(1, qtok, 'hash') end
-  queue = qtok == ARGV[1]
-end
-if mine and queue then
-  redis.call('DEL', KEYS[1], KEYS[2])
-elseif mine then
-  redis.call('DEL', KEYS[2])
-elseif queue then
-  redis.call('DEL', KEYS[1])
-end
-return 1
-"""
-)
-
-# KEYS[1]: queue lock. ARGV: token or '' (any). Returns 1 if a queued lock was dropped.
-DEQUEUE = (
-    _CHECKS
-    + """
-local q = redis.pcall('HMGET', KEYS[1], 's', 't')
-if failed(q) then return unreadable(1, q, 'hash') end
-if q[1] ~= 'q' then return 0 end
-if ARGV[1] ~= '' and q[2] ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-return 1
-"""
-)
-
-# KEYS: queue lock, run lock. ARGV: queue token or '', run token or ''. Returns how many locks went.
-RECLAIM = (
-    _CHECKS
-    + """
-local qtok, rtok = false, false
-if ARGV[1] ~= '' then
-  qtok = redis.pcall('HGET', KEYS[1], 't')
-  if failed(qtok) then return unreadable(1, qtok, 'hash') end
-end
-if ARGV[2] ~= '' then
-  rtok = redis.pcall('HGET', KEYS[2], 't')
-  if failed(rtok) then return unreadable(2, rtok, 'hash') end
-end
-local gone = 0
-if ARGV[1] ~= '' and qtok == ARGV[1] then gone = gone + redis.call('DEL', KEYS[1]) end
-if ARGV[2] ~= '' and rtok == ARGV[2] then gone = gone + redis.call('DEL', KEYS[2]) end
-return gone
-"""
-)
-
-# KEYS: queue lock, run lock. ARGV: none. Deletes whatever they hold, of any type; the last fence
-# is kept, so fences stay increasing. Returns 1 (queue lock gone) + 2 (run lock gone).
-PURGE = """
-return redis.call('DEL', KEYS[1]) + 2 * redis.call('DEL', KEYS[2])
-"""

@@ -20,12 +20,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import BackendError, CorruptRecordError
-from ...locks import QUEUED, RUNNING, Holder, Parts, QueueMeta, QueueRecord, RunRecord
+from ...locks import QUEUED, RUNNING, Coalesced, Holder, Parts, PendingCall, QueueMeta, QueueRecord, RunRecord
 from ..semaphores import Outcome, ParkedInfo, Promotion, SemaphoreState, SlotInfo, Via, decode_holder
 from . import _lua as lua
 from ._wire import text
 
-__all__ = ["REPLIES", "Malformed", "parts"]
+__all__ = ["COALESCED", "REPLIES", "Malformed", "parts", "pending_call"]
 
 # -- the lock store's snapshots ---------------------------------------------------------
 
@@ -78,7 +78,7 @@ def _queue_record(key: str, fields: list[Any], ttl: int) -> QueueRecord:
         raise _Shape(f"fields are {fields!r:.60}, not the {_QUEUE_COUNT} the scripts read")
     # by name: the names and order of _lua.QUEUE_FIELDS (a test holds them to it); an unpack
     # is the quickest way to name a list's items
-    token, state, since, cls, cls_len, args, job_id = fields
+    token, state, since, cls, cls_len, args, job_id, call, p_token, p_args, p_job_id, p_call, due = fields
     if state not in ("q", "r"):
         shown = "missing" if state is False else repr(state)[:40]
         raise _Shape(f"field s (state) is {shown}, not 'q' or 'r'")
@@ -87,12 +87,24 @@ def _queue_record(key: str, fields: list[Any], ttl: int) -> QueueRecord:
         if length > len(key):
             raise _Shape(f"field n (class length) is {length}, longer than the key")
         cls = key[:length]
+    meta = QueueMeta(
+        _maybe(cls, "c (class)"),
+        _maybe(args, "p (arguments)"),
+        _maybe(job_id, "j (job id)"),
+        _maybe(call, "k (call)"),
+    )
+    pending = None
+    if p_token is not False:  # a call waiting behind this one (keep_last)
+        p_meta = QueueMeta("", _maybe(p_args, "A"), _maybe(p_job_id, "J"), _maybe(p_call, "K"))
+        pending = PendingCall(_word(p_token, "P (pending token)"), p_meta)
     return QueueRecord(
         _word(token, "t (token)"),
         RUNNING if state == "r" else QUEUED,
         _count(since, "a (since)") / 1_000_000,
-        QueueMeta(_maybe(cls, "c (class)"), _maybe(args, "p (arguments)"), _maybe(job_id, "j (job id)")),
+        meta,
         ttl / 1000 if ttl >= 0 else None,
+        pending,
+        None if due is False else _count(due, "d (due)") / 1_000_000,
     )
 
 
@@ -144,6 +156,18 @@ def parts(key: str, reply: str, names: list[str], store: str) -> Parts:
     except _Shape as exc:
         raise CorruptRecordError(names[index], str(exc), key=key, backend=store) from None
     return queue_lock, run_lock, clock
+
+
+#: CLAIM's reply letter before a snapshot: what it coalesced (LockState.coalesced).
+COALESCED: dict[str, Coalesced] = {"L": "latest", "P": "pending", "R": "replaced"}
+
+
+def pending_call(reply: Any) -> PendingCall | None:
+    """FINISH's reply: the pending call it queued ({token, args, job id, call}), else None."""
+    if type(reply) is not list:
+        return None
+    token, args, job_id, call = (text(part) for part in reply)
+    return PendingCall(token, QueueMeta("", args, job_id, call))  # its class is the key's
 
 
 # -- the semaphore store's arrays -------------------------------------------------------

@@ -27,16 +27,17 @@ import redis
 from redis.commands.core import Script
 
 from ...errors import BackendError, ConfigurationError, CorruptRecordError
-from ...locks import Holder, LockState, QueueMeta, RunClaim
+from ...locks import Holder, LockState, PendingCall, QueueMeta, RunClaim
 from .._drops import WINDOW, minute
-from ..base import Backend, Overlap, OverlapMode, QueueMode
+from ..base import Backend, Coalesce, Debounce, Overlap, OverlapMode, QueueMode
 from ..semaphores import SemaphoreStore
 from . import _listing, _overlap
 from . import _lua as lua
-from ._acks import Acks, check_wait
+from . import _lua_settle as settle
+from ._acks import Acks, check_wait, claimed, if_one, started
 from ._client import backend_error, key_of, names, where
 from ._clients import client_for, redis_client_from_url
-from ._replies import parts
+from ._replies import COALESCED, parts, pending_call
 from ._semaphores import RedisSemaphores
 from ._url import check_store_options, parse
 from ._wire import Wire, text
@@ -48,7 +49,8 @@ __all__ = ["RedisBackend", "from_url"]
 
 T = TypeVar("T")
 
-_QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k"}
+_QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k", "own": "o"}
+_COALESCE = {"keep_last": "l", "replace": "p"}  # CLAIM's coalesce argument
 _QUIET = "Q"  # the mark of a snapshot that need not be read: see _lua's snapshot()
 _PARTS = ("q", "r", "f")  # queue lock, run lock, last fence
 _TALLIED = (*_PARTS, "d")  # and the dropped duplicates
@@ -120,14 +122,14 @@ class RedisBackend(Backend):
             self._wire = Wire(client)
             self._claim = self._script(lua.CLAIM)
             self._start = self._script(lua.START)
-            self._renew = self._script(lua.RENEW)
-            self._attach = self._script(lua.ATTACH)
-            self._requeue = self._script(lua.REQUEUE)
-            self._finish = self._script(lua.FINISH)
-            self._dequeue = self._script(lua.DEQUEUE)
-            self._reclaim = self._script(lua.RECLAIM)
+            self._renew = self._script(settle.RENEW)
+            self._attach = self._script(settle.ATTACH)
+            self._requeue = self._script(settle.REQUEUE)
+            self._finish = self._script(settle.FINISH)
+            self._dequeue = self._script(settle.DEQUEUE)
+            self._reclaim = self._script(settle.RECLAIM)
             self._read = self._script(_overlap.READ)
-            self._purge = self._script(lua.PURGE)
+            self._purge = self._script(settle.PURGE)
             self._overlap = self._script(_overlap.OVERLAP)
             self._acks = Acks(self._wire, replicas, self.replica_timeout) if replicas else None
         except Exception as exc:
@@ -249,12 +251,18 @@ class RedisBackend(Backend):
             raise self._failure(exc, items[:numkeys]) from exc
 
     def _granted(self, key: str, run: RunClaim | None, reply: Any) -> LockState | None:
-        """A CLAIM or START reply: None when taken (an integer: 1, or the run lock's fence), else the state"""
+        """A CLAIM or START reply: None when taken (1, the fence, or {fence, call}), else the state"""
         if type(reply) is int:
             if run is not None:
                 run.fence = reply
             return None
-        return self._state(key, reply)
+        if type(reply) is list and run is not None:
+            run.fence, run.call = int(reply[0]), text(reply[1])
+            return None
+        coalesced = COALESCED.get(reply[:1], "")
+        state = self._state(key, reply[1:] if coalesced else reply)
+        state.coalesced = coalesced
+        return state
 
     def _claim_call(
         self,
@@ -266,14 +274,20 @@ class RedisBackend(Backend):
         run: RunClaim | None = None,
         count: bool = False,
         counted: float | None = None,
+        coalesce: Coalesce = "",
+        debounce: Debounce | None = None,
     ) -> Call[LockState | None]:
         flag = ("q" if run is None else "r") + _drop(count, counted)
         items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
+        if meta.call or coalesce or debounce:  # CLAIM_ARGV's tail (none on the usual path)
+            wait, longest = debounce or (0.0, None)
+            items += [meta.call, _COALESCE.get(coalesce, ""),
+                      str(_ms(wait)) if debounce else "", str(_ms(longest)) if longest else ""]  # fmt: skip
         decode = partial(self._granted, key, run)
         if self._acks is None:  # no replicas to acknowledge it: no grant text, nothing to undo
             return Call(self._claim, 4, items, decode)
         undo = partial(self._reclaim_call, key, token, token if run is not None else None)
-        return Call(self._claim, 4, items, decode, partial(_claimed, key, run is not None), undo)
+        return Call(self._claim, 4, items, decode, partial(claimed, key, run is not None), undo)
 
     def _start_call(
         self,
@@ -296,7 +310,7 @@ class RedisBackend(Backend):
         # Undone: the run lock of this token and attempt; the queue lock is left as a failed
         # start leaves it (an orphan once the run lock is gone, reclaimed by the next claim).
         undo = partial(self._finish_call, key, token, keep_queue=True, attempt=run.attempt)
-        return Call(self._start, 4, items, decode, partial(_started, key), undo)
+        return Call(self._start, 4, items, decode, partial(started, key), undo)
 
     def _attach_call(self, key: str, token: str, job_id: str) -> Call[bool]:
         return Call(self._attach, 1, [self._keys(key)[0], token, job_id], bool)
@@ -311,14 +325,14 @@ class RedisBackend(Backend):
     def _renew_call(self, key: str, token: str, lease: float, attempt: str = "") -> Call[bool]:
         # A renewal extends a held lease: nothing to undo, but one the replicas did not see must not
         # count as confirmed, or the holder would trust a lease a promoted replica ends sooner.
-        what = partial(_if_one, f"the lease of the run lock of {key!r}, extended")
+        what = partial(if_one, f"the lease of the run lock of {key!r}, extended")
         return Call(self._renew, 1, [self._keys(key)[1], token, str(_ms(lease)), attempt], bool, what)
 
     def _finish_call(
         self, key: str, token: str, *, keep_queue: bool = False, attempt: str = ""
-    ) -> Call[bool]:
+    ) -> Call[PendingCall | None]:
         items = [*self._keys(key)[:2], token, "1" if keep_queue else "0", attempt]
-        return Call(self._finish, 2, items, bool)
+        return Call(self._finish, 2, items, pending_call)
 
     def _dequeue_call(self, key: str, token: str | None = None) -> Call[bool]:
         return Call(self._dequeue, 1, [self._keys(key)[0], token or ""], bool)
@@ -353,8 +367,11 @@ class RedisBackend(Backend):
         run: RunClaim | None = None,
         count: bool = False,
         counted: float | None = None,
+        coalesce: Coalesce = "",
+        debounce: Debounce | None = None,
     ) -> LockState | None:
-        call = self._claim_call(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted)
+        call = self._claim_call(key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted,
+                                coalesce=coalesce, debounce=debounce)  # fmt: skip
         return self._done(call)
 
     def start(
@@ -385,8 +402,10 @@ class RedisBackend(Backend):
     def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
         return self._done(self._renew_call(key, token, lease, attempt))
 
-    def finish(self, key: str, token: str, *, keep_queue: bool = False, attempt: str = "") -> None:
-        self._done(self._finish_call(key, token, keep_queue=keep_queue, attempt=attempt))
+    def finish(
+        self, key: str, token: str, *, keep_queue: bool = False, attempt: str = ""
+    ) -> PendingCall | None:
+        return self._done(self._finish_call(key, token, keep_queue=keep_queue, attempt=attempt))
 
     def dequeue(self, key: str, token: str | None = None) -> bool:
         return self._done(self._dequeue_call(key, token))
@@ -452,22 +471,6 @@ class RedisBackend(Backend):
             self.client.close()
         except Exception as exc:
             raise self._fail(exc) from exc
-
-
-def _claimed(key: str, run: bool, reply: Any) -> str:
-    """What a CLAIM ``reply`` granted of ``key`` (an integer: granted), else "" (a conflict's snapshot)."""
-    if type(reply) is not int:
-        return ""
-    return f"the {'queue and run locks' if run else 'queue lock'} of {key!r}, granted"
-
-
-def _started(key: str, reply: Any) -> str:
-    """What a START ``reply`` granted of ``key`` (an integer: granted), else "" (a conflict's snapshot)."""
-    return f"the run lock of {key!r}, granted" if type(reply) is int else ""
-
-
-def _if_one(what: str, reply: Any) -> str:
-    return what if reply == 1 else ""
 
 
 def _drop(count: bool, counted: float | None) -> str:
