@@ -119,6 +119,7 @@ def test_arq_beside_celery_is_installed_as_the_docs_say() -> None:
         ("uniqjob.integrations.rq", "rq", "rq"),
         ("uniqjob.integrations.celery", "celery", "celery"),
         ("uniqjob.integrations.arq", "arq", "arq"),
+        ("uniqjob.integrations.dramatiq", "dramatiq", "dramatiq"),
         ("uniqjob.dashboard", "jinja2", "dashboard"),
         ("uniqjob.dashboard", "starlette", "dashboard"),
     ],

@@ -43,7 +43,8 @@ try:
     from dramatiq.middleware import MiddlewareError
 except ModuleNotFoundError as exc:  # the optional extra
     raise ModuleNotFoundError(
-        f"uniqjob.integrations.dramatiq needs dramatiq ({exc.name} is missing): pip install 'uniqjob[dramatiq]'",
+        f"uniqjob.integrations.dramatiq needs dramatiq ({exc.name} is missing):"
+        " pip install 'uniqjob[dramatiq]'",
         name=exc.name,
     ) from exc
 
@@ -192,12 +193,17 @@ class _Delivery:
 _current: ContextVar[_Delivery | None] = ContextVar("uniqjob_dramatiq_delivery", default=None)
 
 
+def _same(delivery: _Delivery, message: Any) -> bool:
+    """True if ``message`` is the delivery's (or a copy of it: its retry)."""
+    return bool(delivery.message.message_id == message.message_id)
+
+
 class UniqueMiddleware(Middleware):
     """Makes actors declared with ``unique=True`` unique: ``broker.add_middleware(UniqueMiddleware())``."""
 
     @property
     def actor_options(self) -> Any:  # (a set, where Dramatiq's base says so: see _Options)
-        """``unique``, and every ``unique_*`` or ``concurrency_*`` name (a wrong one is named when declared)."""
+        """``unique``, and any ``unique_*`` or ``concurrency_*`` name (a wrong one is named when declared)."""
         return _Options()
 
     def before_declare_actor(self, broker: Broker, actor: Actor[Any, Any]) -> None:
@@ -221,14 +227,15 @@ class UniqueMiddleware(Middleware):
     def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
         """The message being processed is sent again (a retry): keep its lock, queued, until it is due."""
         delivery = _current.get()
-        if delivery is None or delivery.lock is None or delivery.message.message_id != message.message_id:
+        if delivery is None or delivery.lock is None or not _same(delivery, message):
             return
         if delivery.state == "kept" and delay:
             settle(delivery.lock, delay / 1000)  # queued since the function raised: now for its delay too
 
     def after_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
+        """The retry is sent: it holds the lock from here on."""
         delivery = _current.get()
-        if delivery is not None and delivery.state == "kept" and delivery.message.message_id == message.message_id:
+        if delivery is not None and delivery.state == "kept" and _same(delivery, message):
             delivery.state = "retried"
 
     def after_ack(self, broker: Broker, message: Any) -> None:
@@ -241,7 +248,7 @@ class UniqueMiddleware(Middleware):
 
     def _end(self, broker: Broker, message: Any) -> None:
         delivery = _current.get()
-        if delivery is not None and delivery.message.message_id == message.message_id:
+        if delivery is not None and _same(delivery, message):
             _current.set(None)
             if delivery.lock is not None:
                 if delivery.state in ("running", "kept"):  # no retry came: done for good
