@@ -46,7 +46,15 @@ def export(n: int) -> int:
     return n
 
 
-@dramatiq.actor(broker=broker, queue_name=QUEUE, unique=True, max_retries=1, min_backoff=100, max_backoff=200)
+@dramatiq.actor(
+    broker=broker,
+    queue_name=QUEUE,
+    unique=True,
+    unique_lock_autoexpire=600,
+    max_retries=1,
+    min_backoff=100,
+    max_backoff=200,
+)
 def flaky(n: int) -> None:
     seen.append(("flaky", n))
     _wait(f"flaky-{n}-{len(seen)}")
@@ -61,7 +69,14 @@ def later(n: int) -> None:
     _wait(f"later-{n}-{len(seen)}")
 
 
-@dramatiq.actor(broker=broker, queue_name=QUEUE, unique=True, concurrency_limit=1, max_retries=0)
+@dramatiq.actor(
+    broker=broker,
+    queue_name=QUEUE,
+    unique=True,
+    unique_lock_autoexpire=600,
+    concurrency_limit=1,
+    max_retries=0,
+)
 def single(n: int) -> None:
     seen.append(("single", n))
     _wait(f"single-{n}")
