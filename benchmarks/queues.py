@@ -23,9 +23,9 @@ work is the same for unique jobs as for plain ones.
 The targets (issue 22): round trips of a unique fresh enqueue = plain + 1 (the
 lock store's one), a duplicate = 1 (and nothing on the queue's server), a
 worker's job start and finish = 1 each; a unique enqueue within 1.25x (RQ) /
-1.3x (Celery, arq) / 2.1x (Dramatiq, whose plain send is one round trip) of plain; a duplicate within 1.5x a redis-py PING; a
-SimpleWorker burst of 1,000 unique jobs within 10 % of the plain jobs' rate
-(median of 5 pairs).
+1.3x (Celery, arq) / 2.1x (Dramatiq, whose plain send is one round trip) of plain; a
+duplicate within 1.5x a redis-py PING; a SimpleWorker burst of 1,000 unique jobs within
+10 % of the plain jobs' rate (median of 5 pairs).
 """
 
 from __future__ import annotations
