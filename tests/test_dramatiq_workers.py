@@ -19,7 +19,7 @@ import pytest
 import redis
 
 import uniqjob
-from tests.integration_workers import URL_VAR, Workers, count, open_gate, wait_until, worker_pool
+from tests.integration_workers import NODE_VAR, URL_VAR, Workers, count, open_gate, wait_until, worker_pool
 from tests.redis_server import RedisServer
 from uniqjob import Parked
 from uniqjob.integrations.dramatiq import job_of
@@ -85,6 +85,21 @@ def test_a_duplicate_is_dropped_while_queued_and_running_and_a_killed_worker_s_l
     open_gate(redis_client, "a")
     wait_until(lambda: count(redis_client, "done", "a") == 1, "the new message to run")
     wait_until(lambda: not job_of(gate).is_locked("a"), "its lock to go")
+
+
+@pytest.mark.slow
+def test_a_killed_worker_elsewhere_is_reclaimed_within_one_lease(
+    app: ModuleType, workers: Workers, redis_client: redis.Redis
+) -> None:
+    gate = app.gate
+    start_worker(workers, "remote", **{NODE_VAR: "another-machine"})
+    gate.send("r")
+    wait_until(lambda: count(redis_client, "started", "r") == 1, "the actor to start")
+    workers.kill("remote")
+    assert gate.send("r") is None  # another machine's pid cannot be checked: wait for the lease
+    lease = job_of(gate).unique_run_lease
+    waited = wait_until(lambda: gate.send("r") is not None, "the lease to lapse", timeout=10)
+    assert waited <= lease + 1.0
 
 
 @pytest.mark.slow
@@ -155,7 +170,7 @@ def _rabbitmq_reachable() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not _rabbitmq_reachable(), reason="no RabbitMQ at 127.0.0.1:5672 (guest/guest)")
-def test_on_rabbitmq_a_duplicate_is_dropped_and_a_retry_keeps_the_lock(
+def test_on_rabbitmq_duplicates_a_killed_worker_s_message_and_a_retry_keep_the_lock(
     app: ModuleType, workers: Workers, redis_client: redis.Redis
 ) -> None:
     workers.env["UNIQJOB_TEST_AMQP_URL"] = os.environ["UNIQJOB_TEST_AMQP_URL"] = AMQP_URL
@@ -167,8 +182,13 @@ def test_on_rabbitmq_a_duplicate_is_dropped_and_a_retry_keeps_the_lock(
         start_worker(workers, module="tests.dramatiq_rabbit")
         wait_until(lambda: count(redis_client, "started", "q") == 1, "the actor to start")
         assert rabbit.gate.send("q") is None
+        workers.kill("dramatiq")  # mid-run: RabbitMQ delivers the message again, to the next worker
+        start_worker(workers, "again", module="tests.dramatiq_rabbit")
+        wait_until(lambda: count(redis_client, "started", "q") == 2, "the message to run again")
+        assert rabbit.gate.send("q") is None  # its own lock re-taken: still unique
         open_gate(redis_client, "q")
         wait_until(lambda: not job_of(rabbit.gate).is_locked("q"), "its lock to go")
+        assert count(redis_client, "done", "q") == 1
 
         rabbit.flaky.send("rf", 1)
         wait_until(lambda: count(redis_client, "started", "rf") == 1, "attempt 1")

@@ -58,7 +58,7 @@ from ..joblock import JobLock
 from ..stores._log import get_logger
 from . import HEADER, Ticket, perform, settle
 
-__all__ = ["AGAIN", "ActorConfigurationError", "DramatiqQueue", "UniqueMiddleware", "job_of"]
+__all__ = ["AGAIN", "ActorConfigurationError", "ActorJob", "DramatiqQueue", "UniqueMiddleware", "job_of"]
 
 log = get_logger(__name__)
 
