@@ -55,12 +55,9 @@ from ..errors import ConfigurationError
 from ..functions import _CALLABLES
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
-from ..stores._log import get_logger
 from . import HEADER, Ticket, perform, settle
 
 __all__ = ["AGAIN", "ActorConfigurationError", "ActorJob", "DramatiqQueue", "UniqueMiddleware", "job_of"]
-
-log = get_logger(__name__)
 
 #: The message option of a rescheduled call's next try (policy "reschedule"): enqueue it again.
 AGAIN = "uniqjob_again"
