@@ -9,6 +9,7 @@ in tests/test_dramatiq_workers.py.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import dramatiq
 import pytest
 from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware import AsyncIO
 
 import uniqjob
 from tests.integration_workers import wait_until
@@ -27,6 +29,7 @@ from uniqjob.stores.memory import MemoryBackend
 
 QUEUE = "uniqjob-stub"
 broker = StubBroker()
+broker.add_middleware(AsyncIO())  # for async actors
 broker.add_middleware(UniqueMiddleware())
 
 #: What the actors saw, and the events that let them end.
@@ -80,6 +83,12 @@ def later(n: int) -> None:
 def single(n: int) -> None:
     seen.append(("single", n))
     _wait(f"single-{n}")
+
+
+@dramatiq.actor(broker=broker, queue_name=QUEUE, unique=True, unique_lock_autoexpire=600)
+async def fetch(n: int) -> None:
+    await asyncio.sleep(0)
+    seen.append(("fetch", n, await job_of(fetch).ais_locked(n)))
 
 
 @dramatiq.actor(broker=broker, queue_name=QUEUE)
@@ -226,6 +235,16 @@ def test_block_parks_over_the_limit_and_sends_in_turn(worker: Workers) -> None:
     assert seen == [("single", 1), ("single", 2)]
     open_gate("single-2")
     worker.join()
+
+
+def test_an_async_actor_runs_under_its_lock(worker: Workers) -> None:
+    assert job_of(fetch).lock_key(1) == job_of(fetch).lock_key(n=1)  # keyed by its signature
+    fetch.send(1)
+    assert fetch.send(1) is None
+    worker.start()
+    worker.join()
+    assert seen == [("fetch", 1, True)]
+    assert not job_of(fetch).is_locked(1)
 
 
 def test_settings_for_one_message() -> None:
