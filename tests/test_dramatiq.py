@@ -18,11 +18,13 @@ import dramatiq
 import pytest
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import AsyncIO
+from dramatiq.results import Results
+from dramatiq.results.backends import StubBackend
 
 import uniqjob
 from tests.integration_workers import wait_until
 from uniqjob import ConfigurationError, JobNotUnique, Parked
-from uniqjob.integrations.dramatiq import UniqueMiddleware, job_of
+from uniqjob.integrations.dramatiq import DramatiqQueue, UniqueMiddleware, job_of
 from uniqjob.locks import LockState
 from uniqjob.ops import duplicates
 from uniqjob.stores.memory import MemoryBackend
@@ -245,6 +247,30 @@ def test_an_async_actor_runs_under_its_lock(worker: Workers) -> None:
     worker.join()
     assert seen == [("fetch", 1, True)]
     assert not job_of(fetch).is_locked(1)
+
+
+def test_the_queue_s_handle_of_a_message_reads_its_result() -> None:
+    """What policy "use_existing" gives a duplicate: the holder's message, to wait for its result."""
+    results = StubBackend()
+    own = StubBroker()
+    own.add_middleware(Results(backend=results))  # type: ignore[no-untyped-call]
+    own.add_middleware(UniqueMiddleware())
+
+    @dramatiq.actor(broker=own, unique=True, unique_lock_autoexpire=600, store_results=True)
+    def double(n: int) -> int:
+        return 2 * n
+
+    sent = double.send(21)
+    queue = job_of(double).unique_queue
+    assert isinstance(queue, DramatiqQueue)
+    handle = queue.handle(state(double, 21).queue.meta.job_id)  # type: ignore[union-attr]
+    running = dramatiq.Worker(own, worker_timeout=20)
+    running.start()
+    try:
+        assert handle.message_id == sent.message_id
+        assert handle.get_result(backend=results, block=True, timeout=10_000) == 42
+    finally:
+        running.stop()
 
 
 def test_settings_for_one_message() -> None:

@@ -154,6 +154,12 @@ class DramatiqQueue(Queue):
         message = message.copy(message_id=lock.meta.job_id or message.message_id, options=ticket)
         return self.actor.broker.enqueue(message, delay=delay)
 
+    def handle(self, job_id: str) -> Message[Any]:
+        """The actor's message ``job_id``, as a Message whose ``get_result()`` reads its result
+        (with the ``Results`` middleware), made without a round trip (policy "use_existing")."""
+        actor = self.actor
+        return Message(actor.queue_name, actor.actor_name, (), {}, {}, message_id=job_id)
+
     def push_later(
         self, job_cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any], delay: float
     ) -> Message[Any]:
