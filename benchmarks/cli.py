@@ -242,7 +242,7 @@ def _run_sections(
     if "queues" in args.sections:
         from benchmarks import queues
 
-        progress(f"queues: RQ, Celery, arq enqueues, {args.iterations} samples each; RQ workers")
+        progress(f"queues: RQ, Celery, arq, Dramatiq enqueues, {args.iterations} samples each; RQ workers")
         queues.run_section(report, url, args.iterations, args.warmup)
     if "apscheduler" in args.sections:
         from benchmarks import apscheduler_bench

@@ -123,6 +123,7 @@ def test_arq_beside_celery_is_installed_as_the_docs_say() -> None:
         ("uniqjob.integrations.huey", "huey", "huey"),
         ("uniqjob.integrations.django", "django", "django"),
         ("uniqjob.integrations.django", "django_tasks", "django"),  # Django < 6 without the backport
+        ("uniqjob.integrations.dramatiq", "dramatiq", "dramatiq"),
         ("uniqjob.dashboard", "jinja2", "dashboard"),
         ("uniqjob.dashboard", "starlette", "dashboard"),
     ],
