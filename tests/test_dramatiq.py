@@ -257,8 +257,9 @@ def test_use_existing_gives_a_duplicate_the_holder_s_message_whose_result_it_rea
     own.add_middleware(UniqueMiddleware())
 
     @dramatiq.actor(
-        broker=own, unique=True, unique_lock_autoexpire=600, unique_on_conflict="use_existing", store_results=True
-    )
+        broker=own, unique=True, unique_lock_autoexpire=600, unique_on_conflict="use_existing",
+        store_results=True,
+    )  # fmt: skip
     def double(n: int) -> int:
         return 2 * n
 
