@@ -40,17 +40,9 @@ class MachineStore(SemaphoreStore):
     ) -> Outcome:
         with self._machine(key) as m:
             return m.acquire(
-                token,
-                limit=limit,
-                lease=lease,
-                running=running,
-                holder=encode_holder(holder),
-                park=park,
-                job_class=job_class,
-                args=args,
-                caller=encode_holder(caller),
-                handoff=handoff,
-            )
+                token, limit=limit, lease=lease, running=running, holder=encode_holder(holder), park=park,
+                job_class=job_class, args=args, caller=encode_holder(caller), handoff=handoff,
+            )  # fmt: skip
 
     def start(
         self,
@@ -65,13 +57,9 @@ class MachineStore(SemaphoreStore):
     ) -> Outcome:
         with self._machine(key) as m:
             return m.start(
-                token,
-                holder=encode_holder(holder),
-                lease=lease,
-                takeover=encode_holder(takeover),
-                caller=encode_holder(caller),
-                handoff=handoff,
-            )
+                token, holder=encode_holder(holder), lease=lease, takeover=encode_holder(takeover),
+                caller=encode_holder(caller), handoff=handoff,
+            )  # fmt: skip
 
     def renew(
         self, key: str, token: str, lease: float, *, caller: Holder, handoff: float = HANDOFF

@@ -21,7 +21,7 @@ the store's ``acquire``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 from ..errors import CorruptRecordError
 from ..locks import Holder
@@ -31,10 +31,14 @@ from .semaphores import HANDOFF, Outcome, Park, SemaphoreState, SemaphoreStore
 __all__ = ["AsyncSemaphores", "DirectSemaphores"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class AsyncSemaphores:
-    """Awaits the primitives of ``sync``, each in a worker thread (a store whose primitives may wait)."""
+    """Awaits the primitives of ``sync``, each in a worker thread (a store whose primitives may wait).
+
+    Each is :class:`~uniqjob.stores.semaphores.SemaphoreStore`'s of the same name, awaited.
+    """
 
     def __init__(self, sync: SemaphoreStore) -> None:
         #: The sync store this one acts on: the same slots and parked calls.
@@ -48,7 +52,7 @@ class AsyncSemaphores:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.sync!r})"
 
-    async def run(self, primitive: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def run(self, primitive: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Await ``primitive`` (a bound method of ``sync``) with these arguments: here, in a thread."""
         return await in_thread(primitive, *args, **kwargs)  # type: ignore[no-any-return]
 
@@ -67,21 +71,9 @@ class AsyncSemaphores:
         caller: Holder,
         handoff: float = HANDOFF,
     ) -> Outcome:
-        """:meth:`SemaphoreStore.acquire`, awaited."""
-        return await self.run(
-            self.sync.acquire,
-            key,
-            token,
-            limit=limit,
-            lease=lease,
-            running=running,
-            holder=holder,
-            park=park,
-            job_class=job_class,
-            args=args,
-            caller=caller,
-            handoff=handoff,
-        )
+        return await self.run(self.sync.acquire, key, token, limit=limit, lease=lease, running=running,
+                              holder=holder, park=park, job_class=job_class, args=args, caller=caller,
+                              handoff=handoff)  # fmt: skip
 
     async def start(
         self,
@@ -94,73 +86,54 @@ class AsyncSemaphores:
         caller: Holder,
         handoff: float = HANDOFF,
     ) -> Outcome:
-        """:meth:`SemaphoreStore.start`, awaited."""
-        return await self.run(
-            self.sync.start,
-            key,
-            token,
-            holder=holder,
-            lease=lease,
-            takeover=takeover,
-            caller=caller,
-            handoff=handoff,
-        )
+        return await self.run(self.sync.start, key, token, holder=holder, lease=lease, takeover=takeover,
+                              caller=caller, handoff=handoff)  # fmt: skip
 
     async def renew(
         self, key: str, token: str, lease: float, *, caller: Holder, handoff: float = HANDOFF
     ) -> Outcome:
-        """:meth:`SemaphoreStore.renew`, awaited."""
         return await self.run(self.sync.renew, key, token, lease, caller=caller, handoff=handoff)
 
     async def release(self, key: str, token: str, *, caller: Holder, handoff: float = HANDOFF) -> Outcome:
-        """:meth:`SemaphoreStore.release`, awaited."""
         return await self.run(self.sync.release, key, token, caller=caller, handoff=handoff)
 
     async def requeue(
         self, key: str, token: str, lease: float, *, holder: Holder, caller: Holder, handoff: float = HANDOFF
     ) -> Outcome:
-        """:meth:`SemaphoreStore.requeue`, awaited."""
         return await self.run(
             self.sync.requeue, key, token, lease, holder=holder, caller=caller, handoff=handoff
         )
 
     async def handed(self, key: str, token: str, promoter: Holder) -> bool:
-        """:meth:`SemaphoreStore.handed`, awaited."""
         return await self.run(self.sync.handed, key, token, promoter)
 
     async def withdraw(self, key: str, token: str) -> Outcome:
-        """:meth:`SemaphoreStore.withdraw`, awaited."""
         return await self.run(self.sync.withdraw, key, token)
 
     async def reap(
         self, key: str, dead: Sequence[tuple[str, Holder]], *, caller: Holder, handoff: float = HANDOFF
     ) -> Outcome:
-        """:meth:`SemaphoreStore.reap`, awaited."""
         return await self.run(self.sync.reap, key, dead, caller=caller, handoff=handoff)
 
     async def discard_parked(self, key: str) -> list[tuple[str, str]]:
-        """:meth:`SemaphoreStore.discard_parked`, awaited."""
         return await self.run(self.sync.discard_parked, key)
 
     async def drop(
         self, key: str, tokens: Sequence[str], *, caller: Holder, handoff: float = HANDOFF
     ) -> Outcome:
-        """:meth:`SemaphoreStore.drop`, awaited."""
         return await self.run(self.sync.drop, key, tokens, caller=caller, handoff=handoff)
 
     async def read(self, key: str, *, head: int = 5) -> SemaphoreState:
-        """:meth:`SemaphoreStore.read`, awaited."""
         return await self.run(self.sync.read, key, head=head)
 
     async def read_many(
         self, keys: Sequence[str], *, head: int = 5
     ) -> list[SemaphoreState | CorruptRecordError]:
-        """:meth:`SemaphoreStore.read_many`, awaited."""
         return await self.run(self.sync.read_many, keys, head=head)
 
 
 class DirectSemaphores(AsyncSemaphores):
     """A store whose primitives never wait (memory): called in the event loop itself."""
 
-    async def run(self, primitive: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def run(self, primitive: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return primitive(*args, **kwargs)

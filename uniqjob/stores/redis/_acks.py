@@ -22,11 +22,7 @@ with its lease), and reaps and drops, whose promotions, like every queue
 promotion, are held by their promoter until handed and then started, and the
 start waits.
 
-Why ``WAIT`` and not ``WAITAOF``: a failover promotes a replica, and what it
-must hold is the grant in memory, which is what ``WAIT`` confirms; ``WAITAOF``
-confirms a write to the append-only file (Redis 7.2 and later, and only where
-``appendonly`` is on), which protects against a restart, not a failover, and
-adds an fsync to every grant.
+Why ``WAIT`` and not ``WAITAOF``: docs/redis.md.
 
 :meth:`Acks.confirm` applies the rules with plain calls (the sync stores);
 the asyncio face (``_async.RedisAsync``) awaits the same two steps, the count

@@ -47,7 +47,7 @@ class RedisAsyncSemaphores(AsyncSemaphores):
                 call.script, len(_PARTS), [*store._keys(call.key), *call.argv]
             )
         except Exception as exc:
-            raise (await asyncio.to_thread(store._script_error, call.key, exc)) from exc
+            raise (await asyncio.to_thread(store._explain, call.key, exc)) from exc
         return store.decoded(call, reply)
 
     async def acquire(

@@ -135,7 +135,10 @@ class RedisSemaphores(SemaphoreStore):
         return CorruptRecordError(self._keys(key)[part], reason, key=key, backend=self.name)
 
     def _explain(self, key: str, exc: Exception) -> BackendError:
-        """A script's error: a corrupt record by name if a record caused it, else a BackendError."""
+        """What a caller sees for a script that raised ``exc``: an error reply of redis-py's or
+        valkey-py's that a record caused is a CorruptRecordError naming it; anything else a BackendError."""
+        if not is_response_error(exc):
+            return self._failed(exc)
         found = corrupt_reply(exc, len(_PARTS))  # halt() in _lua.CHECKS
         if found is not None:
             return self._corrupt(key, *found)
@@ -163,12 +166,7 @@ class RedisSemaphores(SemaphoreStore):
         try:
             return self._wire.call(script, len(_PARTS), [*self._keys(key), *args])
         except Exception as exc:
-            raise self._script_error(key, exc) from exc
-
-    def _script_error(self, key: str, exc: Exception) -> BackendError:
-        """What a caller sees for a script that raised ``exc``: an error reply of redis-py's or
-        valkey-py's may name a record (:meth:`_explain`); anything else is a BackendError."""
-        return self._explain(key, exc) if is_response_error(exc) else self._failed(exc)
+            raise self._explain(key, exc) from exc
 
     def _granting(self, call: SemCall[Any]) -> Any:
         """Run ``call`` (its reply ``[status, promotions, ...]``); with ``replicas``, acknowledged.
@@ -189,7 +187,7 @@ class RedisSemaphores(SemaphoreStore):
                 call.script, len(_PARTS), [*self._keys(key), *call.argv], acks.wait
             )
         except Exception as exc:
-            raise self._script_error(key, exc) from exc
+            raise self._explain(key, exc) from exc
         named: Any = call.shape._make(reply)  # type: ignore[attr-defined]
         mine = text(named.status) in call.own
         promoted = len(named.promotions)
