@@ -13,8 +13,10 @@ from benchmarks.sampling import Paired, interleaved
 from benchmarks.workload import Workload, job_class
 from uniqjob.stores.redis import RedisBackend
 
-__all__ = ["ACKED", "LABELS", "LAYERS", "load_locks", "run_replicas", "run_scale"]
+__all__ = ["ACKED", "LABELS", "LAYERS", "SCALED", "load_locks", "run_replicas", "run_scale"]
 
+#: The operations the scale section times with many locks held and with none.
+SCALED = ("joblock.fresh", "job.fresh", "joblock.duplicate", "job.duplicate")
 LABELS = {
     "joblock.fresh": "fresh enqueue · JobLock.acquire",
     "job.fresh": "fresh enqueue · UniqueJob.enqueue",
@@ -141,7 +143,7 @@ def run_scale(
     )
     report.targets.append(Target("scale.memory", "Redis memory per held (queued) lock", per_lock, 256, "B"))
 
-    names = ("joblock.fresh", "job.fresh", "joblock.duplicate", "job.duplicate")
+    names = SCALED
     full = Workload(backend, first_id=3 * 10**9).ops()
     bare = Workload(RedisBackend(empty, namespace="scale"), first_id=3 * 10**9).ops()
     series = [(empty.ping, bare[n]) for n in names] + [(loaded.ping, full[n]) for n in names]

@@ -16,7 +16,7 @@ from benchmarks import apscheduler_bench, async_bench
 from benchmarks.cli import main
 from benchmarks.peers import peer_missing
 from benchmarks.queues import PATHS, QUEUES
-from benchmarks.redis_bench import ACKED, LABELS
+from benchmarks.redis_bench import ACKED, LABELS, SCALED
 from benchmarks.redis_floor import OPS, PARSERS, ROW_IDS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +27,7 @@ EXPECTED = (
     + [f"async.{name}" for name in async_bench.LABELS]
     + ["async.concurrent"]
     + ["parallel.ping", "parallel.joblock.cycle", "parallel.job.cycle"]
-    + [f"scale.{n}{e}" for n in LABELS if not n.endswith("cycle") for e in ("", ".empty")]
+    + [f"scale.{n}{e}" for n in SCALED for e in ("", ".empty")]
     + ["file.filelock", "file.flock", *(f"file.{name}" for name in LABELS)]
     + [f"memory.{name}" for name in LABELS]
     + [f"queues.{queue}.{path}" for queue in QUEUES for path in PATHS]

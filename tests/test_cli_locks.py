@@ -91,7 +91,7 @@ def test_locks_json_describes_each_held_key(store: Store, tmp_path: Path) -> Non
     assert f"{socket.gethostname()}:{wrapper.pid}" in by_key[hold.key]
     assert by_key["crashed-7"].split()[4] == "yes"
     assert "app.jobs.Export(42, full=True)" in by_key["export-42"]
-    assert by_key["export-42"].split()[-2] == "job-1" and by_key[hold.key].split()[-2] == "-"
+    assert by_key["export-42"].split()[-3] == "job-1" and by_key[hold.key].split()[-3] == "-"  # JOB_ID
     hold.release()
     assert finish(wrapper)[0] == 0
 
