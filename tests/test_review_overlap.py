@@ -54,3 +54,22 @@ def test_a_run_coalesced_into_a_waiter_that_dies_still_runs(
     assert finish(holder)[0] == 0
     # a run after the holder's, for the last trigger: within the waiter's place's lease at most
     wait_for(lambda: sum(line.startswith("start") for line in lines(log)) == 2, timeout=8, what="a run")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a buffer-one waiter only asks OVERLAP, which never applies the orphan rule: a holder on"
+    " the same host killed with SIGKILL (provably dead: its pid is gone) keeps the waiter waiting"
+    " for the holder's whole lease, where `uniqjob run` and --wait reclaim such a lock at once",
+)
+def test_buffer_one_takes_over_from_a_holder_killed_on_its_own_host_at_once(url: str, tmp_path: Path) -> None:
+    log, go = tmp_path / "log", tmp_path / "go"
+    holder = run_on("host-a", url, log, go, "--lease", "60")
+    wait_for(lambda: len(lines(log)) == 1, what="the holder to start")
+    waiter = run_on("host-a", url, log, go, "--overlap", "buffer-one")
+    wait_for(lambda: (pending_run(url) or "").endswith(f":{waiter.pid}"), what="the waiter to wait")
+    holder.send_signal(signal.SIGKILL)  # its command dies with it (PR_SET_PDEATHSIG)
+    finish(holder)
+    go.touch()
+    wait_for(lambda: len(lines(log)) >= 3, timeout=15, what="the waiter's run, well within the 60 s lease")
+    assert finish(waiter)[0] == 0
