@@ -71,5 +71,5 @@ def test_buffer_one_takes_over_from_a_holder_killed_on_its_own_host_at_once(url:
     holder.send_signal(signal.SIGKILL)  # its command dies with it (PR_SET_PDEATHSIG)
     finish(holder)
     go.touch()
-    wait_for(lambda: len(lines(log)) >= 3, timeout=15, what="the waiter's run, well within the 60 s lease")
+    wait_for(lambda: len(lines(log)) >= 3, timeout=8, what="the waiter's run, well within the 60 s lease")
     assert finish(waiter)[0] == 0
