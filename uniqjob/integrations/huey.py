@@ -327,6 +327,8 @@ def _dropped(signal: str, task: Any, *args: Any, **kwargs: Any) -> None:
     if job is None or data is None or vars(task).pop(_RAN, False):
         return
     ticket = Ticket.load(data, f"{signal} huey task {task.id}")
-    job.lock_from(ticket.key, ticket.token).release()
+    lock = job.lock_from(ticket.key, ticket.token)
+    lock.release()
+    _job_sync._next(job, lock, lock.backend)  # a "keep_last" call that waited behind a retry
     call = {k: v for k, v in task.kwargs.items() if k != HEADER}
     _concurrency.free(job, ticket.token, task.args, call)
