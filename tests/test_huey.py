@@ -146,6 +146,9 @@ def test_misconfigured_tasks_are_configuration_errors_naming_the_setting() -> No
         local.periodic_task(crontab(), unique=True, unique_on_conflict="reschedule")(job)
     with pytest.raises(ConfigurationError, match="its queue is Huey's"):
         local.task(unique=True, unique_queue=None)(job)
+    resultless = UniqueHuey("resultless", results=False, storage_class=MemoryStorage)
+    with pytest.raises(ConfigurationError, match=r"'use_existing' gives .* this Huey keeps no results"):
+        resultless.task(unique=True, unique_on_conflict="use_existing")(job)
     assert local.task(name="plain")(job).unique_job is None  # a plain task, as Huey makes it
     made = local.task(unique=True, unique_lock_autoexpire=60)(job)  # none registered by the failures
     assert made.unique_job.unique_lock_autoexpire == 60

@@ -249,12 +249,18 @@ def _job_for(
         name: staticmethod(value) if name in _CALLABLES and inspect.isfunction(value) else value
         for name, value in options.items()
     }
+    where = f"huey task {func.__module__}.{func.__qualname__}"
     if "unique_queue" in body:
-        raise ConfigurationError(f"huey task {func.__module__}.{func.__qualname__}: its queue is Huey's")
+        raise ConfigurationError(f"{where}: its queue is Huey's")
+    if body.get("unique_on_conflict") == "use_existing" and not wrapper.huey.results:
+        raise ConfigurationError(
+            f"{where}: unique_on_conflict 'use_existing' gives a duplicate the Result of the task on its"
+            " way, and this Huey keeps no results (results=False)"
+        )
     if issubclass(task_class, PeriodicTask):
         if body.get("unique_on_conflict") == "reschedule":
             raise ConfigurationError(
-                f"periodic huey task {func.__module__}.{func.__qualname__}: unique_on_conflict"
+                f"periodic {where}: unique_on_conflict"
                 " 'reschedule' would run a tick's duplicate in a later tick; drop it"
             )
         body.setdefault("unique_strategy", "until_expired")  # the tick's lock outlives its run
