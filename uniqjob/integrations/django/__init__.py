@@ -89,7 +89,7 @@ AGAIN: Final = "again"
 #: its result gets when the wrapped backend takes ids from ``id_function`` (django-tasks-db).
 _pending: ContextVar[Task | None] = ContextVar("uniqjob_django_task", default=None)
 _chosen: ContextVar[str] = ContextVar("uniqjob_django_id", default="")
-#: The context a worker gave the task being run (``takes_context=True``).
+#: The context a worker gave the task it runs last in this context (``takes_context=True``).
 _context: ContextVar[Any] = ContextVar("uniqjob_django_context", default=None)
 
 
@@ -124,24 +124,20 @@ class UniqueTask(Task):  # type: ignore[misc]
         ticket = kwargs.pop(TICKET, None)
         if ticket is None:  # task.call() in a test or a shell, or a task enqueued before uniqjob was
             return Task.call(self, *args, **kwargs)
-        if self.takes_context:  # Django's context: the function gets it first, whatever the arguments
-            reset = _context.set(args[0])
+        if self.takes_context:  # Django's context: TaskJob.invoke gives it first, whatever the arguments
+            _context.set(args[0])
             args = args[1:]
+        if ticket == AGAIN:
+            result = self.enqueue(*args, **kwargs)
+            return None if result is None else str(result.id)
+        data = Ticket.load(ticket, f"task {self.module_path}")
+        job = self.unique_job
+        lock = job.lock_from(data.key, data.token)
         try:
-            if ticket == AGAIN:
-                result = self.enqueue(*args, **kwargs)
-                return None if result is None else str(result.id)
-            data = Ticket.load(ticket, f"task {self.module_path}")
-            job = self.unique_job
-            lock = job.lock_from(data.key, data.token)
-            try:
-                return perform(job, lock, args, kwargs, _decide)
-            except Retry as retry:  # the lock is queued again: now the task may follow it
-                self._again(lock, args, kwargs, retry.delay)
-                raise
-        finally:
-            if self.takes_context:
-                _context.reset(reset)
+            return perform(job, lock, args, kwargs, _decide)
+        except Retry as retry:  # the lock is queued again: now the task may follow it
+            self._again(lock, args, kwargs, retry.delay)
+            raise
 
     def _again(self, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any], delay: float) -> None:
         """Enqueue this task to run again in ``delay`` seconds, under the lock it keeps."""
@@ -224,10 +220,7 @@ class TaskQueue(Queue):
         kwargs: dict[str, Any],
         delay: float | None = None,
     ) -> TaskResult:
-        """Enqueue the task on the wrapped backend with its ticket; record its result id in the lock.
-
-        ``delay``: deferred that many seconds (see :meth:`push_in`).
-        """
+        """Enqueue the task (deferred ``delay`` seconds) with its ticket; record its result id in the lock."""
         task = self._pending()
         if delay is not None:
             task = task.using(run_after=timezone.now() + timedelta(seconds=delay))
