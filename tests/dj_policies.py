@@ -1,6 +1,8 @@
 """Tasks of the tests' Django project with the conflict policies that need django-tasks-db (ids chosen
 before the push, deferral, deletion): imported by the tests on that backend only."""
 
+from typing import Any
+
 try:
     from django.tasks import task  # type: ignore[import-untyped, unused-ignore]
 except ModuleNotFoundError:  # Django 5: the backport
@@ -39,3 +41,10 @@ def debounced(name: str, version: int) -> int:
 def existing(name: str) -> str:
     """use_existing: a duplicate gets the TaskResult of the task already on its way."""
     return str(hold.call(name))
+
+
+@task(takes_context=True, unique_on_conflict="keep_last", unique_args=("name",))  # type: ignore[untyped-decorator, unused-ignore]
+def attempted(context: Any, name: str, version: int) -> int:
+    """keep_last with Django's context: it still comes first, whatever arguments the call got."""
+    _record(name, version)
+    return int(context.attempt)

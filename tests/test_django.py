@@ -369,9 +369,12 @@ def test_keep_last_runs_the_queued_task_with_the_last_call_and_50_calls_while_ru
     queued = project.run(
         """
         from tests.dj_policies import debounced, existing, latest, replaced
+        from tests.dj_policies import attempted
         first = latest.enqueue("q", 0)
         again = {str(latest.enqueue("q", v).id) for v in range(1, 11)}
-        print(json.dumps({"first": str(first.id), "again": sorted(again)}))
+        context = attempted.enqueue("c", 0)
+        attempted.enqueue("c", 1)
+        print(json.dumps({"first": str(first.id), "again": sorted(again), "context": str(context.id)}))
         """
     )
     seen = json.loads(queued.stdout.splitlines()[-1])
@@ -389,13 +392,17 @@ def test_keep_last_runs_the_queued_task_with_the_last_call_and_50_calls_while_ru
         (MARKS / "a.go").touch()
         wait_until(lambda: len((MARKS / "a.versions").read_text().split()) == 2, "the pending run")
         wait_until(lambda: not latest.unique_job.is_locked("a", 0), "the lock to go")
+        from tests.dj_policies import attempted
+        wait_until(lambda: attempted.get_result({seen["context"]!r}).is_finished, "the context task")
         print(json.dumps({{
             "pending": all(isinstance(p, Pending) for p in pending),
             "ran": latest.get_result({seen["first"]!r}).return_value,
+            "context": attempted.get_result({seen["context"]!r}).return_value,
         }}))
         """
     )
-    assert json.loads(running.stdout.splitlines()[-1]) == {"pending": True, "ran": 10}
+    assert json.loads(running.stdout.splitlines()[-1]) == {"pending": True, "ran": 10, "context": 1}
+    assert project.marked_lines("c.versions") == ["1"]  # its context first, then the last call's arguments
     assert project.marked_lines("q.versions") == ["10"]
     assert project.marked_lines("a.versions") == ["0", "50"]
 
