@@ -139,3 +139,11 @@ def debounced(name: str, version: int) -> int:
 def existing(name: str) -> str:
     """use_existing: a duplicate gets the Result of the task already on its way."""
     return _gated(name)
+
+
+@unique_task(unique_on_conflict="keep_last", retries=1, retry_delay=2, **_coalescing)
+def latest_or_retry(name: str, version: int) -> int:
+    """keep_last, and version 0 fails (retried once, two seconds later)."""
+    if _versioned(name, version) == 0:
+        raise RuntimeError("version 0 fails")
+    return version

@@ -28,6 +28,7 @@ from tests.huey_tasks import (
     gate,
     huey,
     latest,
+    latest_or_retry,
     one_at_a_time,
     replaced,
     rescheduled,
@@ -423,6 +424,22 @@ def test_keep_last_runs_the_queued_task_with_the_last_call_and_50_calls_while_ru
     wait_until(lambda: count(huey_redis, "done", "a") == 2, "the pending run")
     wait_until(lambda: state(latest, "a", 0).free, "the lock to go")
     assert versions(huey_redis, "a") == [0, 50]
+
+
+@pytest.mark.slow
+def test_a_call_waiting_behind_a_revoked_retry_is_enqueued(
+    consumers: Workers, huey_redis: redis.Redis
+) -> None:
+    start_consumer(consumers)
+    first = latest_or_retry("w", 0)
+    wait_until(lambda: count(huey_redis, "started", "w") == 1, "the first attempt to start")
+    assert isinstance(latest_or_retry("w", 1), Pending)
+    open_gate(huey_redis, "w")  # the attempt fails: its retry waits two seconds
+    wait_until(lambda: waiting_for_retry(latest_or_retry, "w", 0), "the retry to wait")
+    first.revoke()  # the retry: skipped when it comes up
+    wait_until(lambda: count(huey_redis, "done", "w") == 2, "the waiting call to run")
+    wait_until(lambda: state(latest_or_retry, "w", 0).free, "the lock to go")
+    assert versions(huey_redis, "w") == [0, 1]
 
 
 @pytest.mark.slow
