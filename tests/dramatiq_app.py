@@ -12,6 +12,8 @@ import os
 
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.results import Results
+from dramatiq.results.backends.redis import RedisBackend
 
 from tests.integration_workers import (
     URL_VAR,
@@ -30,6 +32,9 @@ QUEUE = os.environ.get(QUEUE_VAR, "uniqjob-test")
 
 
 broker = RedisBroker(url=os.environ[URL_VAR])  # type: ignore[no-untyped-call]
+#: The results of actors declared with store_results=True (use_existing's handle reads them).
+results = RedisBackend(url=os.environ[URL_VAR])  # type: ignore[no-untyped-call]
+broker.add_middleware(Results(backend=results))  # type: ignore[no-untyped-call]
 broker.add_middleware(UniqueMiddleware())
 dramatiq.set_broker(broker)
 
@@ -90,3 +95,56 @@ def rescheduled(name: str) -> None:
 def one_at_a_time(name: str) -> None:
     """One concurrency slot for the actor: the others park, and are enqueued in turn."""
     gated(name)
+
+
+def versioned(name: str, version: int, *, wait: bool = True) -> int:
+    """Record ``version`` in ``versions:NAME``, then run as :func:`gated` does (``wait``: at its gate)."""
+    r = client()
+    r.rpush(f"versions:{name}", version)
+    job_started(r, name)
+    if wait:
+        wait_for_gate(r, name)
+    job_done(r, name)
+    return version
+
+
+@dramatiq.actor(
+    queue_name=QUEUE,
+    unique=True,
+    unique_on_conflict="keep_last",
+    unique_args=("name",),
+    unique_lock_autoexpire=600,
+    unique_run_lease=2.0,
+    max_retries=0,
+)
+def latest(name: str, version: int) -> None:
+    """keep_last: sends of one name coalesce, the latest version wins; each run waits at its gate."""
+    versioned(name, version)
+
+
+@dramatiq.actor(
+    queue_name=QUEUE,
+    unique=True,
+    unique_debounce=1.0,
+    unique_args=("name",),
+    unique_lock_autoexpire=600,
+    unique_run_lease=2.0,
+    max_retries=0,
+)
+def debounced(name: str, version: int) -> None:
+    """Runs a second after the last send of its name, with that send's version."""
+    versioned(name, version, wait=False)
+
+
+@dramatiq.actor(
+    queue_name=QUEUE,
+    unique=True,
+    unique_on_conflict="use_existing",
+    unique_lock_autoexpire=600,
+    unique_run_lease=2.0,
+    max_retries=0,
+    store_results=True,
+)
+def existing(name: str) -> str:
+    """use_existing: a duplicate send gets the message already on its way, whose result it reads."""
+    return gated(name)

@@ -101,3 +101,49 @@ def every_minute() -> None:
 def one_at_a_time(name: str) -> str:
     """One concurrency slot for the task: the other calls park, and are enqueued into Huey in turn."""
     return _gated(name)
+
+
+def _versioned(name: str, version: int, *, gated: bool = True) -> int:
+    """Record ``version`` in ``versions:NAME``, then run as a gated task does (waiting at ``NAME``)."""
+    r = client()
+    r.rpush(f"versions:{name}", version)
+    job_started(r, name)
+    if gated:
+        wait_for_gate(r, name)
+    job_done(r, name)
+    return version
+
+
+_coalescing = {"unique_args": ("name",), "unique_run_lease": 1.0, "unique_lock_autoexpire": 600}
+
+
+@unique_task(unique_on_conflict="keep_last", **_coalescing)
+def latest(name: str, version: int) -> int:
+    """keep_last: calls of one name coalesce, the latest version wins; each run waits at its gate."""
+    return _versioned(name, version)
+
+
+@unique_task(unique_on_conflict="replace", **_coalescing)
+def replaced(name: str, version: int) -> int:
+    """replace: a call while one is queued takes its place (the queued task is revoked)."""
+    return _versioned(name, version)
+
+
+@unique_task(unique_debounce=1.0, **_coalescing)
+def debounced(name: str, version: int) -> int:
+    """Runs a second after the last call of its name, with that call's version."""
+    return _versioned(name, version, gated=False)
+
+
+@unique_task(unique_on_conflict="use_existing", unique_run_lease=1.0, unique_lock_autoexpire=600)
+def existing(name: str) -> str:
+    """use_existing: a duplicate gets the Result of the task already on its way."""
+    return _gated(name)
+
+
+@unique_task(unique_on_conflict="keep_last", retries=1, retry_delay=2, **_coalescing)
+def latest_or_retry(name: str, version: int) -> int:
+    """keep_last, and version 0 fails (retried once, two seconds later)."""
+    if _versioned(name, version) == 0:
+        raise RuntimeError("version 0 fails")
+    return version

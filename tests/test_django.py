@@ -355,3 +355,138 @@ def test_the_benchmark_counts_one_round_trip_over_the_backends_and_one_for_a_dup
     assert all(target["met"] for target in report["targets"]), report["targets"]
     queue = {row["id"]: row["extra"]["to the queue"] for row in report["rows"]}
     assert queue["django.rq.duplicate"] == 0 and queue["django.db.plain"] == 0
+
+
+# -- the conflict policies on django-tasks-db: use_existing, keep_last, replace, debounce -----------
+
+_POLICIES = "from tests.dj_policies import debounced, existing, latest, replaced"
+
+
+@pytest.mark.slow
+def test_keep_last_runs_the_queued_task_with_the_last_call_and_50_calls_while_running_once_more(
+    project: Project,
+) -> None:
+    queued = project.run(
+        """
+        from tests.dj_policies import debounced, existing, latest, replaced
+        from tests.dj_policies import attempted
+        first = latest.enqueue("q", 0)
+        again = {str(latest.enqueue("q", v).id) for v in range(1, 11)}
+        context = attempted.enqueue("c", 0)
+        attempted.enqueue("c", 1)
+        print(json.dumps({"first": str(first.id), "again": sorted(again), "context": str(context.id)}))
+        """
+    )
+    seen = json.loads(queued.stdout.splitlines()[-1])
+    assert seen["again"] == [seen["first"]]  # each duplicate: the queued task's result
+    (project.directory / "q.go").touch()
+    project.db_worker()
+    running = project.run(
+        f"""
+        from tests.dj_policies import debounced, existing, latest, replaced
+        from uniqjob import Pending
+        wait_until(lambda: latest.get_result({seen["first"]!r}).status == "SUCCESSFUL", "the queued run")
+        latest.enqueue("a", 0)
+        wait_until(lambda: (MARKS / "a.started").exists(), "the first run to start")
+        pending = [latest.enqueue("a", v) for v in range(1, 51)]
+        (MARKS / "a.go").touch()
+        wait_until(lambda: len((MARKS / "a.versions").read_text().split()) == 2, "the pending run")
+        wait_until(lambda: not latest.unique_job.is_locked("a", 0), "the lock to go")
+        from tests.dj_policies import attempted
+        wait_until(lambda: attempted.get_result({seen["context"]!r}).is_finished, "the context task")
+        print(json.dumps({{
+            "pending": all(isinstance(p, Pending) for p in pending),
+            "ran": latest.get_result({seen["first"]!r}).return_value,
+            "context": attempted.get_result({seen["context"]!r}).return_value,
+        }}))
+        """
+    )
+    assert json.loads(running.stdout.splitlines()[-1]) == {"pending": True, "ran": 10, "context": 1}
+    assert project.marked_lines("c.versions") == ["1"]  # its context first, then the last call's arguments
+    assert project.marked_lines("q.versions") == ["10"]
+    assert project.marked_lines("a.versions") == ["0", "50"]
+
+
+@pytest.mark.slow
+def test_replace_deletes_the_queued_task_which_never_runs(project: Project) -> None:
+    swapped = project.run(
+        """
+        from tests.dj_policies import debounced, existing, latest, replaced
+        from django_tasks_db.models import DBTaskResult
+        old, new = replaced.enqueue("r", 0), replaced.enqueue("r", 1)
+        print(json.dumps({"new": str(new.id), "left": [str(r.id) for r in DBTaskResult.objects.all()]}))
+        """
+    )
+    seen = json.loads(swapped.stdout.splitlines()[-1])
+    assert seen["left"] == [seen["new"]]  # the replaced task is out of the queue
+    (project.directory / "r.go").touch()
+    project.db_worker()
+    project.run(
+        f"""
+        from tests.dj_policies import debounced, existing, latest, replaced
+        wait_until(lambda: replaced.get_result({seen["new"]!r}).status == "SUCCESSFUL", "the new task")
+        wait_until(lambda: not replaced.unique_job.is_locked("r", 0), "the lock to go")
+        """
+    )
+    assert project.marked_lines("r.versions") == ["1"]
+
+
+@pytest.mark.slow
+def test_50_calls_in_a_debounced_burst_run_once_with_the_last(project: Project) -> None:
+    project.db_worker()
+    burst = project.run(
+        """
+        from tests.dj_policies import debounced, existing, latest, replaced
+        ids = {str(debounced.enqueue("d", v).id) for v in range(1, 51)}
+        wait_until(lambda: (MARKS / "d.versions").exists(), "the debounced run")
+        wait_until(lambda: not debounced.unique_job.is_locked("d", 0), "the lock to go")
+        print(len(ids))
+        """
+    )
+    assert burst.stdout.splitlines()[-1] == "1"
+    assert project.marked_lines("d.versions") == ["50"]
+
+
+@pytest.mark.slow
+def test_use_existing_results_resolve_to_the_first_tasks(project: Project) -> None:
+    first = project.run(f'{_POLICIES}; print(existing.enqueue("u").id, existing.enqueue("u").id)')
+    ids = first.stdout.split()[-2:]
+    assert ids[0] == ids[1]  # while queued
+    project.db_worker()
+    waited = project.run(
+        """
+        from tests.dj_policies import debounced, existing, latest, replaced
+        wait_until(lambda: (MARKS / "u.started").exists(), "the task to start")
+        running = existing.enqueue("u")  # while running: its status is the backend's once refreshed
+        (MARKS / "u.go").touch()
+        def done() -> bool:
+            running.refresh()
+            return running.is_finished
+        wait_until(done, "the first task's result")
+        print(running.id, running.return_value)
+        """
+    )
+    assert waited.stdout.split()[-2:] == [ids[0], "u"]
+
+
+def test_the_policies_a_backend_cannot_give_are_refused_naming_why(project: Project) -> None:
+    refused = project.run(
+        """
+        from tests.dj_policies import debounced, existing, latest, replaced
+        from uniqjob.errors import ConfigurationError
+        for made in (latest, replaced, debounced, existing):
+            try:
+                made.using(backend="immediate")
+            except ConfigurationError as exc:
+                print(exc)
+        """
+    )
+    lines = refused.stdout.splitlines()[-4:]
+    ids = "needs a backend that gives a task result the id chosen before it is enqueued"
+    assert lines[0].startswith("task tests.dj_policies.latest: unique_on_conflict 'keep_last' " + ids)
+    assert lines[1].startswith("task tests.dj_policies.replaced: unique_on_conflict 'replace' " + ids)
+    assert lines[2].startswith("task tests.dj_policies.debounced: unique_debounce " + ids)
+    assert lines[3] == (
+        "task tests.dj_policies.existing: unique_on_conflict 'use_existing' gives a duplicate the holder's"
+        " TaskResult, which UniqueImmediateBackend cannot fetch (get_result)"
+    )

@@ -23,7 +23,7 @@ from dramatiq.results.backends import StubBackend
 
 import uniqjob
 from tests.integration_workers import wait_until
-from uniqjob import ConfigurationError, JobNotUnique, Parked
+from uniqjob import ConfigurationError, JobNotUnique, Parked, Pending
 from uniqjob.integrations.dramatiq import DramatiqQueue, UniqueMiddleware, job_of
 from uniqjob.locks import LockState
 from uniqjob.ops import duplicates
@@ -91,6 +91,24 @@ def single(n: int) -> None:
 async def fetch(n: int) -> None:
     await asyncio.sleep(0)
     seen.append(("fetch", n, await job_of(fetch).ais_locked(n)))
+
+
+@dramatiq.actor(
+    broker=broker,
+    queue_name=QUEUE,
+    unique=True,
+    unique_on_conflict="keep_last",
+    unique_args=("n",),
+    max_retries=0,
+)
+def sync(n: int, revision: int) -> None:
+    """keep_last: its first run gets three sends, then fails for good; the last send runs next."""
+    seen.append(("sync", revision))
+    if revision == 1:
+        assert isinstance(sync.send(n, 2), Pending)
+        sync.send(n, 3)
+        sync.send(n, 4)
+        raise RuntimeError("fails, with no retry left")
 
 
 @dramatiq.actor(broker=broker, queue_name=QUEUE)
@@ -275,6 +293,31 @@ def test_use_existing_gives_a_duplicate_the_holder_s_message_whose_result_it_rea
         assert again.get_result(backend=results, block=True, timeout=10_000) == 42
     finally:
         running.stop()
+
+
+def test_keep_last_sends_the_waiting_call_when_the_running_one_fails_for_good(worker: Workers) -> None:
+    sync.send(5, 1)
+    worker.start()
+    until(lambda: len(seen) == 2 and not job_of(sync).is_locked(5, 0), "the last send to run")
+    assert seen == [("sync", 1), ("sync", 4)]
+
+
+def test_replace_is_refused_dramatiq_cannot_take_a_message_out_of_its_queue() -> None:
+    with pytest.raises(
+        ConfigurationError,
+        match=r"actor 'swap': unique_on_conflict 'replace' takes the queued message out of its queue, and"
+        r" Dramatiq cannot remove a message once it is sent",
+    ):
+
+        @dramatiq.actor(broker=broker, unique=True, unique_on_conflict="replace")
+        def swap(n: int) -> None: ...
+
+    assert "swap" not in broker.actors
+    with pytest.raises(
+        ConfigurationError, match=r"export\.send_with_options\(\): unique_on_conflict 'replace'"
+    ):
+        export.send_with_options(args=(1,), unique_on_conflict="replace")
+    assert not job_of(export).is_locked(1)
 
 
 def test_settings_for_one_message() -> None:

@@ -21,7 +21,7 @@ import redis
 import uniqjob
 from tests.integration_workers import NODE_VAR, URL_VAR, Workers, count, open_gate, wait_until, worker_pool
 from tests.redis_server import RedisServer
-from uniqjob import Parked
+from uniqjob import Parked, Pending
 from uniqjob.integrations.dramatiq import job_of
 from uniqjob.locks import LockState
 
@@ -201,3 +201,63 @@ def test_on_rabbitmq_duplicates_a_killed_worker_s_message_and_a_retry_keep_the_l
     finally:
         rabbit.broker.flush_all()
         rabbit.delete_queues()
+
+
+# -- the conflict policies: use_existing, keep_last, debounce ("replace": refused, see test_dramatiq) --
+
+
+def versions(r: redis.Redis, name: str) -> list[int]:
+    return [int(v) for v in r.lrange(f"versions:{name}", 0, -1)]
+
+
+@pytest.mark.slow
+def test_keep_last_runs_the_queued_message_with_the_last_send_and_50_sends_while_running_once_more(
+    app: ModuleType, workers: Workers, redis_client: redis.Redis
+) -> None:
+    latest = app.latest
+    queued = latest.send("q", 0)
+    assert {latest.send("q", v).message_id for v in range(1, 11)} == {queued.message_id}
+    open_gate(redis_client, "q")
+    start_worker(workers)
+    wait_until(lambda: count(redis_client, "done", "q") == 1 and state(latest, "q", 0).free, "the queued run")
+    assert versions(redis_client, "q") == [10]
+
+    latest.send("a", 0)
+    wait_until(lambda: count(redis_client, "started", "a") == 1, "the first run to start")
+    triggers = [latest.send("a", v) for v in range(1, 51)]
+    assert all(isinstance(t, Pending) for t in triggers)
+    open_gate(redis_client, "a")  # stays open: the next run passes too
+    wait_until(lambda: count(redis_client, "done", "a") == 2, "the pending run")
+    wait_until(lambda: state(latest, "a", 0).free, "the lock to go")
+    assert versions(redis_client, "a") == [0, 50]
+
+
+@pytest.mark.slow
+def test_50_sends_in_a_debounced_burst_run_once_with_the_last(
+    app: ModuleType, workers: Workers, redis_client: redis.Redis
+) -> None:
+    start_worker(workers)
+    sent = [app.debounced.send("d", v) for v in range(1, 51)]
+    assert {m.message_id for m in sent} == {sent[0].message_id}
+    queued = state(app.debounced, "d", 0).queue
+    assert queued is not None and queued.due is not None and queued.meta.args == "'d', 50"
+    wait_until(lambda: count(redis_client, "done", "d") == 1, "the debounced run")
+    wait_until(lambda: state(app.debounced, "d", 0).free, "the lock to go")
+    assert versions(redis_client, "d") == [50]
+
+
+@pytest.mark.slow
+def test_use_existing_messages_read_the_first_message_s_result(
+    app: ModuleType, workers: Workers, redis_client: redis.Redis
+) -> None:
+    existing = app.existing
+    first = existing.send("u")
+    queued = existing.send("u")  # while queued
+    start_worker(workers)
+    wait_until(lambda: count(redis_client, "started", "u") == 1, "the actor to start")
+    running = existing.send("u")  # while running
+    assert queued.message_id == running.message_id == first.message_id
+    open_gate(redis_client, "u")
+    assert running.get_result(backend=app.results, block=True, timeout=20_000) == "u"
+    assert queued.get_result(backend=app.results) == "u"
+    assert count(redis_client, "started", "u") == 1

@@ -19,10 +19,24 @@ from huey.storage import MemoryStorage
 import uniqjob
 import uniqjob.queues
 from tests.conftest import FakeClock
-from tests.huey_tasks import connect, every_minute, flaky, gate, huey, one_at_a_time, rescheduled, strict
+from tests.huey_tasks import (
+    connect,
+    debounced,
+    every_minute,
+    existing,
+    flaky,
+    gate,
+    huey,
+    latest,
+    latest_or_retry,
+    one_at_a_time,
+    replaced,
+    rescheduled,
+    strict,
+)
 from tests.integration_workers import NODE_VAR, URL_VAR, Workers, count, open_gate, wait_until, worker_pool
 from tests.redis_server import RedisServer
-from uniqjob import ConfigurationError, JobNotUnique, Parked
+from uniqjob import ConfigurationError, JobNotUnique, Parked, Pending
 from uniqjob.integrations.huey import HueyQueue, UniqueHuey
 from uniqjob.locks import LockState
 from uniqjob.stores.memory import MemoryBackend
@@ -133,6 +147,9 @@ def test_misconfigured_tasks_are_configuration_errors_naming_the_setting() -> No
         local.periodic_task(crontab(), unique=True, unique_on_conflict="reschedule")(job)
     with pytest.raises(ConfigurationError, match="its queue is Huey's"):
         local.task(unique=True, unique_queue=None)(job)
+    resultless = UniqueHuey("resultless", results=False, storage_class=MemoryStorage)
+    with pytest.raises(ConfigurationError, match=r"'use_existing' gives .* this Huey keeps no results"):
+        resultless.task(unique=True, unique_on_conflict="use_existing")(job)
     assert local.task(name="plain")(job).unique_job is None  # a plain task, as Huey makes it
     made = local.task(unique=True, unique_lock_autoexpire=60)(job)  # none registered by the failures
     assert made.unique_job.unique_lock_autoexpire == 60
@@ -352,3 +369,118 @@ def test_block_parks_and_a_promotion_enqueues_into_huey(consumers: Workers, huey
     assert count(huey_redis, "done", "p1") == 1  # only once the first gave up its slot
     open_gate(huey_redis, "p2")
     wait_until(lambda: not one_at_a_time.unique_job.is_locked("p2"), "its lock to go")
+
+
+# -- the conflict policies: use_existing, keep_last, replace, debounce (docs/huey.md) ---------------
+
+
+def test_keep_last_in_immediate_mode_runs_the_last_call_and_a_context_task_gets_its_task() -> None:
+    local = UniqueHuey("coalescing", immediate=True)
+    seen: list[tuple[int, str]] = []
+
+    @local.task(  # type: ignore[untyped-decorator]
+        unique=True,
+        unique_backend=MemoryBackend(),
+        unique_on_conflict="keep_last",
+        unique_args=("n",),
+        context=True,
+    )
+    def sync(n: int, revision: int, task: Task | None = None) -> None:
+        assert task is not None
+        seen.append((revision, task.id))
+        if revision == 1:  # three more calls while this one runs: the last one runs next
+            assert isinstance(sync(n, 2), Pending)
+            sync(n, 3)
+            sync(n, 4)
+
+    sync(7, 1)
+    assert [revision for revision, _ in seen] == [1, 4] and seen[0][1] != seen[1][1]
+    assert not sync.unique_job.is_locked(7, 0)
+
+
+def versions(r: redis.Redis, name: str) -> list[int]:
+    return [int(v) for v in r.lrange(f"versions:{name}", 0, -1)]
+
+
+@pytest.mark.slow
+def test_keep_last_runs_the_queued_task_with_the_last_call_and_50_calls_while_running_once_more(
+    consumers: Workers, huey_redis: redis.Redis
+) -> None:
+    queued = latest("q", 0)
+    assert isinstance(queued, Result)
+    assert {latest("q", v).id for v in range(1, 11)} == {queued.id}  # each: the queued task's Result
+    assert huey.pending_count() == 1
+    open_gate(huey_redis, "q")
+    start_consumer(consumers)
+    assert queued.get(blocking=True, timeout=20, preserve=True) == 10
+    assert versions(huey_redis, "q") == [10]
+
+    first = latest("a", 0)
+    wait_until(lambda: count(huey_redis, "started", "a") == 1, "the first run to start")
+    triggers = [latest("a", v) for v in range(1, 51)]
+    assert all(isinstance(t, Pending) for t in triggers)
+    open_gate(huey_redis, "a")  # stays open: the next run passes too
+    assert first.get(blocking=True, timeout=20) == 0
+    wait_until(lambda: count(huey_redis, "done", "a") == 2, "the pending run")
+    wait_until(lambda: state(latest, "a", 0).free, "the lock to go")
+    assert versions(huey_redis, "a") == [0, 50]
+
+
+@pytest.mark.slow
+def test_a_call_waiting_behind_a_revoked_retry_is_enqueued(
+    consumers: Workers, huey_redis: redis.Redis
+) -> None:
+    start_consumer(consumers)
+    first = latest_or_retry("w", 0)
+    wait_until(lambda: count(huey_redis, "started", "w") == 1, "the first attempt to start")
+    assert isinstance(latest_or_retry("w", 1), Pending)
+    open_gate(huey_redis, "w")  # the attempt fails: its retry waits two seconds
+    wait_until(lambda: waiting_for_retry(latest_or_retry, "w", 0), "the retry to wait")
+    first.revoke()  # the retry: skipped when it comes up
+    wait_until(lambda: count(huey_redis, "done", "w") == 2, "the waiting call to run")
+    wait_until(lambda: state(latest_or_retry, "w", 0).free, "the lock to go")
+    assert versions(huey_redis, "w") == [0, 1]
+
+
+@pytest.mark.slow
+def test_replace_revokes_the_queued_task_which_never_runs(
+    consumers: Workers, huey_redis: redis.Redis
+) -> None:
+    old = replaced("r", 0)
+    new = replaced("r", 1)
+    assert isinstance(old, Result) and isinstance(new, Result) and old.id != new.id
+    assert huey.is_revoked(old.id) and state(replaced, "r", 0).queue.meta.job_id == new.id  # type: ignore[union-attr]
+    open_gate(huey_redis, "r")
+    start_consumer(consumers)
+    assert new.get(blocking=True, timeout=20) == 1
+    wait_until(lambda: state(replaced, "r", 0).free and huey.pending_count() == 0, "the queue to drain")
+    assert versions(huey_redis, "r") == [1]  # the revoked task never ran, and freed nothing of the new one's
+
+
+@pytest.mark.slow
+def test_50_calls_in_a_debounced_burst_run_once_with_the_last(
+    consumers: Workers, huey_redis: redis.Redis
+) -> None:
+    start_consumer(consumers)
+    handles = [debounced("d", v) for v in range(1, 51)]
+    assert isinstance(handles[0], Result) and {h.id for h in handles} == {handles[0].id}
+    queued = state(debounced, "d", 0).queue
+    assert queued is not None and queued.due is not None and queued.meta.args == "'d', 50"
+    wait_until(lambda: count(huey_redis, "done", "d") == 1, "the debounced run")
+    wait_until(lambda: state(debounced, "d", 0).free and huey.scheduled_count() == 0, "nothing left to run")
+    assert versions(huey_redis, "d") == [50]
+
+
+@pytest.mark.slow
+def test_use_existing_results_resolve_to_the_first_tasks(consumers: Workers, huey_redis: redis.Redis) -> None:
+    first = existing("u")
+    queued = existing("u")  # while queued
+    start_consumer(consumers)
+    wait_until(lambda: count(huey_redis, "started", "u") == 1, "the task to start")
+    running = existing("u")  # while running
+    assert isinstance(queued, Result) and isinstance(running, Result)
+    assert queued.id == running.id == first.id
+    open_gate(huey_redis, "u")
+    assert running.get(blocking=True, timeout=20, preserve=True) == "u"
+    assert queued.get(blocking=True, timeout=20, preserve=True) == first.get(preserve=True) == "u"
+    assert count(huey_redis, "started", "u") == 1

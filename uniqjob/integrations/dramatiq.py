@@ -48,7 +48,7 @@ except ModuleNotFoundError as exc:  # the optional extra
         name=exc.name,
     ) from exc
 
-from .. import _percall
+from .. import _job_sync, _percall
 from .._names import ALL_SETTINGS
 from ..concurrency import _job as _concurrency
 from ..errors import ConfigurationError
@@ -62,6 +62,12 @@ __all__ = ["AGAIN", "ActorConfigurationError", "ActorJob", "DramatiqQueue", "Uni
 #: The message option of a rescheduled call's next try (policy "reschedule"): enqueue it again.
 AGAIN = "uniqjob_again"
 _PREFIXES = ("unique_", "concurrency_")
+#: Why an actor takes no "replace" (docs/dramatiq.md, "Conflict policies").
+NO_REPLACE = (
+    "unique_on_conflict 'replace' takes the queued message out of its queue, and Dramatiq cannot remove"
+    " a message once it is sent (it has no cancel); 'keep_last' runs the queued message with the latest"
+    " call's arguments instead"
+)
 
 
 class ActorConfigurationError(ConfigurationError, MiddlewareError):
@@ -140,19 +146,33 @@ class DramatiqQueue(Queue):
         return (call.delay or 0) / 1000 if call is not None else 0.0
 
     def push(
-        self, job_cls: type[UniqueJob], lock: JobLock, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        job_cls: type[UniqueJob],
+        lock: JobLock,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        later: float | None = None,
     ) -> Message[Any]:
-        """Enqueue the actor's message, with the lock's key and token in its options; return it."""
+        """Enqueue the actor's message, with the lock's key and token in its options; return it.
+
+        ``later``: seconds until it is due, instead of the send's ``delay`` (see :meth:`push_in`).
+        """
         call = self._call()
         options: dict[str, Any] = {}
         delay = None
         if call is not None:
             call.used = True
             options, delay = call.options, call.delay
+        if later is not None:
+            delay = round(later * 1000) or None
         message = self.actor.message_with_options(args=args, kwargs=kwargs, **options)
         ticket = {HEADER: Ticket(lock.key, lock.token).dump()}
         message = message.copy(message_id=lock.meta.job_id or message.message_id, options=ticket)
         return self.actor.broker.enqueue(message, delay=delay)
+
+    def push_in(self, job_cls: type[UniqueJob], lock: JobLock, args: Any, kwargs: Any, delay: float) -> Any:
+        """:meth:`push`, the message ``delay`` seconds later (``unique_debounce``; a delay queue)."""
+        return self.push(job_cls, lock, args, kwargs, later=max(delay, 0.0))
 
     def handle(self, job_id: str) -> Message[Any]:
         """The actor's message ``job_id``, as a Message whose ``get_result()`` reads its result
@@ -255,8 +275,10 @@ class UniqueMiddleware(Middleware):
             _current.set(None)
             if delivery.lock is not None:
                 if delivery.state in ("running", "kept"):  # no retry came: done for good
-                    settle(delivery.lock, None)
-                    _free_slot(delivery.job, delivery.lock.token, message)
+                    lock = delivery.lock
+                    settle(lock, None)
+                    _job_sync._next(delivery.job, lock, lock.backend)  # a "keep_last" call waiting behind it
+                    _free_slot(delivery.job, lock.token, message)
                 return
         elif "eta" in message.options:
             return  # a delayed message moved to its queue: it runs later
@@ -303,6 +325,8 @@ def _job_for(actor: Actor[Any, Any]) -> type[ActorJob] | None:
         return None
     if "unique_queue" in names:
         raise ConfigurationError("a unique actor's queue is Dramatiq's: choose it with queue_name=...")
+    if options.get("unique_on_conflict") == "replace":
+        raise ConfigurationError(NO_REPLACE)
     fn = actor.fn
     namespace: dict[str, Any] = {
         name: staticmethod(options[name]) if name in _CALLABLES and callable(options[name]) else options[name]
@@ -345,6 +369,8 @@ def _send(
     ConfigurationError naming it. Over a concurrency limit under "block": a ``Parked``.
     """
     settings = {name: options.pop(name) for name in [n for n in options if n.startswith(_PREFIXES)]}
+    if settings.get("unique_on_conflict") == "replace":
+        raise ConfigurationError(f"{actor.actor_name}.send_with_options(): {NO_REPLACE}")
     job = _percall.using(
         job_of(actor), settings, prefix="unique_", where=f"{actor.actor_name}.send_with_options()"
     )

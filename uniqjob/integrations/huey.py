@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import inspect
 import uuid
+from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 try:
     from huey import RedisHuey
-    from huey.api import Huey, PeriodicTask, Task, TaskWrapper
+    from huey.api import Huey, PeriodicTask, Result, Task, TaskWrapper
     from huey.exceptions import CancelExecution, RateLimitExceeded, RetryTask
     from huey.signals import SIGNAL_CANCELED, SIGNAL_EXPIRED, SIGNAL_REVOKED
     from huey.utils import normalize_time
@@ -62,6 +63,8 @@ PERIODIC_AUTOEXPIRE = 120.0
 _PREFIXES = ("unique_", "concurrency_")
 # The task being enqueued through UniqueHuey.enqueue, for HueyQueue.push to send.
 _pending: ContextVar[Task | None] = ContextVar("uniqjob_huey_task", default=None)
+# The task a consumer is running in this context (given to a context=True task's function).
+_running: ContextVar[Task | None] = ContextVar("uniqjob_huey_running", default=None)
 # Set on a task whose body raised CancelExecution: its lock is settled; the "canceled" signal
 # that follows is not a drop (one from a pre-execute hook is: the task never ran).
 _RAN = "uniqjob_ran"
@@ -69,6 +72,15 @@ _RAN = "uniqjob_ran"
 
 class HueyJob(UniqueJob, abstract=True):
     """Base of the UniqueJob made for each unique task, ``task.unique_job``."""
+
+    #: True for a task declared with ``context=True``: its function gets the Huey task as ``task``.
+    context: ClassVar[bool] = False
+
+    @classmethod
+    def invoke(cls, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """Call the function; with ``context=True``, given the task being run (whatever arguments
+        "keep_last" gave the call)."""
+        return super().invoke(args, {**kwargs, "task": _running.get()} if cls.context else kwargs)
 
     @classmethod
     def job_name(cls) -> str:
@@ -105,18 +117,42 @@ class HueyQueue(Queue):
         return 0.0 if eta is None else max((eta - _now(self.huey)).total_seconds(), 0.0)
 
     def push(
-        self, job_cls: type[UniqueJob], lock: JobLock, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        job_cls: type[UniqueJob],
+        lock: JobLock,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        delay: float | None = None,
     ) -> Any:
-        """Enqueue the task into Huey with the lock's key and token in its kwargs; return Huey's Result."""
+        """Enqueue the task into Huey with the lock's key and token in its kwargs; return Huey's Result.
+
+        ``delay``: due that many seconds from now (see :meth:`push_in`).
+        """
         task = self._task()
-        if task is None or task.id != lock.meta.job_id:  # a parked call, promoted: a task of its own
+        if task is None or task.id != lock.meta.job_id:  # a parked or pending call: a task of its own
             task = self.task_class(args, dict(kwargs), id=lock.meta.job_id or None)
+        if delay is not None:
+            task.eta = normalize_time(delay=max(delay, 0.0), utc=self.huey.utc)
         task.kwargs[HEADER] = Ticket(lock.key, lock.token).dump()
         try:
             return super(UniqueHuey, self.huey).enqueue(task)
         except BaseException:
             del task.kwargs[HEADER]  # never sent: the task is still the caller's, unlocked
             raise
+
+    def push_in(self, job_cls: type[UniqueJob], lock: JobLock, args: Any, kwargs: Any, delay: float) -> Any:
+        """:meth:`push`, the task due ``delay`` seconds from now (``unique_debounce``): Huey's schedule."""
+        return self.push(job_cls, lock, args, kwargs, delay)
+
+    def handle(self, job_id: str) -> Result | None:
+        """Huey's ``Result`` of task ``job_id``, made without a round trip (policies "use_existing",
+        "keep_last"); None if this Huey keeps no results. Read it with ``get(preserve=True)``: a plain
+        ``get()`` takes the result out of Huey's store, and the next reader waits for nothing."""
+        return Result(self.huey, self.task_class(id=job_id)) if self.huey.results else None
+
+    def remove(self, job_id: str) -> None:
+        """Revoke task ``job_id`` once (policy "replace"): the consumer skips it when it comes up."""
+        self.huey.revoke_by_id(job_id, revoke_once=True)
 
     def push_later(
         self, job_cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any], delay: float
@@ -213,12 +249,18 @@ def _job_for(
         name: staticmethod(value) if name in _CALLABLES and inspect.isfunction(value) else value
         for name, value in options.items()
     }
+    where = f"huey task {func.__module__}.{func.__qualname__}"
     if "unique_queue" in body:
-        raise ConfigurationError(f"huey task {func.__module__}.{func.__qualname__}: its queue is Huey's")
+        raise ConfigurationError(f"{where}: its queue is Huey's")
+    if body.get("unique_on_conflict") == "use_existing" and not wrapper.huey.results:
+        raise ConfigurationError(
+            f"{where}: unique_on_conflict 'use_existing' gives a duplicate the Result of the task on its"
+            " way, and this Huey keeps no results (results=False)"
+        )
     if issubclass(task_class, PeriodicTask):
         if body.get("unique_on_conflict") == "reschedule":
             raise ConfigurationError(
-                f"periodic huey task {func.__module__}.{func.__qualname__}: unique_on_conflict"
+                f"periodic {where}: unique_on_conflict"
                 " 'reschedule' would run a tick's duplicate in a later tick; drop it"
             )
         body.setdefault("unique_strategy", "until_expired")  # the tick's lock outlives its run
@@ -230,6 +272,7 @@ def _job_for(
         __qualname__=f"{func.__qualname__}.unique_job",
         __doc__=func.__doc__,
         perform=staticmethod(func),
+        context=wrapper.context,
         unique_queue=HueyQueue(wrapper.huey, task_class),
     )
     return type(func.__name__, (HueyJob,), body)
@@ -254,12 +297,14 @@ def _execute(wrapper: UniqueTaskWrapper, job: type[UniqueJob], task: Task) -> An
         # enqueued again, through its lock, as any new call.
         wrapper.huey.enqueue(task)
         return None
-    if wrapper.context:
-        kwargs["task"] = task
     ticket = Ticket.load(data, f"huey task {task.id}")
     lock = job.lock_from(ticket.key, ticket.token)
     lock.meta = replace(lock.meta, job_id=task.id)
-    return perform(job, lock, task.args, kwargs, partial(_decide, task))
+    reset = _running.set(task)
+    try:
+        return perform(job, lock, task.args, kwargs, partial(_decide, task))
+    finally:
+        _running.reset(reset)
 
 
 def _decide(task: Task, exc: BaseException | None, result: Any) -> Decision:
@@ -288,6 +333,8 @@ def _dropped(signal: str, task: Any, *args: Any, **kwargs: Any) -> None:
     if job is None or data is None or vars(task).pop(_RAN, False):
         return
     ticket = Ticket.load(data, f"{signal} huey task {task.id}")
-    job.lock_from(ticket.key, ticket.token).release()
+    lock = job.lock_from(ticket.key, ticket.token)
+    lock.release()
+    _job_sync._next(job, lock, lock.backend)  # a "keep_last" call that waited behind a retry
     call = {k: v for k, v in task.kwargs.items() if k != HEADER}
     _concurrency.free(job, ticket.token, task.args, call)

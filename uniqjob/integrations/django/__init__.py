@@ -55,12 +55,12 @@ try:
     try:  # Django 6+
         from django.tasks import task_backends  # type: ignore[import-untyped]
         from django.tasks.backends.base import BaseTaskBackend  # type: ignore[import-untyped]
-        from django.tasks.base import Task, TaskResult  # type: ignore[import-untyped]
+        from django.tasks.base import Task, TaskResult, TaskResultStatus  # type: ignore[import-untyped]
         from django.tasks.exceptions import TaskResultDoesNotExist  # type: ignore[import-untyped]
     except ModuleNotFoundError:  # Django 5: the django-tasks backport
         from django_tasks import task_backends
         from django_tasks.backends.base import BaseTaskBackend
-        from django_tasks.base import Task, TaskResult
+        from django_tasks.base import Task, TaskResult, TaskResultStatus
         from django_tasks.exceptions import TaskResultDoesNotExist
 except ModuleNotFoundError as exc:  # the optional extra
     raise ModuleNotFoundError(
@@ -89,6 +89,8 @@ AGAIN: Final = "again"
 #: its result gets when the wrapped backend takes ids from ``id_function`` (django-tasks-db).
 _pending: ContextVar[Task | None] = ContextVar("uniqjob_django_task", default=None)
 _chosen: ContextVar[str] = ContextVar("uniqjob_django_id", default="")
+#: The context a worker gave the task it runs last in this context (``takes_context=True``).
+_context: ContextVar[Any] = ContextVar("uniqjob_django_context", default=None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,6 +111,8 @@ class UniqueTask(Task):  # type: ignore[misc]
     unique_lock_limit: int | None = None
     unique_run_lease: float | None = None
     unique_reschedule_delay: float | None = None
+    unique_debounce: float | timedelta | None = None
+    unique_debounce_max_wait: float | timedelta | None = None
 
     @property
     def unique_job(self) -> type[TaskJob]:
@@ -120,8 +124,11 @@ class UniqueTask(Task):  # type: ignore[misc]
         ticket = kwargs.pop(TICKET, None)
         if ticket is None:  # task.call() in a test or a shell, or a task enqueued before uniqjob was
             return Task.call(self, *args, **kwargs)
+        if self.takes_context:  # Django's context: TaskJob.invoke gives it first, whatever the arguments
+            _context.set(args[0])
+            args = args[1:]
         if ticket == AGAIN:
-            result = self.enqueue(*args[1:] if self.takes_context else args, **kwargs)
+            result = self.enqueue(*args, **kwargs)
             return None if result is None else str(result.id)
         data = Ticket.load(ticket, f"task {self.module_path}")
         job = self.unique_job
@@ -129,7 +136,7 @@ class UniqueTask(Task):  # type: ignore[misc]
         try:
             return perform(job, lock, args, kwargs, _decide)
         except Retry as retry:  # the lock is queued again: now the task may follow it
-            self._again(lock, args[1:] if self.takes_context else args, kwargs, retry.delay)
+            self._again(lock, args, kwargs, retry.delay)
             raise
 
     def _again(self, lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any], delay: float) -> None:
@@ -178,8 +185,9 @@ class TaskJob(UniqueJob, abstract=True):
 
     @classmethod
     def invoke(cls, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-        """Run the task's function (awaited in a loop of its own if it is ``async def``, as Django does)."""
-        return Task.call(cls.task, *args, **kwargs)
+        """Run the task's function (awaited in a loop of its own if it is ``async def``, as Django does),
+        given first the context of the run if it takes one."""
+        return Task.call(cls.task, *((_context.get(),) if cls.task.takes_context else ()), *args, **kwargs)
 
 
 class TaskQueue(Queue):
@@ -205,10 +213,17 @@ class TaskQueue(Queue):
         return str(uuid.uuid4()) if self.chooses_ids else ""
 
     def push(
-        self, job_cls: type[UniqueJob], lock: JobLock, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        job_cls: type[UniqueJob],
+        lock: JobLock,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        delay: float | None = None,
     ) -> TaskResult:
-        """Enqueue the task on the wrapped backend with its ticket; record its result id in the lock."""
+        """Enqueue the task (deferred ``delay`` seconds) with its ticket; record its result id in the lock."""
         task = self._pending()
+        if delay is not None:
+            task = task.using(run_after=timezone.now() + timedelta(seconds=delay))
         kwargs = {**kwargs, TICKET: Ticket(lock.key, lock.token).dump()}
         reset = _chosen.set(lock.meta.job_id)
         try:
@@ -220,6 +235,26 @@ class TaskQueue(Queue):
             lock.meta = replace(lock.meta, job_id=str(result.id))
             lock.attach()
         return result
+
+    def push_in(self, job_cls: type[UniqueJob], lock: JobLock, args: Any, kwargs: Any, delay: float) -> Any:
+        """:meth:`push`, the task deferred ``delay`` seconds (``unique_debounce``: its ``run_after``)."""
+        return self.push(job_cls, lock, args, kwargs, delay)
+
+    def handle(self, job_id: str) -> TaskResult:
+        """Task result ``job_id``, made without asking the backend (policies "use_existing", "keep_last"):
+        it says READY until its ``refresh()`` (``arefresh()``) reads the backend's."""
+        empty: dict[str, Any] = {"enqueued_at": None, "started_at": None, "finished_at": None}
+        return TaskResult(
+            task=self.task, id=job_id, status=TaskResultStatus.READY, last_attempted_at=None, args=[],
+            kwargs={}, backend=self.task.backend, errors=[], worker_ids=[], **empty,
+        )  # fmt: skip
+
+    def remove(self, job_id: str) -> None:
+        """Delete task result ``job_id`` while it is READY (policy "replace"; django-tasks-db's backend:
+        see :meth:`UniqueBackend.refusal`). A worker that claimed it meanwhile is refused its start."""
+        from django_tasks_db.models import DBTaskResult  # type: ignore[import-untyped, unused-ignore]
+
+        DBTaskResult.objects.filter(id=job_id, status=TaskResultStatus.READY).delete()
 
     def push_later(
         self, job_cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any], delay: float
@@ -355,12 +390,33 @@ class UniqueBackend(BaseTaskBackend):  # type: ignore[misc]
         """Django's checks of a task, then its uniqjob settings' (a ConfigurationError names a bad one)."""
         super().validate_task(task)
         if isinstance(task, UniqueTask) and not self.problems:
-            job = _job_of(task, self)
-            if job.unique_on_conflict == "reschedule" and not self.supports_defer:
-                raise ConfigurationError(
-                    f"task {task.module_path}: unique_on_conflict 'reschedule' needs a backend that"
-                    f" defers tasks (run_after); {type(self).__name__} does not"
-                )
+            refused = self.refusal(_job_of(task, self))
+            if refused:
+                raise ConfigurationError(f"task {task.module_path}: {refused}")
+
+    def refusal(self, job: type[TaskJob]) -> str:
+        """Why the wrapped backend cannot give ``job`` its conflict policy or debounce; "" if it can."""
+        policy, kind = job.unique_on_conflict, type(self).__name__
+        what = "unique_debounce" if job.unique_debounce is not None else f"unique_on_conflict {policy!r}"
+        if policy == "reschedule" and not self.supports_defer:
+            return f"{what} needs a backend that defers tasks (run_after); {kind} does not"
+        if policy == "use_existing" and not self.supports_get_result:
+            return f"{what} gives a duplicate the holder's TaskResult, which {kind} cannot fetch (get_result)"
+        if job.unique_debounce is None and policy not in ("keep_last", "replace"):
+            return ""
+        if not self.chooses_ids:
+            return (
+                f"{what} needs a backend that gives a task result the id chosen before it is enqueued"
+                f" (id_function, as django-tasks-db's DatabaseBackend does); {kind} chooses its own"
+            )
+        if job.unique_debounce is not None and not self.supports_defer:
+            return f"{what} defers the task (run_after); {kind} cannot"
+        if policy == "replace" and not _deletes_tasks(self):
+            return (
+                f"{what} takes the queued task out of its queue: uniqjob can on django-tasks-db's"
+                f" DatabaseBackend only; {kind} has no way to cancel a task"
+            )
+        return ""
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> Any:
         """Take the task's lock, then enqueue it on the wrapped backend; None for a dropped duplicate."""
@@ -386,6 +442,15 @@ class UniqueBackend(BaseTaskBackend):  # type: ignore[misc]
         """The wrapped backend's checks, then uniqjob's (``manage.py check``): errors ``uniqjob.E00n``."""
         yield from super().check(**kwargs)
         yield from self.problems
+
+
+def _deletes_tasks(backend: BaseTaskBackend) -> bool:
+    """True if ``backend`` is django-tasks-db's, whose READY tasks :meth:`TaskQueue.remove` deletes."""
+    try:
+        from django_tasks_db import DatabaseBackend  # type: ignore[import-untyped, unused-ignore]
+    except ImportError:
+        return False
+    return isinstance(backend, DatabaseBackend)
 
 
 def _wrapped(params: dict[str, Any]) -> type[BaseTaskBackend] | str:
