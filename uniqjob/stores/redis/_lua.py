@@ -213,36 +213,37 @@ end
 local function own_run(run, token, attempt)
   return run[1] == token and (not run[2] or run[2] == attempt)
 end
--- KEYS[4]: the key's dropped duplicates (Backend.duplicates), a hash kept an hour and a minute
--- after its newest minute began: c the class or n its length in the key (as the queue lock keeps
--- them), and per minute of the server clock '<minute>' -> count. drop (from the mode or flags):
--- '+' counts a refusal, '=<minute>' takes back an earlier refusal's count once a retry is granted
--- (the caller reclaimed what was in the way), '' neither. A call without a class is not counted,
--- nor a refusal by a run lock of its own token (rtok: a second delivery of one job). A counter
--- that cannot be written is logged, never in the way of a lock.
-local function count_drop(now, drop, rtok)
+-- KEYS[4]: the key's refused calls (Backend.drops), a hash kept an hour and a minute after its
+-- newest minute began: c the class or n its length in the key (as the queue lock keeps them), and
+-- per minute of the server clock and kind '<minute><kind>' -> count (kind '' a dropped duplicate,
+-- 'c' coalesced, 'r' replaced). drop (from the mode or flags): '+' counts a refusal, '=<minute>'
+-- takes back an earlier refusal's count once a retry is granted (the caller reclaimed what was in
+-- the way), '' neither. A call without a class is not counted, nor a refusal by a run lock of its
+-- own token (rtok: a second delivery of one job). A counter that cannot be written is logged,
+-- never in the way of a lock.
+local function count_drop(now, drop, rtok, kind)
   if drop ~= '+' or rtok == ARGV[1] then return end
   local name, value = 'n', ARGV[4]
   if value == '' then name, value = 'c', ARGV[3] end
   if value == '' then return end
   local m = string.format('%.0f', math.floor(tonumber(now) / 60000000))
-  local n = redis.pcall('HINCRBY', KEYS[4], m, 1)
+  local n = redis.pcall('HINCRBY', KEYS[4], m .. (kind or ''), 1)
   if failed(n) then
     redis.log(redis.LOG_WARNING, 'uniqjob: cannot count a duplicate in ' .. KEYS[4] .. ': ' .. n.err)
-  elseif n == 1 then  -- a new minute (once a minute at most): name the class, drop minutes past keeping
+  elseif n == 1 then  -- a new bucket (a few a minute at most): name the class, drop minutes past keeping
     local old = tonumber(m) - 61
     for _, f in ipairs(redis.call('HKEYS', KEYS[4])) do
-      local b = tonumber(f)
+      local b = tonumber(string.match(f, '^%d+'))
       if b and b < old then redis.call('HDEL', KEYS[4], f) end
     end
     redis.call('HSET', KEYS[4], name, value)
     redis.call('PEXPIRE', KEYS[4], 3660000)
   end
 end
--- A refusal's reply (a snapshot, or what names a damaged record), its drop counted once it is read.
-local function refused(now, drop, rtok, q)
+-- A refusal's reply (a snapshot, or what names a damaged record), its drop (of kind) counted once it is read.
+local function refused(now, drop, rtok, q, kind)
   local reply = snapshot(now, q)
-  if type(reply) == 'string' then count_drop(now, drop, rtok) end
+  if type(reply) == 'string' then count_drop(now, drop, rtok, kind) end
   return reply
 end
 -- Write the queue lock's fields {name, value, ...}: the empty ones are deleted (never kept empty).
@@ -309,21 +310,20 @@ if present(q) then
   elseif q[1] == ARGV[1] then
     mine = true  -- a retry whose first reply was lost
   else
-    local reply = refused(now, drop, run and run[1], q)
-    if type(reply) ~= 'string' or co == '' then return reply end
-    if q[2] == 'q' and co == 'l' then  -- the queued call runs with the latest arguments
+    local how = ''  -- what this conflict coalesces to: 'L' latest, 'R' replaced, 'P' pending
+    if co == 'l' then how = q[2] == 'q' and 'L' or 'P' elseif co == 'p' and q[2] == 'q' then how = 'R' end
+    local reply = refused(now, drop, run and run[1], q, ({L = 'c', P = 'c', R = 'r'})[how])
+    if type(reply) ~= 'string' or how == '' then return reply end
+    if how == 'L' then  -- the queued call runs with the latest arguments
       local d = ''
       if wait ~= '' then d = due(now, q[3], wait, longest) end
       put({'p', ARGV[5], 'k', call, 'P', '', 'A', '', 'J', '', 'K', '', 'd', d})
-      return 'L' .. reply
-    elseif q[2] == 'q' then  -- replaced: the lock is ours, with our job
+    elseif how == 'R' then  -- replaced: the lock is ours, with our job
       put({'t', ARGV[1], 'a', now, 'p', ARGV[5], 'j', ARGV[6], 'k', ''})
-      return 'R' .. reply
-    elseif co == 'l' then  -- waits behind the running call
+    else  -- waits behind the running call
       put({'P', ARGV[1], 'A', ARGV[5], 'J', ARGV[6], 'K', call})
-      return 'P' .. reply
     end
-    return reply
+    return how .. reply
   end
 else
   q = false

@@ -28,7 +28,7 @@ from redis.commands.core import Script
 
 from ...errors import BackendError, ConfigurationError, CorruptRecordError
 from ...locks import Holder, LockState, PendingCall, QueueMeta, RunClaim
-from .._drops import WINDOW, minute
+from .._drops import WINDOW, Tally, minute
 from ..base import Backend, Coalesce, Debounce, Overlap, OverlapMode, QueueMode
 from ..semaphores import SemaphoreStore
 from . import _listing, _overlap
@@ -454,9 +454,9 @@ class RedisBackend(Backend):
     def scan(self) -> Iterator[str]:
         return _listing.lock_keys(self.client, self._prefix, self._call)
 
-    def duplicates(self, window: float = WINDOW) -> dict[str, int]:
+    def drops(self, window: float = WINDOW) -> Tally:
         """Sum the keys' ``<namespace>:{<key>}:d`` hashes (see ``_lua.count_drop``), found with ``SCAN``."""
-        return _listing.duplicates(self.client, self._prefix, self._call, window)
+        return _listing.drops(self.client, self._prefix, self._call, window)
 
     def namespaces(self, limit: int = 100_000) -> list[str]:
         """The namespaces holding locks on this server and database (this one too), sorted.
