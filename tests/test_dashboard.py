@@ -130,8 +130,9 @@ def test_home_counts_pending_calls_debounced_jobs_and_calls_coalesced_or_replace
     def call(n: int) -> QueueMeta:
         return QueueMeta("app.Latest", f"({n},)", call=f'{{"a":[{n}],"k":{{}}}}')
 
-    assert backend.claim("debounced", "t1", meta=call(1), debounce=(600.0, None)) is None
-    later = backend.claim("debounced", "t2", meta=call(2), count=True, coalesce="keep_last", debounce=(600.0, None))
+    wait = (600.0, None)
+    assert backend.claim("debounced", "t1", meta=call(1), debounce=wait) is None
+    later = backend.claim("debounced", "t2", meta=call(2), count=True, coalesce="keep_last", debounce=wait)
     assert later is not None and later.coalesced == "latest"
     assert backend.claim("replaced", "t3", meta=call(3)) is None
     assert backend.claim("replaced", "t4", meta=call(4), count=True, coalesce="replace") is not None

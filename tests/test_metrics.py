@@ -98,7 +98,9 @@ def scene(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Scene]:
     # due in 10 minutes), one pending behind the running call, and a "replace" that took export-2.
     latest = QueueMeta("app.Latest", "(2,)", call='{"a":[2],"k":{}}')
     for key, debounce in (("export-1", (600.0, None)), ("running", None)):
-        state = backend.claim(key, "t-latest", meta=latest, count=True, coalesce="keep_last", debounce=debounce)
+        state = backend.claim(
+            key, "t-latest", meta=latest, count=True, coalesce="keep_last", debounce=debounce
+        )
         assert state is not None and state.coalesced in ("latest", "pending")
     fresh = backend.claim("export-2", "t-fresh", meta=QueueMeta("app.Fresh"), count=True, coalesce="replace")
     assert fresh is not None and fresh.coalesced == "replaced"
