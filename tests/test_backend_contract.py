@@ -583,10 +583,9 @@ def test_refused_calls_are_counted_by_kind(store: Store) -> None:
     assert b.drops() == {"duplicates": {}, "coalesced": {}, "replaced": {}}
     assert _coalesce(b, "t1", 1, "keep_last", count=True) is None
     for n in (2, 3):  # taken over by the queued call
-        assert _coalesce(b, f"t{n}", n, "keep_last", count=True, debounce=(60.0, None)) is not None
+        assert _coalesce(b, f"t{n}", n, "keep_last", count=True, debounce=(0.05, None)) is not None
     assert claim(b, "t4", count=True) is not None  # no coalescing asked: a dropped duplicate
-    assert _start_own(b, "t1")[0] is not None  # not due yet
-    store.advance(61)
+    store.advance(0.1)  # due
     assert _start_own(b, "t1")[0] is None
     assert _coalesce(b, "t5", 5, "keep_last", count=True) is not None  # pending behind the run
     assert _coalesce(b, "t6", 6, "replace", count=True) is not None  # running: dropped as any duplicate
@@ -891,9 +890,11 @@ def test_debounce_is_due_after_the_last_call_and_never_past_the_longest_wait(sto
     assert refused.queue.due > refused.now and b.read("k").run is None
     store.advance(0.05)
     state = _coalesce(b, "t2", 2, "keep_last", debounce=slow)
-    assert state is not None and state.coalesced == "latest"
+    assert state is not None and state.coalesced == "latest" and state.queue is not None
     pushed = b.read("k").queue
     assert pushed is not None and pushed.due is not None and pushed.due > (first.due or 0)  # pushed back
+    assert state.queue.due == pytest.approx(pushed.due) and state.queue.meta.args == "(2,)"  # as it left it
+    assert state.queue.ttl is None and state.queue.since == pytest.approx(first.since) and state.run is None
     state = _coalesce(b, "t3", 3, "keep_last", debounce=(60.0, 0.1))
     capped = b.read("k").queue
     assert capped is not None and capped.due == pytest.approx(capped.since + 0.1, abs=1e-3)

@@ -265,6 +265,7 @@ class LockMachine:
                     wait, longest = debounce
                     due = self.now + wait
                     self.q["due"] = due if longest is None else min(due, q["since"] + longest)
+                state = self.state()  # the queued lock as this call left it (as Redis answers)
                 state.coalesced = "latest"
             else:
                 mine = {"token": token, "since": self.now, "args": meta.args, "job_id": meta.job_id}

@@ -265,6 +265,16 @@ local function due(now, since, wait, longest)
   if since and longest ~= '' then d = math.min(d, tonumber(since) + tonumber(longest) * 1000) end
   return string.format('%.0f', d)
 end
+-- The queued lock q runs with the latest call's arguments (and a pending call is dropped): its
+-- due time ('' : none) pushed back when debounced (wait, longest: see CLAIM). Returns the due time.
+local function take_latest(q, now, call, wait, longest)
+  local fields, d = {'p', ARGV[5], 'k', call}, ''
+  if q[9] then for _, f in ipairs({'P', 'A', 'J', 'K'}) do fields[#fields + 1] = f; fields[#fields + 1] = '' end end
+  if wait ~= '' then d = due(now, q[3], wait, longest) end
+  if d ~= '' or q[13] then fields[#fields + 1] = 'd'; fields[#fields + 1] = d end
+  put(fields)
+  return d
+end
 local function take_back(drop)
   if string.sub(drop, 1, 1) ~= '=' then return end
   local b = string.sub(drop, 2)
@@ -282,7 +292,8 @@ end
 #       none; these four are optional, and come right after mode with mode 'q')
 # Returns 1 when the queue lock is taken (mode 'q'), the fence when both are
 # (mode 'r'), else a snapshot of what is in the way, after a letter if a live queue lock
-# of another token was coalesced: 'L' latest, 'P' pending, 'R' replaced (the lock is ours).
+# of another token was coalesced: 'L' latest, 'P' pending, 'R' replaced (the lock is ours);
+# or, for the usual 'L' (no run lock), no snapshot but 'l <now> <since> <pttl> <due> <token> <job_id>'.
 # Idempotent for its token: a retry (its reply lost) finds its own lock and succeeds again, with the
 # fence it was given, as long as no other token took the run lock meanwhile.
 CLAIM = (
@@ -312,12 +323,17 @@ if present(q) then
   else
     local how = ''  -- what this conflict coalesces to: 'L' latest, 'R' replaced, 'P' pending
     if co == 'l' then how = q[2] == 'q' and 'L' or 'P' elseif co == 'p' and q[2] == 'q' then how = 'R' end
+    if how == 'L' and tonumber(q[3]) and redis.call('EXISTS', KEYS[2]) == 0 then
+      -- The usual coalesced call: a queued lock, no run lock. A short reply, no snapshot to
+      -- encode or parse: 'l' now since pttl due token job_id, the lock as this call leaves it.
+      count_drop(now, drop, false, 'c')
+      local d = take_latest(q, now, call, wait, longest)
+      return table.concat({'l', now, q[3], redis.call('PTTL', KEYS[1]), d, q[1], q[7] or ''}, ' ')
+    end
     local reply = refused(now, drop, run and run[1], q, ({L = 'c', P = 'c', R = 'r'})[how])
     if type(reply) ~= 'string' or how == '' then return reply end
     if how == 'L' then  -- the queued call runs with the latest arguments
-      local d = ''
-      if wait ~= '' then d = due(now, q[3], wait, longest) end
-      put({'p', ARGV[5], 'k', call, 'P', '', 'A', '', 'J', '', 'K', '', 'd', d})
+      take_latest(q, now, call, wait, longest)
     elseif how == 'R' then  -- replaced: the lock is ours, with our job
       put({'t', ARGV[1], 'a', now, 'p', ARGV[5], 'j', ARGV[6], 'k', ''})
     else  -- waits behind the running call
