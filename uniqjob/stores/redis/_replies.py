@@ -21,7 +21,16 @@ from typing import Any
 
 from ...errors import BackendError, CorruptRecordError
 from ...locks import (
-    QUEUED, RUNNING, Coalesced, Holder, LockState, Parts, PendingCall, QueueMeta, QueueRecord, RunRecord,
+    QUEUED,
+    RUNNING,
+    Coalesced,
+    Holder,
+    LockState,
+    Parts,
+    PendingCall,
+    QueueMeta,
+    QueueRecord,
+    RunRecord,
 )  # fmt: skip
 from ..semaphores import Outcome, ParkedInfo, Promotion, SemaphoreState, SlotInfo, Via, decode_holder
 from . import _lua as lua
