@@ -269,7 +269,9 @@ end
 -- due time ('' : none) pushed back when debounced (wait, longest: see CLAIM). Returns the due time.
 local function take_latest(q, now, call, wait, longest)
   local fields, d = {'p', ARGV[5], 'k', call}, ''
-  if q[9] then for _, f in ipairs({'P', 'A', 'J', 'K'}) do fields[#fields + 1] = f; fields[#fields + 1] = '' end end
+  if q[9] then
+    for _, f in ipairs({'P', 'A', 'J', 'K'}) do fields[#fields + 1] = f; fields[#fields + 1] = '' end
+  end
   if wait ~= '' then d = due(now, q[3], wait, longest) end
   if d ~= '' or q[13] then fields[#fields + 1] = 'd'; fields[#fields + 1] = d end
   put(fields)

@@ -31,7 +31,7 @@ from ...locks import (
     QueueMeta,
     QueueRecord,
     RunRecord,
-)  # fmt: skip
+)
 from ..semaphores import Outcome, ParkedInfo, Promotion, SemaphoreState, SlotInfo, Via, decode_holder
 from . import _lua as lua
 from ._wire import text
