@@ -108,7 +108,7 @@ def tally(counts: Counts, first: int, into: Tally | None = None) -> Tally:
     for cls, buckets in counts.items():
         for b, n in buckets.items():
             m = bucket_minute(b)
-            if m is not None and m >= first and n > 0:
-                per = out[KINDS.get(b[len(str(m)) :], "duplicates")]
-                per[cls] = per.get(cls, 0) + n
+            kind = KINDS.get(b[len(str(m)) :]) if m is not None and m >= first and n > 0 else None
+            if kind is not None:
+                out[kind][cls] = out[kind].get(cls, 0) + n
     return out
