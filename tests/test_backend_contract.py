@@ -603,6 +603,18 @@ def test_refused_calls_are_counted_by_kind(store: Store) -> None:
     assert b.drops(60) == b.drops()
 
 
+def test_a_coalesced_refusal_resolved_and_retaken_is_taken_back(store: Store) -> None:
+    b = store.backend
+    assert _coalesce(b, "t1", 1, "keep_last") is None
+    assert _start_own(b, "t1")[0] is None
+    refused = _coalesce(b, "t2", 2, "keep_last", count=True)
+    assert refused is not None and refused.coalesced == "pending"
+    assert b.drops()["coalesced"] == {"tests.Job": 1}
+    assert b.reclaim("k", "t1", "t1")  # the caller proved the holder dead (its pending call goes too)
+    assert _coalesce(b, "t2", 2, "keep_last", count=True, counted=refused.now) is None
+    assert b.drops() == {"duplicates": {}, "coalesced": {}, "replaced": {}}
+
+
 def test_duplicates_are_counted_over_a_window(backend: Backend) -> None:
     b = backend
     assert claim(b, "t1") is None

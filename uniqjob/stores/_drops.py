@@ -71,14 +71,17 @@ def first_minute(now: float, window: float) -> int:
 def add(counts: Counts, cls: str, now: float, n: int = 1, kind: str = "") -> None:
     """Add ``n`` (-1: take one back, never below 0) to ``cls``'s bucket of ``now`` and ``kind`` (a letter).
 
-    The first count of a bucket also drops every class's buckets past KEEP:
-    until the minute turns, nothing more can have aged out.
+    A count taken back from a bucket that holds none comes off another kind's of that minute
+    (the refusal a retry resolved was coalesced, say). The first count of a bucket also drops
+    every class's buckets past KEEP: until the minute turns, nothing more can have aged out.
     """
     if not cls:
         return  # a call whose class the store was not told: nothing to attribute it to
     m = minute(now)
     bucket = f"{m}{kind}"
     buckets = counts.get(cls)
+    if n < 0 and buckets is not None and bucket not in buckets:
+        bucket = next((f"{m}{k}" for k in KINDS if f"{m}{k}" in buckets), bucket)
     if buckets is None or bucket not in buckets:
         _sweep(counts, m - KEEP // BUCKET)
         buckets = counts.setdefault(cls, {})

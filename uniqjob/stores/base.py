@@ -273,8 +273,9 @@ class Backend(ABC):
         delivery of one job, not a duplicate call). A caller that resolves a
         counted refusal (it proves the holder dead, reclaims, tries again) passes
         that refusal's ``LockState.now`` as ``counted``: if granted, the call
-        takes back a dropped duplicate of that minute, in the step that grants
-        it; if refused, it counts nothing more. Every process's counts are kept
+        takes back a count of that minute (a dropped duplicate's, else a
+        coalesced or replaced call's), in the step that grants it; if refused,
+        it counts nothing more. Every process's counts are kept
         in the store, so this reads the whole store's.
 
         A store that keeps no counts returns every kind empty.

@@ -277,11 +277,17 @@ local function take_latest(q, now, call, wait, longest)
   put(fields)
   return d
 end
+-- Take back a count of minute drop ('=<minute>'): a dropped duplicate's, else a coalesced or replaced one's.
 local function take_back(drop)
   if string.sub(drop, 1, 1) ~= '=' then return end
   local b = string.sub(drop, 2)
-  local n = tonumber(redis.pcall('HGET', KEYS[4], b))
-  if n and n > 0 then redis.call('HINCRBY', KEYS[4], b, -1) end
+  for _, kind in ipairs({'', 'c', 'r'}) do
+    local n = tonumber(redis.pcall('HGET', KEYS[4], b .. kind))
+    if n and n > 0 then
+      redis.call('HINCRBY', KEYS[4], b .. kind, -1)
+      return
+    end
+  end
 end
 """
 )
