@@ -78,9 +78,12 @@ def enqueue(job_cls: type[UniqueJob], *args: object) -> Any:
     return run(job_cls.aenqueue(*args))
 
 
-def status(job: Job) -> JobStatus:
+def status(job: Job | str) -> JobStatus:
+    """arq's status of ``job`` (or of the job of that id)."""
+    job_id = job if isinstance(job, str) else job.job_id
+
     async def main() -> JobStatus:
-        return await Job(job.job_id, await queue.pool(), _queue_name=queue.queue_name or "").status()
+        return await Job(job_id, await queue.pool(), _queue_name=queue.queue_name or "").status()
 
     return asyncio.run(main())
 
@@ -406,6 +409,28 @@ def test_keep_last_runs_once_more_with_the_last_of_50_triggers(
     open_gate(redis_client, "a")
     wait_until(lambda: count(redis_client, "done", "a") == 2 and state(Latest, "a", 0).free, "the next run")
     assert versions(redis_client, "a") == [0, 50]
+
+
+@pytest.mark.slow
+def test_a_pending_call_behind_a_killed_worker_is_pushed_by_the_reap(
+    workers: Workers, redis_client: redis.Redis
+) -> None:
+    start_worker(workers, "doomed", **{NODE_VAR: "elsewhere"})  # only its lease can tell it died
+    enqueue(Latest, "k", 0)
+    wait_until(lambda: count(redis_client, "started", "k") == 1, "the first run to start")
+    assert isinstance(enqueue(Latest, "k", 1), Pending)
+    workers.kill("doomed")
+    wait_until(lambda: state(Latest, "k", 0).run is None, "the dead run's lease to lapse")
+    reaped = uniqjob.ops.reap()  # sync: arq's push is awaited on the library's background loop
+    assert [row.key for row in reaped.reclaimed] == [Latest.lock_key("k", 0)]
+    queued = state(Latest, "k", 0).queue
+    assert queued is not None and queued.state == "queued" and queued.meta.args == "'k', 1"
+    assert status(queued.meta.job_id) == JobStatus.queued
+    open_gate(redis_client, "k")
+    start_worker(workers)
+    done = lambda: count(redis_client, "done", "k") == 1 and state(Latest, "k", 0).free  # noqa: E731
+    wait_until(done, "the pending run")
+    assert versions(redis_client, "k") == [0, 1]
 
 
 @pytest.mark.slow

@@ -578,6 +578,43 @@ def test_a_refusal_resolved_and_retaken_is_taken_back(store: Store) -> None:
     assert b.duplicates() == {"tests.Job": 1}
 
 
+def test_refused_calls_are_counted_by_kind(store: Store) -> None:
+    b = store.backend
+    assert b.drops() == {"duplicates": {}, "coalesced": {}, "replaced": {}}
+    assert _coalesce(b, "t1", 1, "keep_last", count=True) is None
+    for n in (2, 3):  # taken over by the queued call
+        assert _coalesce(b, f"t{n}", n, "keep_last", count=True, debounce=(0.05, None)) is not None
+    assert claim(b, "t4", count=True) is not None  # no coalescing asked: a dropped duplicate
+    store.advance(0.1)  # due
+    assert _start_own(b, "t1")[0] is None
+    assert _coalesce(b, "t5", 5, "keep_last", count=True) is not None  # pending behind the run
+    assert _coalesce(b, "t6", 6, "replace", count=True) is not None  # running: dropped as any duplicate
+    assert b.claim("o", "t7", meta=_call(7), coalesce="replace") is None
+    assert b.claim("o", "t8", meta=_call(8), coalesce="replace", count=True) is not None
+    other = QueueMeta("tests.Other")  # a class of its own has keys of its own
+    assert b.claim("p", "t9", meta=other, coalesce="replace") is None
+    assert b.claim("p", "t10", meta=other, coalesce="replace", count=True) is not None
+    assert b.drops() == {
+        "duplicates": {"tests.Job": 2},
+        "coalesced": {"tests.Job": 3},
+        "replaced": {"tests.Job": 1, "tests.Other": 1},
+    }
+    assert b.duplicates() == {"tests.Job": 2}
+    assert b.drops(60) == b.drops()
+
+
+def test_a_coalesced_refusal_resolved_and_retaken_is_taken_back(store: Store) -> None:
+    b = store.backend
+    assert _coalesce(b, "t1", 1, "keep_last") is None
+    assert _start_own(b, "t1")[0] is None
+    refused = _coalesce(b, "t2", 2, "keep_last", count=True)
+    assert refused is not None and refused.coalesced == "pending"
+    assert b.drops()["coalesced"] == {"tests.Job": 1}
+    assert b.reclaim("k", "t1", "t1")  # the caller proved the holder dead (its pending call goes too)
+    assert _coalesce(b, "t2", 2, "keep_last", count=True, counted=refused.now) is None
+    assert b.drops() == {"duplicates": {}, "coalesced": {}, "replaced": {}}
+
+
 def test_duplicates_are_counted_over_a_window(backend: Backend) -> None:
     b = backend
     assert claim(b, "t1") is None
@@ -784,7 +821,8 @@ def test_keep_last_while_running_keeps_one_pending_call_queued_by_finish(store: 
     queue = b.read("k").queue
     assert queue is not None and queue.pending is not None
     assert queue.pending.token == "t4" and queue.pending.meta == replace(_call(4), cls="")
-    assert b.duplicates() == {"tests.Job": 3}  # each coalesced call is a drop
+    assert b.duplicates() == {}  # a coalesced call is no dropped duplicate: it is counted as coalesced
+    assert b.drops() == {"duplicates": {}, "coalesced": {"tests.Job": 3}, "replaced": {}}
     pending = b.finish("k", "t1")
     assert pending is not None and pending.token == "t4" and pending.meta.call == _call(4).call
     assert pending.meta.job_id == "job-4"
@@ -831,7 +869,7 @@ def test_replace_moves_a_queued_lock_to_the_new_job_and_refuses_the_old_start(st
     assert state.queue is not None and state.queue.token == "t1" and state.queue.meta.job_id == "job-1"
     queue = b.read("k").queue
     assert queue is not None and queue.token == "t2" and queue.meta.job_id == "job-2"
-    assert b.duplicates() == {"tests.Job": 1}  # the replaced call
+    assert b.drops() == {"duplicates": {}, "coalesced": {}, "replaced": {"tests.Job": 1}}
     refused, _ = _start_own(b, "t1")  # the replaced job, dequeued by a worker all the same
     assert refused is not None and b.read("k").run is None
     assert _start_own(b, "t2")[0] is None
@@ -864,9 +902,11 @@ def test_debounce_is_due_after_the_last_call_and_never_past_the_longest_wait(sto
     assert refused.queue.due > refused.now and b.read("k").run is None
     store.advance(0.05)
     state = _coalesce(b, "t2", 2, "keep_last", debounce=slow)
-    assert state is not None and state.coalesced == "latest"
+    assert state is not None and state.coalesced == "latest" and state.queue is not None
     pushed = b.read("k").queue
     assert pushed is not None and pushed.due is not None and pushed.due > (first.due or 0)  # pushed back
+    assert state.queue.due == pytest.approx(pushed.due) and state.queue.meta.args == "(2,)"  # as it left it
+    assert state.queue.ttl is None and state.queue.since == pytest.approx(first.since) and state.run is None
     state = _coalesce(b, "t3", 3, "keep_last", debounce=(60.0, 0.1))
     capped = b.read("k").queue
     assert capped is not None and capped.due == pytest.approx(capped.since + 0.1, abs=1e-3)

@@ -124,6 +124,23 @@ def test_home_names_the_classes_that_drop_most(
     assert "2 tests.dashboard_jobs.Report and 1 more class(es)" in shown
 
 
+def test_home_counts_pending_calls_debounced_jobs_and_calls_coalesced_or_replaced(
+    backend: Backend, client: TestClient
+) -> None:
+    def call(n: int) -> QueueMeta:
+        return QueueMeta("app.Latest", f"({n},)", call=f'{{"a":[{n}],"k":{{}}}}')
+
+    wait = (600.0, None)
+    assert backend.claim("debounced", "t1", meta=call(1), debounce=wait) is None
+    later = backend.claim("debounced", "t2", meta=call(2), count=True, coalesce="keep_last", debounce=wait)
+    assert later is not None and later.coalesced == "latest"
+    assert backend.claim("replaced", "t3", meta=call(3)) is None
+    assert backend.claim("replaced", "t4", meta=call(4), count=True, coalesce="replace") is not None
+    shown = text(client.get("/").text)
+    assert "2 queued · 0 running · 0 orphaned · 1 debouncing" in shown
+    assert "Dropped duplicates 0 in the last hour: none besides: 1 coalesced · 1 replaced" in shown
+
+
 def test_metrics_are_the_stores_figures(backend: Backend, scene: Scene) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -193,13 +193,16 @@ def test_redis_drops_minutes_past_the_hour_and_reads_only_the_window(redis_backe
     (drops,) = [n for n in b.client.scan_iter(match=f"{b.namespace}:*:d")]
     now = int(b.client.time()[0]) // 60
     # Counts of earlier minutes, as if this key had drops all along: one in the hour, one past it.
-    b.client.hset(drops, mapping={str(now - 30): 5, str(now - 62): 7})
+    # Each kind of call has its own buckets: coalesced ("<minute>c") and replaced ("<minute>r").
+    b.client.hset(drops, mapping={str(now - 30): 5, str(now - 62): 7, f"{now - 30}c": 2, f"{now - 62}r": 4})
     assert b.duplicates() == {"other.Class": 6}
+    assert b.drops() == {"duplicates": {"other.Class": 6}, "coalesced": {"other.Class": 2}, "replaced": {}}
     assert b.duplicates(60) == {"other.Class": 1}
     # The next new minute prunes what is past keeping; simulate it by emptying this minute's bucket.
     b.client.hdel(drops, str(now))
     assert b.claim("k", "t3", meta=meta, count=True) is not None
-    assert set(b.client.hkeys(drops)) == {b"c", str(now - 30).encode(), str(now).encode()}
+    kept = {"c", str(now - 30), f"{now - 30}c", str(now)}
+    assert set(b.client.hkeys(drops)) == {f.encode() for f in kept}
     assert b.duplicates() == {"other.Class": 6}
 
 
@@ -259,6 +262,24 @@ def test_a_long_file_counter_log_is_compacted(tmp_path: Path, clock: FakeClock) 
     assert b.duplicates() == {"tests.Job": refusals}
     clock.advance(3700)
     assert b.duplicates() == {}
+
+
+def test_a_file_counter_log_keeps_each_kind_through_compaction(
+    tmp_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    b = FileBackend(tmp_path / "locks", clock=clock)
+    meta = QueueMeta("tests.Job", call='{"a":[],"k":{}}')
+    assert b.claim("k", "t1", meta=meta) is None
+    for _ in range(200):
+        assert b.claim("k", "t2", meta=meta, count=True) is not None
+        assert b.claim("k", "t3", meta=meta, count=True, coalesce="keep_last") is not None
+    (log,) = list((tmp_path / "locks").glob(".*.drops"))
+    assert log.stat().st_size <= COMPACT  # compacted at least once: one line per class, minute and kind
+    minute = int(clock() // 60)
+    with log.open("a") as f:  # a line written before kinds were counted reads as a dropped duplicate,
+        f.write(f'\n[{minute}, 1, "tests.Job"]\n[{minute}, 1, "tests.Job", "x"]')  # an unknown kind skipped
+    assert b.drops() == {"duplicates": {"tests.Job": 201}, "coalesced": {"tests.Job": 200}, "replaced": {}}
+    assert "skipped 1 unreadable line(s)" in caplog.text
 
 
 @pytest.mark.slow

@@ -54,7 +54,7 @@ def call(url: str, calls: list[tuple[str, dict[str, Any]]]) -> tuple[list[Any], 
 def _key_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows without the figures that tick with the clock between two reads."""
     return [
-        {k: v for k, v in row.items() if k not in ("age_s", "ttl_s", "lease_s", "oldest_wait_s")}
+        {k: v for k, v in row.items() if k not in ("age_s", "ttl_s", "lease_s", "oldest_wait_s", "due_s")}
         for row in rows
     ]
 
@@ -79,6 +79,8 @@ def test_the_tools_answer_what_the_cli_prints_and_change_nothing(scene: Scene) -
     assert figures["duplicates"] == {Export.job_name(): 2} and figures["window_s"] == 3600.0
     assert sorted(_key_rows(locks["locks"]), key=str) == sorted(_key_rows(rows), key=str)
     assert locks["duplicates"] == figures["duplicates"] and locks["more"] is False
+    assert locks["coalesced"] == figures["coalesced"] == {"app.Latest": 2}
+    assert locks["replaced"] == figures["replaced"] == {"app.Fresh": 1}
     assert len(some["locks"]) == 1 and some["more"] is True  # two Export locks, one asked for
     assert some["locks"][0]["class"] == Export.job_name()
 

@@ -94,6 +94,17 @@ def scene(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Scene]:
     Export.enqueue(6)
     assert Export.inner == [None, None]
 
+    # Coalesced and replaced calls: a debounced "keep_last" call taken over by a queued lock (now
+    # due in 10 minutes), one pending behind the running call, and a "replace" that took export-2.
+    latest = QueueMeta("app.Latest", "(2,)", call='{"a":[2],"k":{}}')
+    for key, debounce in (("export-1", (600.0, None)), ("running", None)):
+        state = backend.claim(
+            key, "t-latest", meta=latest, count=True, coalesce="keep_last", debounce=debounce
+        )
+        assert state is not None and state.coalesced in ("latest", "pending")
+    fresh = backend.claim("export-2", "t-fresh", meta=QueueMeta("app.Fresh"), count=True, coalesce="replace")
+    assert fresh is not None and fresh.coalesced == "replaced"
+
     scene = Scene(url, backend, "export-1")
     scene.before = scene.snapshot()
     yield scene
@@ -122,7 +133,11 @@ def test_metrics_report_the_scene(scene: Scene) -> None:
         ("uniqjob_locks", (("state", "queued"),)): 2,
         ("uniqjob_locks", (("state", "running"),)): 2,
         ("uniqjob_locks_orphaned", ()): 1,
+        ("uniqjob_locks_pending_calls", ()): 1,
+        ("uniqjob_debounced_jobs", ()): 1,
         ("uniqjob_duplicates_total", (("job", Export.job_name()),)): 2,
+        ("uniqjob_coalesced_total", (("job", "app.Latest"),)): 2,
+        ("uniqjob_replaced_total", (("job", "app.Fresh"),)): 1,
     }
     assert scene.unchanged()  # a scrape only reads
 
@@ -150,21 +165,25 @@ def test_stats_prints_the_same_figures(scene: Scene) -> None:
     wait = figures["concurrency"].pop("oldest_wait_s")
     assert 0 <= wait < 60
     assert figures == {
-        "locks": {"queued": 2, "running": 2, "orphaned": 1, "corrupt": 0},
+        "locks": {"queued": 2, "running": 2, "orphaned": 1, "corrupt": 0, "pending": 1, "debouncing": 1},
         "concurrency": {"keys": 2, "slots_held": 3, "stale_slots": 1, "keys_at_limit": 1, "parked": 2},
         "duplicates": {Export.job_name(): 2},
+        "coalesced": {"app.Latest": 2},
+        "replaced": {"app.Fresh": 1},
         "window_s": 3600.0,
     }
     table = uniqjob_cli("stats", "--url", scene.url, "--window", "60")
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
-    assert lines[:3] == [
+    assert lines[:5] == [
         "dropped duplicates, last 60s:",
-        "   DROPPED  CLASS",
-        f"         2  {Export.job_name()}",
+        "   DROPPED  COALESCED  REPLACED  CLASS",
+        f"         2          0         0  {Export.job_name()}",
+        "         0          2         0  app.Latest",
+        "         0          0         1  app.Fresh",
     ]
-    assert lines[3] == "locks: 2 queued, 2 running, 1 orphaned"
-    assert lines[4].startswith(
+    assert lines[5] == "locks: 2 queued, 2 running, 1 orphaned, 1 with a pending call, 1 debouncing"
+    assert lines[6].startswith(
         "concurrency: 2 key(s), 3 slot(s) held (1 stale), 1 at their limit, 2 job(s) parked"
     )
 
@@ -208,7 +227,8 @@ def test_stats_counts_a_corrupt_record_and_exits_65(tmp_path: Path) -> None:
     record.write_text("{not json")
     done = uniqjob_cli("stats", "--url", url, "--json")
     assert done.returncode == 65
-    assert json.loads(done.stdout)["locks"] == {"queued": 0, "running": 0, "orphaned": 0, "corrupt": 1}
+    locks = {"queued": 0, "running": 0, "orphaned": 0, "corrupt": 1, "pending": 0, "debouncing": 0}
+    assert json.loads(done.stdout)["locks"] == locks
     table = uniqjob_cli("stats", "--url", url)
     assert table.returncode == 65
     assert "locks: 0 queued, 0 running, 0 orphaned, 1 corrupt (see uniqjob locks)" in table.stdout

@@ -14,8 +14,12 @@ same as ``uniqjob stats`` shows):
 - ``uniqjob_concurrency_parked_jobs``, ``uniqjob_concurrency_oldest_parked_age_seconds``,
   ``uniqjob_concurrency_slots_held{lease="fresh|stale"}``, ``uniqjob_concurrency_keys_at_limit``;
 - ``uniqjob_locks{state="queued|running"}``, ``uniqjob_locks_orphaned``;
+- ``uniqjob_locks_pending_calls``: queue locks with a pending call ("keep_last" behind a running
+  call), ``uniqjob_debounced_jobs``: debounced jobs waiting for their due time;
 - ``uniqjob_duplicates_total{job}``: duplicates dropped, rescheduled or raised over the last
-  hour, as the store counts them (a sliding window: it falls as old minutes leave it).
+  hour, as the store counts them (a sliding window: it falls as old minutes leave it);
+  ``uniqjob_coalesced_total{job}`` and ``uniqjob_replaced_total{job}``: the calls coalesced
+  ("keep_last", debounce) and replaced ("replace") over the same hour.
 """
 
 from __future__ import annotations
@@ -69,14 +73,25 @@ class UniqjobCollector(Collector):
         locks.add_metric(["running"], figures.running)
         yield locks
         yield _gauge("uniqjob_locks_orphaned", "Held unique locks whose holder is dead", figures.orphaned)
-        drops = GaugeMetricFamily(
-            "uniqjob_duplicates_total",
-            "Duplicates dropped, rescheduled or raised over the last hour, per job class",
-            labels=["job"],
+        yield _gauge(
+            "uniqjob_locks_pending_calls",
+            "Queue locks with a pending call (keep_last, behind a running call)",
+            figures.pending,
         )
-        for job, count in figures.duplicates.items():
-            drops.add_metric([job], count)
-        yield drops
+        yield _gauge(
+            "uniqjob_debounced_jobs", "Debounced jobs waiting for their due time", figures.debouncing
+        )
+        for name, what, counts in (
+            ("duplicates", "Duplicates dropped, rescheduled or raised", figures.duplicates),
+            ("coalesced", "Calls coalesced into a queued or pending call (keep_last)", figures.coalesced),
+            ("replaced", "Calls that replaced a queued call (replace)", figures.replaced),
+        ):
+            drops = GaugeMetricFamily(
+                f"uniqjob_{name}_total", f"{what} over the last hour, per job class", labels=["job"]
+            )
+            for job, count in counts.items():
+                drops.add_metric([job], count)
+            yield drops
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

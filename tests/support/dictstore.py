@@ -6,7 +6,7 @@ one mutex. Each writes its hook (``_lock_machine``, ``_machine``) and what the h
 cannot give: ``scan`` (the contracts' one streaming read), ``purge`` (an
 operator's forced release; optional, the contract suite holds it) and a
 fence counter and a counter of dropped duplicates handed to each :class:`LockMachine`, and
-``duplicates`` to read the latter. Everything else, every
+``drops`` to read the latter. Everything else, every
 transition, comes from the two bases. ``tests/conftest.py`` registers it
 under ``dict://`` and puts it in the one list of stores, so both contract
 suites run against it.
@@ -40,7 +40,7 @@ class DictBackend(LockMachineBackend):
         self.records: dict[str, dict[str, Any]] = {}
         self.mutex = threading.Lock()
         self.last_fence = 0  # fences outlive their records: a purge or a release never resets them
-        self.drops: _drops.Counts = {}  # dropped duplicates, counted by the LockMachine under the mutex
+        self.counts: _drops.Counts = {}  # dropped duplicates, counted by the LockMachine under the mutex
 
     def _fence(self, now_us: int) -> int:
         self.last_fence = max(now_us, self.last_fence + 1)
@@ -60,17 +60,17 @@ class DictBackend(LockMachineBackend):
                 else:
                     self.records[key] = record
 
-    def _count(self, cls: str, now: float, n: int) -> None:
-        _drops.add(self.drops, cls, now, n)
+    def _count(self, cls: str, now: float, n: int, kind: str) -> None:
+        _drops.add(self.counts, cls, now, n, kind)
 
     def scan(self) -> Iterator[str]:
         with self.mutex:
             keys = list(self.records)
         yield from keys
 
-    def duplicates(self, window: float = _drops.WINDOW) -> dict[str, int]:
+    def drops(self, window: float = _drops.WINDOW) -> _drops.Tally:
         with self.mutex:
-            return _drops.totals(self.drops, self.clock(), window)
+            return _drops.tally(self.counts, _drops.first_minute(self.clock(), window))
 
     def purge(self, key: str) -> list[str]:
         with self.mutex:

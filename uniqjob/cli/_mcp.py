@@ -4,8 +4,8 @@ Two tools, so an agent can answer "why is this job stuck?" without reading
 the store itself, each returning what the command line prints as JSON:
 
 - ``locks`` (``job_class``, ``limit``): ``{"locks": [row, ...], "more": bool,
-  "duplicates": {CLASS: N}, "window_s": 3600}``, each row the object of
-  ``uniqjob locks --json``, and the duplicates of ``uniqjob stats --json``;
+  "duplicates": {CLASS: N}, "coalesced": {...}, "replaced": {...}, "window_s": 3600}``,
+  each row the object of ``uniqjob locks --json``, and the counts of ``uniqjob stats --json``;
 - ``concurrency`` (``top``, ``job_class``): ``{"keys": [key, ...], "totals":
   {...}, "left_out": N}``, each key the object of ``uniqjob locks --concurrency --json``, the
   totals those of ``uniqjob stats --json``.
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..errors import ConfigurationError, UniqJobError
-from ..ops import concurrency, duplicates, iter_rows
+from ..ops import concurrency, drops, iter_rows
 from ..stores._drops import WINDOW
 from ..stores.base import Backend
 from ._common import EX_OK, SubParsers, add_url_option, open_backend
@@ -77,7 +77,7 @@ def locks_tool(backend: Backend, job_class: str | None = None, limit: int = LIMI
     return {
         "locks": [row.to_json() for row in rows[:limit]],
         "more": len(rows) > limit,
-        "duplicates": duplicates(backend, job_class=job_class),
+        **drops(backend, job_class=job_class),  # duplicates, coalesced, replaced
         "window_s": WINDOW,
     }
 
@@ -112,7 +112,8 @@ def build_server(backend: Backend) -> MCPServer[Any]:
 
         ``job_class``: only this class (full name or last dotted part); ``limit``: at most this
         many rows (default 100; ``more`` says whether there were more). ``duplicates``: calls
-        dropped per class in the last hour because their key was held.
+        dropped per class in the last hour because their key was held; ``coalesced`` and
+        ``replaced``: calls taken in by a queued or pending call, or that replaced a queued one.
         """
         try:
             return locks_tool(backend, job_class, limit)

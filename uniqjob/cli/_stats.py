@@ -21,11 +21,16 @@ _EPILOG = f"""\
 DROPPED counts the calls each job class lost to a held key over the last
 --window seconds (default and most {WINDOW:g}): duplicates the policy dropped,
 rescheduled or raised, as the store counted them for every process, by the
-minute (the window is counted in the whole minutes it overlaps).
+minute (the window is counted in the whole minutes it overlaps). COALESCED
+counts the calls whose arguments a queued or pending call took over
+("keep_last", debounce), REPLACED those that took a queued call's place
+("replace"); neither is in DROPPED. The locks line counts the pending calls
+("keep_last" behind a running call) and the debounced jobs not yet due.
 
---json prints one object: {{"locks": {{queued, running, orphaned, corrupt}},
-"concurrency": {{keys, slots_held, stale_slots, keys_at_limit, parked, oldest_wait_s}},
-"duplicates": {{CLASS: N}}, "window_s": SECONDS}}. The exit status is 65 when a
+--json prints one object: {{"locks": {{queued, running, orphaned, corrupt, pending,
+debouncing}}, "concurrency": {{keys, slots_held, stale_slots, keys_at_limit, parked,
+oldest_wait_s}}, "duplicates": {{CLASS: N}}, "coalesced": {{CLASS: N}},
+"replaced": {{CLASS: N}}, "window_s": SECONDS}}. The exit status is 65 when a
 lock record cannot be read (see `uniqjob locks`).
 
 examples:
@@ -78,14 +83,24 @@ def stats_command(args: argparse.Namespace) -> int:
 
 def _text(figures: Stats) -> str:
     lines = [f"dropped duplicates, last {figures.window:g}s:"]
-    if figures.duplicates:
+    kinds = (figures.duplicates, figures.coalesced, figures.replaced)
+    classes = list(dict.fromkeys(cls for counts in kinds for cls in counts))  # busiest dropped first
+    if not classes:
+        lines.append("  none")
+    elif not (figures.coalesced or figures.replaced):
         lines.append(f"  {'DROPPED':>8}  CLASS")
         lines += [f"  {n:>8}  {escape(cls)}" for cls, n in figures.duplicates.items()]
     else:
-        lines.append("  none")
+        lines.append(f"  {'DROPPED':>8}  {'COALESCED':>9}  {'REPLACED':>8}  CLASS")
+        for cls in classes:
+            d, n, r = (counts.get(cls, 0) for counts in kinds)
+            lines.append(f"  {d:>8}  {n:>9}  {r:>8}  {escape(cls)}")
     corrupt = f", {figures.corrupt} corrupt (see uniqjob locks)" if figures.corrupt else ""
+    waiting = f", {figures.pending} with a pending call" if figures.pending else ""
+    waiting += f", {figures.debouncing} debouncing" if figures.debouncing else ""
     lines.append(
-        f"locks: {figures.queued} queued, {figures.running} running, {figures.orphaned} orphaned{corrupt}"
+        f"locks: {figures.queued} queued, {figures.running} running, {figures.orphaned} orphaned"
+        f"{waiting}{corrupt}"
     )
     c = figures.concurrency
     oldest = f", the oldest waiting {c.oldest_wait:.1f}s" if c.oldest_wait is not None else ""

@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from .. import config
 from ..errors import BackendError
-from ..ops import LockRelease, Released, discard_parked, duplicates, release
+from ..ops import LockRelease, Released, discard_parked, drops, release
 from ..stores.base import Backend
 from . import _data
 from ._format import duration
@@ -123,7 +123,8 @@ class _Dashboard:
             "home.html",
             concurrency=_data.concurrency_totals(backend).totals,
             locks=_data.uniqueness(backend, limit=0),
-            drops=duplicates(backend, window=_data.DROPS_WINDOW),
+            drops=(kinds := drops(backend, window=_data.DROPS_WINDOW))["duplicates"],
+            kinds=kinds,
             drops_shown=_data.DROPS_SHOWN,
             took=time.monotonic() - began,
         )

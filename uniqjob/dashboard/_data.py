@@ -61,6 +61,8 @@ class Uniqueness:
     running: int = 0
     orphaned: int = 0
     corrupt: int = 0
+    pending: int = 0  # with a pending call ("keep_last" behind a running call)
+    debouncing: int = 0  # debounced, not yet due
     rows: list[LockRow] = field(default_factory=list)
     classes: list[str] = field(default_factory=list)
 
@@ -86,6 +88,8 @@ def uniqueness(backend: Backend, *, job_class: str | None = None, limit: int = R
         else:
             found.running += 1
         found.orphaned += row.orphaned
+        found.pending += row.pending is not None
+        found.debouncing += bool(row.due_s)
         if row.job_class is not None and len(classes) < CLASSES:
             classes.add(row.job_class)
         if not limit:

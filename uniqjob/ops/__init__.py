@@ -13,6 +13,7 @@ objects), offered here beside the rest.
 - :func:`release_slots`, :func:`discard_parked`: an operator's escape hatches for one concurrency key;
 - :func:`concurrency`, :func:`concurrency_key`, :func:`iter_keys`: concurrency figures, for metrics;
 - :func:`duplicates`: the duplicates dropped per job class over the last hour, as the store counted them;
+  :func:`drops`: those, and the calls coalesced and replaced, per kind;
 - :func:`stats`: all the figures above over the whole store, in one read (``uniqjob stats``, metrics).
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from ..concurrency import Released, discard_parked, release_slots, sweep
 from ..concurrency.ops import stale
-from ._drops import Stats, duplicates, stats
+from ._drops import Stats, drops, duplicates, stats
 from ._figures import ConcurrencyReport, KeyReport, Totals, concurrency, concurrency_key, iter_keys
 from ._locks import CORRUPT, PARKED, LockRelease, LockRow, Reaped, iter_rows, reap, release
 
@@ -38,6 +39,7 @@ __all__ = [
     "concurrency",
     "concurrency_key",
     "discard_parked",
+    "drops",
     "duplicates",
     "iter_keys",
     "iter_rows",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import config
 from ..locks import QUEUED, RUNNING
@@ -12,7 +12,7 @@ from ..stores.base import Backend
 from ._figures import Totals, concurrency
 from ._locks import CORRUPT, class_matches, iter_rows
 
-__all__ = ["Stats", "duplicates", "stats"]
+__all__ = ["Stats", "drops", "duplicates", "stats"]
 
 
 def duplicates(
@@ -21,19 +21,37 @@ def duplicates(
     """Return the duplicates dropped, rescheduled or raised per job class over the last ``window`` seconds.
 
     The counts are the store's (every process's calls), busiest class first;
-    ``window`` is at most 3600 (see :meth:`uniqjob.stores.base.Backend.duplicates`).
+    ``window`` is at most 3600 (see :meth:`uniqjob.stores.base.Backend.drops`).
+    ``job_class`` keeps one class (full name, or its last dotted part). Coalesced
+    and replaced calls are not in it: :func:`drops` has them.
+    """
+    return drops(store, window=window, job_class=job_class)["duplicates"]
+
+
+def drops(
+    store: Backend | None = None, *, window: float = WINDOW, job_class: str | None = None
+) -> dict[str, dict[str, int]]:
+    """Return the refused calls per kind and job class over the last ``window`` seconds.
+
+    ``{"duplicates": {class: n}, "coalesced": {...}, "replaced": {...}}`` (see
+    :meth:`uniqjob.stores.base.Backend.drops`), each busiest class first;
     ``job_class`` keeps one class (full name, or its last dotted part).
     """
     backend = store if store is not None else config.default_backend()
-    counts = backend.duplicates(window)
-    if job_class is not None:
-        counts = {cls: n for cls, n in counts.items() if class_matches(cls, job_class)}
-    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+    out = {}
+    for kind, found in backend.drops(window).items():
+        counts = [(cls, n) for cls, n in found.items() if job_class is None or class_matches(cls, job_class)]
+        out[kind] = dict(sorted(counts, key=lambda item: (-item[1], item[0])))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    """A store's figures over every key: its locks, its concurrency totals and its dropped duplicates."""
+    """A store's figures over every key: its locks, its concurrency totals and its refused calls by kind.
+
+    ``pending``: queue locks with a pending call ("keep_last" behind a running call);
+    ``debouncing``: debounced jobs not yet due (``unique_debounce``).
+    """
 
     queued: int
     running: int
@@ -42,6 +60,10 @@ class Stats:
     concurrency: Totals
     duplicates: dict[str, int]
     window: float
+    coalesced: dict[str, int] = field(default_factory=dict)
+    replaced: dict[str, int] = field(default_factory=dict)
+    pending: int = 0
+    debouncing: int = 0
 
     def to_json(self) -> dict[str, object]:
         """Return the figures as the JSON object ``uniqjob stats --json`` prints."""
@@ -51,9 +73,13 @@ class Stats:
                 "running": self.running,
                 "orphaned": self.orphaned,
                 "corrupt": self.corrupt,
+                "pending": self.pending,
+                "debouncing": self.debouncing,
             },
             "concurrency": self.concurrency.to_json(),
             "duplicates": self.duplicates,
+            "coalesced": self.coalesced,
+            "replaced": self.replaced,
             "window_s": self.window,
         }
 
@@ -61,11 +87,16 @@ class Stats:
 def stats(store: Backend | None = None, *, window: float = WINDOW) -> Stats:
     """Read ``store``'s figures (None: the configured store): every lock and concurrency key, streaming."""
     backend = store if store is not None else config.default_backend()
-    drops = duplicates(backend, window=window)  # first: a bad window fails before the scans
+    kinds = drops(backend, window=window)  # first: a bad window fails before the scans
     states: Counter[str] = Counter()
-    orphans = 0
+    orphans = pending = debouncing = 0
     for row in iter_rows(backend):
         states[QUEUED if row.waiting else row.state] += 1
         orphans += row.orphaned
+        pending += row.pending is not None
+        debouncing += bool(row.due_s)
     totals = concurrency(backend, top=0).totals
-    return Stats(states[QUEUED], states[RUNNING], orphans, states[CORRUPT], totals, drops, float(window))
+    return Stats(
+        states[QUEUED], states[RUNNING], orphans, states[CORRUPT], totals, kinds["duplicates"], float(window),
+        kinds["coalesced"], kinds["replaced"], pending, debouncing,
+    )  # fmt: skip

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
+from functools import partial
 from typing import Literal
 
 from .. import config
@@ -151,7 +151,7 @@ def _reclaim(backend: Backend, state: LockState) -> bool:
     """Delete the locks ``state`` shows, token-checked: a lock taken again meanwhile stays.
 
     A queue lock with a pending call ("keep_last") is released as its holder would have:
-    the pending call is queued and pushed (uniqjob._coalesce.resume).
+    the pending call is queued and pushed (:func:`_resume`).
     """
     queue_token = state.queue.token if state.queue is not None else None
     if state.queue is not None and state.queue.pending is not None:
@@ -164,25 +164,26 @@ def _resume(backend: Backend, key: str, token: str) -> bool:
     """Release a dead holder's queue lock ``token`` of ``key`` that has a pending call, and push that call.
 
     The release queues the pending call in the same step, as the holder's own would have;
-    True if it was pushed. An async queue's (arq's) pending call is left queued: reclaimed
-    once that queue proves its job gone, at the key's next call.
+    True if it was pushed. An async queue's push (arq's) is awaited to its end on the
+    library's background event loop, as a promoted parked call's is.
     """
     # here: only a key with a pending call needs them
     from .. import _coalesce, settings
     from .._refs import resolve_job
+    from ..concurrency._semaphore_base import push_call
 
     pending = backend.finish(key, token)
     ref = _coalesce.json_ref(pending.meta.call) if pending is not None else ""
     cls = resolve_job(ref) if ref else None
     queue = cls.unique_queue if cls is not None else None
-    if pending is None or cls is None or queue is None or inspect.iscoroutinefunction(queue.push):
+    if pending is None or cls is None or queue is None:
         return False
     args, kwargs = _coalesce.decode(pending.meta.call)
     lock, wait = _coalesce.follower(cls, key, pending), settings.debounce(cls)
     if wait is not None:
-        queue.push_in(cls, lock, args, kwargs, wait[0])
+        push_call(partial(queue.push_in, cls, lock, args, kwargs, wait[0]))
     else:
-        queue.push(cls, lock, args, kwargs)
+        push_call(partial(queue.push, cls, lock, args, kwargs))
     return True
 
 

@@ -1,6 +1,7 @@
 """The file store's dropped duplicates: an append-only log per stripe, ``.NN.drops``, one line per count.
 
-A count is appended, ``[minute, n, class]`` as a line of JSON, under the stripe's
+A count is appended, ``[minute, n, class]`` (a dropped duplicate) or ``[minute, n, class,
+kind]`` (kind "c" coalesced, "r" replaced: see ``_drops``) as a line of JSON, under the stripe's
 lock, so in the same step as the refusal it counts: one ``write`` to a file
 opened ``O_APPEND``, never a rewrite, since duplicates are the common case of a
 busy queue. A log past :data:`COMPACT` bytes is rewritten (a new file renamed
@@ -15,7 +16,7 @@ import json
 import os
 from collections.abc import Iterator
 
-from ._drops import BUCKET, KEEP, Counts, add, minute
+from ._drops import BUCKET, KEEP, KINDS, Counts, add, bucket_minute, minute
 from ._log import get_logger
 from ._stripes import FILE_MODE, OPEN_FLAGS, describe_error, file_problem
 
@@ -36,13 +37,15 @@ class DropLog:
     def path(self, stripe: int) -> str:
         return os.path.join(self.directory, f".{stripe:02d}.drops")
 
-    def add(self, stripe: int, cls: str, now: float, n: int) -> None:
-        """Append a count of ``n`` (-1: one taken back) for ``cls`` at ``now``; the stripe's lock is held."""
+    def add(self, stripe: int, cls: str, now: float, n: int, kind: str = "") -> None:
+        """Append a count of ``n`` (-1: one taken back) for ``cls`` of ``kind`` at ``now``; the stripe's
+        lock is held."""
         if not cls:
             return
         path = self.path(stripe)
         # The newline first: a line cut short by a crash mid-append then ends where this one starts.
-        line = "\n" + json.dumps([minute(now), n, cls], separators=(",", ":"))
+        fields: list[int | str] = [minute(now), n, cls, kind] if kind else [minute(now), n, cls]
+        line = "\n" + json.dumps(fields, separators=(",", ":"))
         try:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | OPEN_FLAGS, FILE_MODE)
             try:
@@ -63,11 +66,13 @@ class DropLog:
     def _compact(self, path: str, now: float) -> None:
         """Rewrite the log at ``path`` as one line per class and minute still kept."""
         counts = self.read(path, now)
-        lines = "".join(
-            json.dumps([int(m), c, cls], separators=(",", ":")) + "\n"
-            for cls, buckets in counts.items()
-            for m, c in buckets.items()
-        )
+        lines = ""
+        for cls, buckets in counts.items():
+            for b, c in buckets.items():
+                m = bucket_minute(b) or 0
+                kind = b[len(str(m)) :]
+                fields: list[int | str] = [m, c, cls, kind] if kind else [m, c, cls]
+                lines += json.dumps(fields, separators=(",", ":")) + "\n"
         fresh = path + ".new"
         fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | OPEN_FLAGS, FILE_MODE)
         try:
@@ -80,12 +85,12 @@ class DropLog:
         """The counts of the log at ``path`` still kept at ``now``, summed per class and minute."""
         counts: Counts = {}
         oldest = minute(now) - KEEP // BUCKET
-        for m, n, cls in self._lines(path):
+        for m, n, cls, kind in self._lines(path):
             if m >= oldest:
-                add(counts, cls, m * BUCKET, n)
+                add(counts, cls, m * BUCKET, n, kind)
         return counts
 
-    def _lines(self, path: str) -> Iterator[tuple[int, int, str]]:
+    def _lines(self, path: str) -> Iterator[tuple[int, int, str, str]]:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | OPEN_FLAGS)
         except FileNotFoundError:
@@ -107,12 +112,13 @@ class DropLog:
             if not text:
                 continue
             try:
-                m, n, cls = json.loads(text)
+                m, n, cls, *kind = json.loads(text)
             except (ValueError, TypeError):
                 bad += 1
                 continue
-            if type(m) is int and type(n) is int and isinstance(cls, str):
-                yield m, n, cls
+            k = kind[0] if len(kind) == 1 else ""
+            if type(m) is int and type(n) is int and isinstance(cls, str) and k in KINDS and len(kind) < 2:
+                yield m, n, cls, k
             else:
                 bad += 1
         if bad:  # a line cut short by a crash mid-append, or a damaged file

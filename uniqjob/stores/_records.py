@@ -27,14 +27,16 @@ from ..locks import (
     RunClaim,
     RunRecord,
 )
+from ._drops import kind_of
 from .base import Backend, Coalesce, Debounce, Overlap, OverlapMode, QueueMode
 
 Record = dict[str, Any]
 
 #: Issues a run lock's fence, given the store's clock in whole microseconds (see Backend.start).
 Fences = Callable[[int], int]
-#: Counts ``n`` dropped duplicates (-1: takes one back) of a job class at a store time (Backend.duplicates).
-Drops = Callable[[str, float, int], None]
+#: Counts ``n`` refused calls (-1: takes one back) of a job class at a store time, of a kind
+#: ("" dropped, "c" coalesced, "r" replaced: see Backend.drops).
+Drops = Callable[[str, float, int, str], None]
 
 
 def _parts(q: Record | None, r: Record | None, now: float) -> Parts:
@@ -263,6 +265,7 @@ class LockMachine:
                     wait, longest = debounce
                     due = self.now + wait
                     self.q["due"] = due if longest is None else min(due, q["since"] + longest)
+                state = self.state()  # the queued lock as this call left it (as Redis answers)
                 state.coalesced = "latest"
             else:
                 mine = {"token": token, "since": self.now, "args": meta.args, "job_id": meta.job_id}
@@ -310,16 +313,16 @@ class LockMachine:
     ) -> None:
         """Count a refused call as a duplicate, or take back its earlier count once granted.
 
-        See :meth:`Backend.duplicates`.
+        See :meth:`Backend.drops`.
         """
         drops = self.drops
         if drops is None:
             return
         if refused is None:
             if counted is not None:
-                drops(cls, counted, -1)
+                drops(cls, counted, -1, "")
         elif count and counted is None and not (self.r is not None and self.r["token"] == token):
-            drops(cls, self.now, 1)
+            drops(cls, self.now, 1, kind_of(refused.coalesced))
 
     def attach(self, token: str, job_id: str) -> bool:
         if self.q is None or self.q["token"] != token:

@@ -20,7 +20,7 @@ from typing import Literal
 
 from ..errors import ConfigurationError, CorruptRecordError
 from ..locks import Holder, LockState, PendingCall, QueueMeta, RunClaim
-from ._drops import check_window
+from ._drops import KINDS, Tally, check_window
 from .semaphores import SemaphoreStore, read_each
 
 __all__ = ["Backend", "Coalesce", "Debounce", "Overlap", "OverlapMode", "QueueMode", "SemaphoreStore"]
@@ -69,7 +69,7 @@ class Backend(ABC):
         idempotent for its token: retried after a lost reply, it finds its
         own lock and succeeds again (with the same fence).
 
-        ``count`` and ``counted``: see :meth:`duplicates`.
+        ``count`` and ``counted``: see :meth:`drops`.
 
         **Coalescing** (``coalesce``). A live queue lock of
         another token is then changed in the same step, and the state returned
@@ -144,7 +144,7 @@ class Backend(ABC):
         run lock by the same token and attempt (a retry after a lost reply)
         gets the fence it already holds.
 
-        ``count`` and ``counted``: see :meth:`duplicates`.
+        ``count`` and ``counted``: see :meth:`drops`.
         """
 
     @abstractmethod
@@ -253,25 +253,35 @@ class Backend(ABC):
         """Yield every key that has a lock, streaming (never loading all at once)."""
 
     def duplicates(self, window: float = 3600.0) -> dict[str, int]:
-        """Return the dropped duplicates per job class over the last ``window`` seconds (at most 3600).
+        """Return the dropped duplicates per job class over ``window`` seconds (see :meth:`drops`)."""
+        return self.drops(window)["duplicates"]
+
+    def drops(self, window: float = 3600.0) -> Tally:
+        """Return the refused calls per kind and job class over the last ``window`` seconds (at most 3600).
+
+        ``{"duplicates": {class: n}, "coalesced": {...}, "replaced": {...}}``:
+        *duplicates* the policy dropped, rescheduled or raised; *coalesced*, calls
+        whose arguments a queued or pending call took over ("keep_last", debounce);
+        *replaced*, calls that took a queued call's place ("replace").
 
         **Counting.** A :meth:`claim` or :meth:`start` given ``count`` that is
-        refused counts one duplicate of ``meta.cls``, in the same atomic step,
-        in a bucket per minute of the store's clock kept an hour and a
-        bucket; the window is counted in whole buckets (those it overlaps).
-        Not counted: a call with no class (nothing to attribute it to), and
-        a refusal by a run lock of the caller's own token (a second delivery
-        of one job, not a duplicate call). A caller that resolves a counted
-        refusal (it proves the holder dead, reclaims, tries again) passes that
-        refusal's ``LockState.now`` as ``counted``: if granted, the call takes
-        the count back, in the step that grants it; if refused, it counts
-        nothing more. Every process's counts are kept in the store, so this
-        reads the whole store's.
+        refused (or coalesced) counts one call of ``meta.cls``, of its kind, in
+        the same atomic step, in a bucket per minute of the store's clock kept
+        an hour and a bucket; the window is counted in whole buckets (those it
+        overlaps). Not counted: a call with no class (nothing to attribute it
+        to), and a refusal by a run lock of the caller's own token (a second
+        delivery of one job, not a duplicate call). A caller that resolves a
+        counted refusal (it proves the holder dead, reclaims, tries again) passes
+        that refusal's ``LockState.now`` as ``counted``: if granted, the call
+        takes back a count of that minute (a dropped duplicate's, else a
+        coalesced or replaced call's), in the step that grants it; if refused,
+        it counts nothing more. Every process's counts are kept
+        in the store, so this reads the whole store's.
 
-        A store that keeps no counts returns ``{}``.
+        A store that keeps no counts returns every kind empty.
         """
         check_window(window)
-        return {}
+        return {name: {} for name in KINDS.values()}
 
     def purge(self, key: str) -> list[str]:
         """Remove every record of ``key``, whatever it holds (a corrupt one too); return what went.

@@ -109,8 +109,8 @@ class _FileRecords(RecordStore):
                 functools.partial(self._count, stripe),
             )
 
-    def _count(self, stripe: int, cls: str, now: float, n: int) -> None:
-        self._drops.add(stripe, cls, now, n)  # the stripe's lock is held
+    def _count(self, stripe: int, cls: str, now: float, n: int, kind: str) -> None:
+        self._drops.add(stripe, cls, now, n, kind)  # the stripe's lock is held
 
     def close(self) -> None:
         """Close the stripes' lock files (they are opened again on next use)."""
@@ -142,7 +142,7 @@ class FileBackend(_FileRecords, LockMachineBackend):
 
     Dropped duplicates: each stripe appends those of its keys to ``.NN.drops``
     (see :mod:`uniqjob.stores._droplog`), under the stripe's lock, so in the
-    same step as the refusal; :meth:`duplicates` sums them.
+    same step as the refusal; :meth:`drops` sums them.
     """
 
     _kind = "lock"
@@ -154,15 +154,13 @@ class FileBackend(_FileRecords, LockMachineBackend):
         clock = lambda: self.clock()  # noqa: E731, PLW0108 - a clock swapped in later is followed
         return FileSemaphores(self.directory / "concurrency", timeout=self.timeout, clock=clock)
 
-    def duplicates(self, window: float = _drops.WINDOW) -> dict[str, int]:
+    def drops(self, window: float = _drops.WINDOW) -> _drops.Tally:
         """Sum the counts of every stripe's ``.NN.drops`` (read unlocked: a line is one append)."""
-        _drops.check_window(window)
         now = self.clock()
-        out: dict[str, int] = {}
+        first = _drops.first_minute(now, window)
+        out: _drops.Tally = {name: {} for name in _drops.KINDS.values()}
         for stripe in range(STRIPES):
-            counts = self._drops.read(self._drops.path(stripe), now)
-            for cls, n in _drops.totals(counts, now, window).items():
-                out[cls] = out.get(cls, 0) + n
+            _drops.tally(self._drops.read(self._drops.path(stripe), now), first, out)
         return out
 
     def scan(self) -> Iterator[str]:

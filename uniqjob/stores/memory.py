@@ -46,7 +46,7 @@ class _MemoryRecords(RecordStore):
         self._records: dict[str, Record] = {}
         self._mutex = threading.Lock()
         self._last_fence = 0
-        self._drops: _drops.Counts = {}  # the locks' dropped duplicates (Backend.duplicates)
+        self._drops: _drops.Counts = {}  # the locks' dropped duplicates (Backend.drops)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(<{len(self._records)} keys>)"
@@ -59,8 +59,8 @@ class _MemoryRecords(RecordStore):
     def _held(self, key: str) -> _Holding:
         return _Holding(self, key)
 
-    def _count(self, cls: str, now: float, n: int) -> None:
-        _drops.add(self._drops, cls, now, n)  # the mutex is held
+    def _count(self, cls: str, now: float, n: int, kind: str) -> None:
+        _drops.add(self._drops, cls, now, n, kind)  # the mutex is held
 
     def _put(self, key: str, record: Record | None) -> None:
         if record is None:
@@ -118,9 +118,9 @@ class MemoryBackend(_MemoryRecords, LockMachineBackend):
             keys = list(self._records)
         yield from keys
 
-    def duplicates(self, window: float = _drops.WINDOW) -> dict[str, int]:
+    def drops(self, window: float = _drops.WINDOW) -> _drops.Tally:
         with self._mutex:
-            return _drops.totals(self._drops, self.clock(), window)
+            return _drops.tally(self._drops, _drops.first_minute(self.clock(), window))
 
     def semaphores(self) -> SemaphoreStore:
         """A new semaphore store in this process, on this backend's clock (followed if swapped later)."""

@@ -13,12 +13,12 @@ from functools import partial
 from itertools import islice
 from typing import Any
 
-from .._drops import check_window, first_minute
+from .._drops import KINDS, Tally, check_window, first_minute, tally
 from .._log import get_logger
 from ._client import key_of, names
 from ._wire import text
 
-__all__ = ["duplicates", "lock_keys", "match", "namespaces", "scan_pages", "semaphore_keys"]
+__all__ = ["drops", "lock_keys", "match", "namespaces", "scan_pages", "semaphore_keys"]
 
 #: How the store runs a request: its failures raised as BackendErrors.
 Call = Callable[[Callable[[], Any]], Any]
@@ -102,10 +102,10 @@ def lock_keys(client: Any, prefix: str, call: Call) -> Iterator[str]:
             yield key
 
 
-def duplicates(client: Any, prefix: str, call: Call, window: float) -> dict[str, int]:
-    """The dropped duplicates per class under ``prefix`` over ``window`` seconds: RedisBackend.duplicates."""
+def drops(client: Any, prefix: str, call: Call, window: float) -> Tally:
+    """The refused calls per kind and class under ``prefix`` over ``window`` seconds: RedisBackend.drops."""
     check_window(window)
-    out: dict[str, int] = {}
+    out: Tally = {name: {} for name in KINDS.values()}
     first: int | None = None
     seen: set[str] = set()  # a key met twice (a cluster mid-reshard) is counted once
     for found in _pages(client, match(prefix, "d"), call):
@@ -126,9 +126,9 @@ def duplicates(client: Any, prefix: str, call: Call, window: float) -> dict[str,
             length = counts.pop("n", "")
             if length.isdigit():
                 cls = key[: int(length)]
-            total = sum(int(n) for m, n in counts.items() if m.isdigit() and n.isdigit() and int(m) >= first)
-            if cls and total:
-                out[cls] = out.get(cls, 0) + total
+            if cls:
+                buckets = {b: int(n) for b, n in counts.items() if n.isdigit()}
+                tally({cls: buckets}, first, out)
     return out
 
 

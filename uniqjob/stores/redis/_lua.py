@@ -213,36 +213,37 @@ end
 local function own_run(run, token, attempt)
   return run[1] == token and (not run[2] or run[2] == attempt)
 end
--- KEYS[4]: the key's dropped duplicates (Backend.duplicates), a hash kept an hour and a minute
--- after its newest minute began: c the class or n its length in the key (as the queue lock keeps
--- them), and per minute of the server clock '<minute>' -> count. drop (from the mode or flags):
--- '+' counts a refusal, '=<minute>' takes back an earlier refusal's count once a retry is granted
--- (the caller reclaimed what was in the way), '' neither. A call without a class is not counted,
--- nor a refusal by a run lock of its own token (rtok: a second delivery of one job). A counter
--- that cannot be written is logged, never in the way of a lock.
-local function count_drop(now, drop, rtok)
+-- KEYS[4]: the key's refused calls (Backend.drops), a hash kept an hour and a minute after its
+-- newest minute began: c the class or n its length in the key (as the queue lock keeps them), and
+-- per minute of the server clock and kind '<minute><kind>' -> count (kind '' a dropped duplicate,
+-- 'c' coalesced, 'r' replaced). drop (from the mode or flags): '+' counts a refusal, '=<minute>'
+-- takes back an earlier refusal's count once a retry is granted (the caller reclaimed what was in
+-- the way), '' neither. A call without a class is not counted, nor a refusal by a run lock of its
+-- own token (rtok: a second delivery of one job). A counter that cannot be written is logged,
+-- never in the way of a lock.
+local function count_drop(now, drop, rtok, kind)
   if drop ~= '+' or rtok == ARGV[1] then return end
   local name, value = 'n', ARGV[4]
   if value == '' then name, value = 'c', ARGV[3] end
   if value == '' then return end
   local m = string.format('%.0f', math.floor(tonumber(now) / 60000000))
-  local n = redis.pcall('HINCRBY', KEYS[4], m, 1)
+  local n = redis.pcall('HINCRBY', KEYS[4], m .. (kind or ''), 1)
   if failed(n) then
     redis.log(redis.LOG_WARNING, 'uniqjob: cannot count a duplicate in ' .. KEYS[4] .. ': ' .. n.err)
-  elseif n == 1 then  -- a new minute (once a minute at most): name the class, drop minutes past keeping
+  elseif n == 1 then  -- a new bucket (a few a minute at most): name the class, drop minutes past keeping
     local old = tonumber(m) - 61
     for _, f in ipairs(redis.call('HKEYS', KEYS[4])) do
-      local b = tonumber(f)
+      local b = tonumber(string.match(f, '^%d+'))
       if b and b < old then redis.call('HDEL', KEYS[4], f) end
     end
     redis.call('HSET', KEYS[4], name, value)
     redis.call('PEXPIRE', KEYS[4], 3660000)
   end
 end
--- A refusal's reply (a snapshot, or what names a damaged record), its drop counted once it is read.
-local function refused(now, drop, rtok, q)
+-- A refusal's reply (a snapshot, or what names a damaged record), its drop (of kind) counted once it is read.
+local function refused(now, drop, rtok, q, kind)
   local reply = snapshot(now, q)
-  if type(reply) == 'string' then count_drop(now, drop, rtok) end
+  if type(reply) == 'string' then count_drop(now, drop, rtok, kind) end
   return reply
 end
 -- Write the queue lock's fields {name, value, ...}: the empty ones are deleted (never kept empty).
@@ -264,11 +265,29 @@ local function due(now, since, wait, longest)
   if since and longest ~= '' then d = math.min(d, tonumber(since) + tonumber(longest) * 1000) end
   return string.format('%.0f', d)
 end
+-- The queued lock q runs with the latest call's arguments (and a pending call is dropped): its
+-- due time ('' : none) pushed back when debounced (wait, longest: see CLAIM). Returns the due time.
+local function take_latest(q, now, call, wait, longest)
+  local fields, d = {'p', ARGV[5], 'k', call}, ''
+  if q[9] then
+    for _, f in ipairs({'P', 'A', 'J', 'K'}) do fields[#fields + 1] = f; fields[#fields + 1] = '' end
+  end
+  if wait ~= '' then d = due(now, q[3], wait, longest) end
+  if d ~= '' or q[13] then fields[#fields + 1] = 'd'; fields[#fields + 1] = d end
+  put(fields)
+  return d
+end
+-- Take back a count of minute drop ('=<minute>'): a dropped duplicate's, else a coalesced or replaced one's.
 local function take_back(drop)
   if string.sub(drop, 1, 1) ~= '=' then return end
   local b = string.sub(drop, 2)
-  local n = tonumber(redis.pcall('HGET', KEYS[4], b))
-  if n and n > 0 then redis.call('HINCRBY', KEYS[4], b, -1) end
+  for _, kind in ipairs({'', 'c', 'r'}) do
+    local n = tonumber(redis.pcall('HGET', KEYS[4], b .. kind))
+    if n and n > 0 then
+      redis.call('HINCRBY', KEYS[4], b .. kind, -1)
+      return
+    end
+  end
 end
 """
 )
@@ -281,7 +300,8 @@ end
 #       none; these four are optional, and come right after mode with mode 'q')
 # Returns 1 when the queue lock is taken (mode 'q'), the fence when both are
 # (mode 'r'), else a snapshot of what is in the way, after a letter if a live queue lock
-# of another token was coalesced: 'L' latest, 'P' pending, 'R' replaced (the lock is ours).
+# of another token was coalesced: 'L' latest, 'P' pending, 'R' replaced (the lock is ours);
+# or, for the usual 'L' (no run lock), no snapshot but 'l <now> <since> <pttl> <due> <token> <job_id>'.
 # Idempotent for its token: a retry (its reply lost) finds its own lock and succeeds again, with the
 # fence it was given, as long as no other token took the run lock meanwhile.
 CLAIM = (
@@ -309,21 +329,25 @@ if present(q) then
   elseif q[1] == ARGV[1] then
     mine = true  -- a retry whose first reply was lost
   else
-    local reply = refused(now, drop, run and run[1], q)
-    if type(reply) ~= 'string' or co == '' then return reply end
-    if q[2] == 'q' and co == 'l' then  -- the queued call runs with the latest arguments
-      local d = ''
-      if wait ~= '' then d = due(now, q[3], wait, longest) end
-      put({'p', ARGV[5], 'k', call, 'P', '', 'A', '', 'J', '', 'K', '', 'd', d})
-      return 'L' .. reply
-    elseif q[2] == 'q' then  -- replaced: the lock is ours, with our job
-      put({'t', ARGV[1], 'a', now, 'p', ARGV[5], 'j', ARGV[6], 'k', ''})
-      return 'R' .. reply
-    elseif co == 'l' then  -- waits behind the running call
-      put({'P', ARGV[1], 'A', ARGV[5], 'J', ARGV[6], 'K', call})
-      return 'P' .. reply
+    local how = ''  -- what this conflict coalesces to: 'L' latest, 'R' replaced, 'P' pending
+    if co == 'l' then how = q[2] == 'q' and 'L' or 'P' elseif co == 'p' and q[2] == 'q' then how = 'R' end
+    if how == 'L' and tonumber(q[3]) and redis.call('EXISTS', KEYS[2]) == 0 then
+      -- The usual coalesced call: a queued lock, no run lock. A short reply, no snapshot to
+      -- encode or parse: 'l' now since pttl due token job_id, the lock as this call leaves it.
+      count_drop(now, drop, false, 'c')
+      local d = take_latest(q, now, call, wait, longest)
+      return table.concat({'l', now, q[3], redis.call('PTTL', KEYS[1]), d, q[1], q[7] or ''}, ' ')
     end
-    return reply
+    local reply = refused(now, drop, run and run[1], q, ({L = 'c', P = 'c', R = 'r'})[how])
+    if type(reply) ~= 'string' or how == '' then return reply end
+    if how == 'L' then  -- the queued call runs with the latest arguments
+      take_latest(q, now, call, wait, longest)
+    elseif how == 'R' then  -- replaced: the lock is ours, with our job
+      put({'t', ARGV[1], 'a', now, 'p', ARGV[5], 'j', ARGV[6], 'k', ''})
+    else  -- waits behind the running call
+      put({'P', ARGV[1], 'A', ARGV[5], 'J', ARGV[6], 'K', call})
+    end
+    return how .. reply
   end
 else
   q = false

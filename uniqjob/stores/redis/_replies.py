@@ -20,12 +20,23 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import BackendError, CorruptRecordError
-from ...locks import QUEUED, RUNNING, Coalesced, Holder, Parts, PendingCall, QueueMeta, QueueRecord, RunRecord
+from ...locks import (
+    QUEUED,
+    RUNNING,
+    Coalesced,
+    Holder,
+    LockState,
+    Parts,
+    PendingCall,
+    QueueMeta,
+    QueueRecord,
+    RunRecord,
+)
 from ..semaphores import Outcome, ParkedInfo, Promotion, SemaphoreState, SlotInfo, Via, decode_holder
 from . import _lua as lua
 from ._wire import text
 
-__all__ = ["COALESCED", "REPLIES", "Malformed", "parts", "pending_call"]
+__all__ = ["COALESCED", "REPLIES", "Malformed", "latest", "parts", "pending_call"]
 
 # -- the lock store's snapshots ---------------------------------------------------------
 
@@ -160,6 +171,23 @@ def parts(key: str, reply: str, names: list[str], store: str) -> Parts:
 
 #: CLAIM's reply letter before a snapshot: what it coalesced (LockState.coalesced).
 COALESCED: dict[str, Coalesced] = {"L": "latest", "P": "pending", "R": "replaced"}
+
+
+def latest(key: str, meta: QueueMeta, reply: str, store: str) -> LockState:
+    """CLAIM's short reply for a call coalesced into a queued lock with no run lock (see _lua.CLAIM):
+    that lock as the call left it (its arguments now ``meta``'s), read without a snapshot."""
+    try:
+        _, now, since, pttl, due, token, job_id = reply.split(" ", 6)
+        ttl = int(pttl)
+        queue = QueueRecord(
+            token, QUEUED, int(since) / 1_000_000, QueueMeta(meta.cls, meta.args, job_id, meta.call),
+            None if ttl < 0 else ttl / 1000, None, int(due) / 1_000_000 if due else None,
+        )  # fmt: skip
+        state = LockState(key, queue, None, int(now) / 1_000_000)
+    except ValueError as exc:
+        raise BackendError(f"unreadable lock state from the server: {reply[:80]!r}", store) from exc
+    state.coalesced = "latest"
+    return state
 
 
 def pending_call(reply: Any) -> PendingCall | None:

@@ -28,7 +28,7 @@ from redis.commands.core import Script
 
 from ...errors import BackendError, ConfigurationError, CorruptRecordError
 from ...locks import Holder, LockState, PendingCall, QueueMeta, RunClaim
-from .._drops import WINDOW, minute
+from .._drops import WINDOW, Tally, minute
 from ..base import Backend, Coalesce, Debounce, Overlap, OverlapMode, QueueMode
 from ..semaphores import SemaphoreStore
 from . import _listing, _overlap
@@ -37,7 +37,7 @@ from . import _lua_settle as settle
 from ._acks import Acks, check_wait, claimed, if_one, started
 from ._client import backend_error, key_of, names, where
 from ._clients import client_for, redis_client_from_url
-from ._replies import COALESCED, parts, pending_call
+from ._replies import COALESCED, latest, parts, pending_call
 from ._semaphores import RedisSemaphores
 from ._url import check_store_options, parse
 from ._wire import Wire, text
@@ -250,7 +250,7 @@ class RedisBackend(Backend):
         except Exception as exc:
             raise self._failure(exc, items[:numkeys]) from exc
 
-    def _granted(self, key: str, run: RunClaim | None, reply: Any) -> LockState | None:
+    def _granted(self, key: str, run: RunClaim | None, meta: QueueMeta, reply: Any) -> LockState | None:
         """A CLAIM or START reply: None when taken (1, the fence, or {fence, call}), else the state"""
         if type(reply) is int:
             if run is not None:
@@ -259,6 +259,8 @@ class RedisBackend(Backend):
         if type(reply) is list and run is not None:
             run.fence, run.call = int(reply[0]), text(reply[1])
             return None
+        if reply[:1] == "l":
+            return latest(key, meta, reply, self.name)
         coalesced = COALESCED.get(reply[:1], "")
         state = self._state(key, reply[1:] if coalesced else reply)
         state.coalesced = coalesced
@@ -283,7 +285,7 @@ class RedisBackend(Backend):
             wait, longest = debounce or (0.0, None)
             items += [meta.call, _COALESCE.get(coalesce, ""),
                       str(_ms(wait)) if debounce else "", str(_ms(longest)) if longest else ""]  # fmt: skip
-        decode = partial(self._granted, key, run)
+        decode = partial(self._granted, key, run, meta)
         if self._acks is None:  # no replicas to acknowledge it: no grant text, nothing to undo
             return Call(self._claim, 4, items, decode)
         undo = partial(self._reclaim_call, key, token, token if run is not None else None)
@@ -304,7 +306,7 @@ class RedisBackend(Backend):
     ) -> Call[LockState | None]:
         flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock] + _drop(count, counted)
         items = self._items(key, token, meta, ttl, flag=flags, run=run, keys=self._tallied(key))
-        decode = partial(self._granted, key, run)
+        decode = partial(self._granted, key, run, meta)
         if self._acks is None:
             return Call(self._start, 4, items, decode)
         # Undone: the run lock of this token and attempt; the queue lock is left as a failed
@@ -454,9 +456,9 @@ class RedisBackend(Backend):
     def scan(self) -> Iterator[str]:
         return _listing.lock_keys(self.client, self._prefix, self._call)
 
-    def duplicates(self, window: float = WINDOW) -> dict[str, int]:
+    def drops(self, window: float = WINDOW) -> Tally:
         """Sum the keys' ``<namespace>:{<key>}:d`` hashes (see ``_lua.count_drop``), found with ``SCAN``."""
-        return _listing.duplicates(self.client, self._prefix, self._call, window)
+        return _listing.drops(self.client, self._prefix, self._call, window)
 
     def namespaces(self, limit: int = 100_000) -> list[str]:
         """The namespaces holding locks on this server and database (this one too), sorted.
