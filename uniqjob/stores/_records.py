@@ -123,7 +123,7 @@ class LockMachine:
     def _pending(self) -> Record | None:
         """The pending run, unless it lapsed or holds the run lock itself now (then it is pending no more)."""
         o, r = self.o, self.r
-        return None if o is None or (r is not None and r["token"] == o["p"]) else o
+        return None if o is None or not o["p"] or (r is not None and r["token"] == o["p"]) else o
 
     def _refused(self) -> LockState:
         """The state that refuses a claim; the usual duplicate's (queued, no job id, no run lock) unread.
@@ -161,8 +161,10 @@ class LockMachine:
     def _set_run(self, token: str, claim: RunClaim) -> None:
         """Grant (or re-take, for the same token and attempt) the run lock, and set ``claim.fence``."""
         h = claim.holder
+        marks: Record = {}
         if self.r is not None and self.r["token"] == token:
             started, fence = self.r["started"], self.r.get("f", 0)  # a re-take keeps its run's fence
+            marks = {k: v for k, v in self.r.items() if k in ("stop", "owed")}  # and its run's marks
         else:
             started, fence = self.now, 0
         if not fence:
@@ -179,6 +181,7 @@ class LockMachine:
             "until": self.now + claim.lease,
             "attempt": claim.attempt,
             "f": fence,
+            **marks,
         }
         self.changed = True
 
@@ -378,12 +381,21 @@ class LockMachine:
         return True
 
     def overlap(self, token: str, mode: OverlapMode, lease: float, holder: str) -> Overlap:
-        """See :meth:`Backend.overlap`; ``holder`` is the caller as ``host:pid``."""
-        q, r = self.q, self.r
+        """See :meth:`Backend.overlap`; ``holder`` is the caller as ``host:pid``.
+
+        The pending run's record ``o``: ``p`` its token ("" once it ran), ``h`` its holder, ``u``
+        until when its place holds, ``w`` the token of the run whose holder waits to see it run.
+        """
+        q, r, o = self.q, self.r, self.o
+        p, w = ("", "") if o is None else (o["p"], o.get("w", ""))
         if mode == "withdraw":
-            if self.o is not None and self.o["p"] == token:
-                self.o, self.changed = None, True
+            if o is not None and p == token:
+                ran = w and r is not None and r["token"] == token  # it took the key: tell who waits for that
+                self.o = {"p": "", "h": "", "u": self.now + lease, "w": w} if ran else None
+                self.changed = True
             return "free"
+        if mode == "follow":
+            return self._follow(token)
         orphan = q is not None and q["state"] == RUNNING and r is None
         busy = (q is not None and not orphan and q["token"] != token) or (
             r is not None and r["token"] != token
@@ -396,11 +408,33 @@ class LockMachine:
             return "busy" if busy else "free"
         pending = self._pending()
         if pending is not None and pending["p"] != token:
+            if r is None:
+                return "busy"  # the key changes hands: look again
+            # its holder runs once more if the pending run is gone (see Backend.overlap's "follow")
+            self.r, self.changed = {**r, "owed": holder}, True
             return "coalesced"
         if not busy:
             return "free"
-        self.o, self.changed = {"p": token, "h": holder, "u": self.now + lease}, True
+        self.o, self.changed = {**(o or {}), "p": token, "h": holder, "u": self.now + lease}, True
         return "pending"
+
+    def _follow(self, token: str) -> Overlap:
+        """:meth:`overlap`'s ``"follow"``: does the run of ``token`` owe runs coalesced behind it a run?"""
+        r, o = self.r, self.o
+        p, w = ("", "") if o is None else (o["p"], o.get("w", ""))
+        if r is not None and r["token"] == token:  # still held: runs coalesced behind it?
+            if not r.get("owed"):
+                return "free"
+            if o is not None and p and p != token:
+                self.o, self.changed = {**o, "w": token}, True  # the pending run owes it: watch it run
+                return "coalesced"
+            return "pending"
+        if w != token:
+            return "pending"  # the pending run it watched is gone: the run is the caller's to give
+        if p and (r is None or p != r["token"]):
+            return "coalesced"  # it still waits
+        self.o, self.changed = None, True  # it ran, or runs
+        return "free"
 
     def reclaim(self, queue_token: str | None, run_token: str | None) -> bool:
         gone = False
