@@ -408,10 +408,8 @@ class LockMachine:
             return "busy" if busy else "free"
         pending = self._pending()
         if pending is not None and pending["p"] != token:
-            if r is None:
-                return "busy"  # the key changes hands: look again
-            # its holder runs once more if the pending run is gone (see Backend.overlap's "follow")
-            self.r, self.changed = {**r, "owed": holder}, True
+            if r is not None:  # its holder runs once more if the pending run is gone (see _follow)
+                self.r, self.changed = {**r, "owed": holder}, True
             return "coalesced"
         if not busy:
             return "free"
@@ -422,13 +420,11 @@ class LockMachine:
         """:meth:`overlap`'s ``"follow"``: does the run of ``token`` owe runs coalesced behind it a run?"""
         r, o = self.r, self.o
         p, w = ("", "") if o is None else (o["p"], o.get("w", ""))
-        if r is not None and r["token"] == token:  # still held: runs coalesced behind it?
-            if not r.get("owed"):
-                return "free"
+        if r is not None and r["token"] == token:  # still held: a run waits, or runs coalesced behind it?
             if o is not None and p and p != token:
-                self.o, self.changed = {**o, "w": token}, True  # the pending run owes it: watch it run
+                self.o, self.changed = {**o, "w": token}, True  # watch the pending run take the key
                 return "coalesced"
-            return "pending"
+            return "pending" if r.get("owed") else "free"
         if w != token:
             return "pending"  # the pending run it watched is gone: the run is the caller's to give
         if p and (r is None or p != r["token"]):

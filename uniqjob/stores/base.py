@@ -185,9 +185,8 @@ class Backend(ABC):
         The key is busy while a lock of another token is in the way of a claim
         (a queued lock, a running one with a live run lock). ``"buffer"``: if
         another token's run is pending (recorded by this call, not lapsed, and
-        not yet holding the run lock itself) and another token's run lock holds the
-        key, that run lock is marked as owing one more run (see ``"follow"``),
-        ``"coalesced"``; with no run lock to mark, ``"busy"`` (look again); else, if the key
+        not yet holding the run lock itself), ``"coalesced"`` (a run lock of another
+        token that holds the key is marked as owing one more run: see ``"follow"``); else, if the key
         is busy, ``token`` becomes (or stays) the one pending run, for ``lease``
         seconds unless it calls again, ``"pending"``; else ``"free"`` (claim
         it: a pending run of ``token`` is kept until its run lock holds the key).
@@ -195,10 +194,10 @@ class Backend(ABC):
         :meth:`renew` says False from now on), ``"stopping"``; a busy key with no
         run lock to ask, ``"busy"``; else ``"free"``. ``"withdraw"``: the pending run
         of ``token`` goes, if it is there (it took the key, or gave up), ``"free"``. ``"follow"``, by a
-        run that ends, while its run lock holds the key: ``"free"`` if no run coalesced meanwhile;
-        else ``"coalesced"`` if a pending run waits (it is then marked as watched by ``token``:
-        its withdraw once it took the key leaves that said), or ``"pending"`` (the run owed to
-        those runs is the caller's to give). Again after its release: ``"coalesced"`` while the
+        run that ends, while its run lock holds the key: ``"coalesced"`` if a pending run waits
+        (marked as watched by ``token``: its withdraw once it took the key leaves that said);
+        else ``"pending"`` if runs coalesced while it held the key (the run owed to them is the
+        caller's to give), or ``"free"``. Again after its release: ``"coalesced"`` while the
         pending run it watches waits, ``"free"`` once that run took the key, ``"pending"`` if it
         is gone (withdrawn without the key, lapsed). A re-take of a run lock by its
         token keeps its marks (a stop request, a run owed). ``holder`` is the caller,

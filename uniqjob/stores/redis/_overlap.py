@@ -61,13 +61,13 @@ if ARGV[2] == 'w' then
   return 0
 end
 if ARGV[2] == 'f' then
-  if r[1] == ARGV[1] then  -- still held: runs coalesced behind it?
-    if not r[3] then return 0 end
+  if r[1] == ARGV[1] then  -- still held: a run waits, or runs coalesced behind it?
     if o and o ~= ARGV[1] then
-      redis.call('HSET', KEYS[3], 'w', ARGV[1])  -- the pending run owes it: watch it run
+      redis.call('HSET', KEYS[3], 'w', ARGV[1])  -- watch the pending run take the key
       return 2
     end
-    return 1
+    if r[3] then return 1 end
+    return 0
   end
   if w ~= ARGV[1] then return 1 end  -- the pending run it watched is gone: the run is the caller's
   if o and o ~= r[1] then return 2 end  -- it still waits
@@ -85,8 +85,7 @@ if ARGV[2] == 't' then
   return 0
 end
 if o and o ~= ARGV[1] and o ~= r[1] then  -- a pending run that holds the key is no longer
-  if not r[1] then return 4 end  -- the key changes hands: look again
-  redis.call('HSET', KEYS[2], 'w', ARGV[4])  -- its holder runs once more if the pending run is gone
+  if r[1] then redis.call('HSET', KEYS[2], 'w', ARGV[4]) end  -- its holder runs once more if need be
   return 2
 end
 if not busy then return 0 end
