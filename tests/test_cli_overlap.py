@@ -165,3 +165,15 @@ def test_the_holder_owes_a_run_to_runs_coalesced_into_a_pending_run_that_is_gone
     b.finish("k", "x")
     store.advance(LEASE + 0.1)  # y died waiting
     assert overlap(b, "x", "follow") == "pending"
+
+
+def test_a_run_that_takes_the_key_after_the_holder_ran_for_the_runs_it_watched(store: Store) -> None:
+    b = store.backend
+    assert b.claim("k", "a", meta=META, run=RunClaim(ME, 10)) is None
+    assert overlap(b, "b", "buffer", lease=10) == "pending"
+    assert overlap(b, "c", "buffer") == "coalesced"
+    assert overlap(b, "a", "follow") == "coalesced"
+    b.finish("k", "a")
+    assert b.claim("k", "x", meta=META, run=RunClaim(ME, 10)) is None  # a run without --overlap
+    assert overlap(b, "a", "follow") == "free"  # x started after a: the holder of a is done
+    assert b.read("k").pending_run == "host-b:4242"  # b still waits, now behind x

@@ -27,6 +27,7 @@ from ..locks import (
     RunClaim,
     RunRecord,
 )
+from . import _pending as _pending_run
 from .base import Backend, Coalesce, Debounce, Overlap, OverlapMode, QueueMode
 
 Record = dict[str, Any]
@@ -381,56 +382,8 @@ class LockMachine:
         return True
 
     def overlap(self, token: str, mode: OverlapMode, lease: float, holder: str) -> Overlap:
-        """See :meth:`Backend.overlap`; ``holder`` is the caller as ``host:pid``.
-
-        The pending run's record ``o``: ``p`` its token ("" once it ran), ``h`` its holder, ``u``
-        until when its place holds, ``w`` the token of the run whose holder waits to see it run.
-        """
-        q, r, o = self.q, self.r, self.o
-        p, w = ("", "") if o is None else (o["p"], o.get("w", ""))
-        if mode == "withdraw":
-            if o is not None and p == token:
-                ran = w and r is not None and r["token"] == token  # it took the key: tell who waits for that
-                self.o = {"p": "", "h": "", "u": self.now + lease, "w": w} if ran else None
-                self.changed = True
-            return "free"
-        if mode == "follow":
-            return self._follow(token)
-        orphan = q is not None and q["state"] == RUNNING and r is None
-        busy = (q is not None and not orphan and q["token"] != token) or (
-            r is not None and r["token"] != token
-        )
-        if mode == "terminate":
-            if r is not None and r["token"] != token:
-                if not r.get("stop"):
-                    self.r, self.changed = {**r, "stop": holder}, True
-                return "stopping"
-            return "busy" if busy else "free"
-        pending = self._pending()
-        if pending is not None and pending["p"] != token:
-            if r is not None:  # its holder runs once more if the pending run is gone (see _follow)
-                self.r, self.changed = {**r, "owed": holder}, True
-            return "coalesced"
-        if not busy:
-            return "free"
-        self.o, self.changed = {**(o or {}), "p": token, "h": holder, "u": self.now + lease}, True
-        return "pending"
-
-    def _follow(self, token: str) -> Overlap:
-        """:meth:`overlap`'s ``"follow"``: does the run of ``token`` owe runs coalesced behind it a run?"""
-        r, o = self.r, self.o
-        p, w = ("", "") if o is None else (o["p"], o.get("w", ""))
-        if r is not None and r["token"] == token:  # still held: a run waits, or runs coalesced behind it?
-            if o is not None and p and p != token:
-                self.o, self.changed = {**o, "w": token}, True  # watch the pending run take the key
-                return "coalesced"
-            return "pending" if r.get("owed") else "free"
-        if w != token:
-            return "pending"  # the pending run it watched is gone: the run is the caller's to give
-        if p and (r is None or p != r["token"]):
-            return "coalesced"  # it still waits
-        self.o, self.changed = None, True  # it ran, or runs
-        return "free"
+        """See :meth:`Backend.overlap`; ``holder`` is the caller as ``host:pid``."""
+        return _pending_run.overlap(self, token, mode, lease, holder)
 
     def reclaim(self, queue_token: str | None, run_token: str | None) -> bool:
         gone = False

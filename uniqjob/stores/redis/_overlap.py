@@ -70,8 +70,9 @@ if ARGV[2] == 'f' then
     return 0
   end
   if w ~= ARGV[1] then return 1 end  -- the pending run it watched is gone: the run is the caller's
-  if o and o ~= r[1] then return 2 end  -- it still waits
-  redis.call('DEL', KEYS[3])  -- it ran, or runs
+  if o and not r[1] then return 2 end  -- it still waits
+  -- a run holds the key (started after ours: the pending run, or another), or the pending run ran
+  if o then redis.call('HDEL', KEYS[3], 'w') else redis.call('DEL', KEYS[3]) end
   return 0
 end
 local orphan = q[2] == 'r' and not r[1]
