@@ -27,7 +27,6 @@ from ..locks import (
     RunClaim,
     RunRecord,
 )
-from . import _pending as _pending_run
 from .base import Backend, Coalesce, Debounce, Overlap, OverlapMode, QueueMode
 
 Record = dict[str, Any]
@@ -383,7 +382,9 @@ class LockMachine:
 
     def overlap(self, token: str, mode: OverlapMode, lease: float, holder: str) -> Overlap:
         """See :meth:`Backend.overlap`; ``holder`` is the caller as ``host:pid``."""
-        return _pending_run.overlap(self, token, mode, lease, holder)
+        from . import _pending  # here: only `uniqjob run --overlap` and its holders need it
+
+        return _pending.overlap(self, token, mode, lease, holder)
 
     def reclaim(self, queue_token: str | None, run_token: str | None) -> bool:
         gone = False
