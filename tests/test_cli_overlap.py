@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from tests.redis_server import RedisServer
+from tests.test_backend_contract import LEASE, ME, META, OTHER, Store, overlap, store
 from tests.test_cli import finish, kill_leftovers, start, uniqjob, wait_for
+from uniqjob.locks import RunClaim
 
-__all__ = ["kill_leftovers"]  # the fixture that kills what a failed test leaves running
+__all__ = ["kill_leftovers", "store"]  # fixtures: kills what a failed test leaves running; each store
 
 PY = sys.executable
 
@@ -126,3 +128,52 @@ def test_terminate_other_waits_no_longer_than_the_lease_of_a_frozen_holder(url: 
     assert status in (137, 143), err  # thawed, it finds its lock lost and stops its command at once
     (tmp_path / "go-new").touch()
     assert finish(new)[:2] == (0, "")
+
+
+# -- the store's side of buffer-one's promise (Backend.overlap's "follow"), on every store -------------
+
+
+def test_the_holder_watches_the_pending_run_take_the_key(store: Store) -> None:
+    b = store.backend
+    assert b.claim("k", "a", meta=META, run=RunClaim(ME, 10)) is None
+    assert overlap(b, "b", "buffer", lease=10) == "pending"
+    assert overlap(b, "c", "buffer") == "coalesced"
+    assert overlap(b, "a", "follow") == "coalesced"  # a ends: b waits, a watches it
+    b.finish("k", "a")
+    assert overlap(b, "a", "follow") == "coalesced"  # b has not taken the key yet
+    assert overlap(b, "b", "buffer") == "free"
+    assert b.claim("k", "b", meta=META, run=RunClaim(OTHER, 10)) is None
+    assert overlap(b, "b", "withdraw", lease=10) == "free"
+    assert b.read("k").pending_run == ""
+    assert overlap(b, "a", "follow") == "free"  # b took the key: it ran for c
+    assert overlap(b, "d", "buffer", lease=10) == "pending"  # behind b, as ever
+    assert overlap(b, "b", "follow") == "coalesced" and overlap(b, "e", "buffer") == "coalesced"
+
+
+def test_the_holder_owes_a_run_to_runs_coalesced_into_a_pending_run_that_is_gone(store: Store) -> None:
+    b = store.backend
+    assert b.claim("k", "a", meta=META, run=RunClaim(ME, 10)) is None
+    assert overlap(b, "a", "follow") == "free"  # nothing waited behind it
+    assert overlap(b, "b", "buffer", lease=10) == "pending"
+    assert overlap(b, "c", "buffer") == "coalesced"
+    assert overlap(b, "b", "withdraw") == "free"  # b stopped by a signal, without the key
+    assert overlap(b, "a", "follow") == "pending"  # c counted on b: a runs once more
+    b.finish("k", "a")
+    assert b.claim("k", "x", meta=META, run=RunClaim(ME, 10)) is None
+    assert overlap(b, "y", "buffer") == "pending"  # its place lapses with the lease it gave
+    assert overlap(b, "x", "follow") == "coalesced"
+    b.finish("k", "x")
+    store.advance(LEASE + 0.1)  # y died waiting
+    assert overlap(b, "x", "follow") == "pending"
+
+
+def test_a_run_that_takes_the_key_after_the_holder_ran_for_the_runs_it_watched(store: Store) -> None:
+    b = store.backend
+    assert b.claim("k", "a", meta=META, run=RunClaim(ME, 10)) is None
+    assert overlap(b, "b", "buffer", lease=10) == "pending"
+    assert overlap(b, "c", "buffer") == "coalesced"
+    assert overlap(b, "a", "follow") == "coalesced"
+    b.finish("k", "a")
+    assert b.claim("k", "x", meta=META, run=RunClaim(ME, 10)) is None  # a run without --overlap
+    assert overlap(b, "a", "follow") == "free"  # x started after a: the holder of a is done
+    assert b.read("k").pending_run == "host-b:4242"  # b still waits, now behind x

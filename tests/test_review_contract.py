@@ -193,12 +193,6 @@ def test_a_run_claim_retaken_with_another_attempt_is_alike(redis_backend: RedisB
     machine.claim("t1", "", "", "", "")  # and again without
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a stop request (--overlap terminate-other) survives a re-take of the run lock on Redis"
-    " (set_run leaves field k), but not in the record machine (LockMachine._set_run writes a new"
-    " record without 'stop'), whose holder then renews as if never asked",
-)
 def test_a_stop_request_survives_a_retake_alike(redis_backend: RedisBackend) -> None:
     machine = SideBySide()
     machine.redis = redis_backend

@@ -1,7 +1,7 @@
 """Review of issue 24: ``uniqjob run --overlap buffer-one`` when the run that waits is stopped or killed.
 
 Real ``uniqjob run`` processes on the session's redis-server, as in tests/test_cli_overlap.py.
-Each bug is marked ``xfail(strict=True)`` with the bug as its reason.
+Each was a bug the review found (issue 24), fixed since.
 """
 
 from __future__ import annotations
@@ -28,14 +28,6 @@ def pending_run(url: str) -> str | None:
     return row.get("pending_run") if isinstance(row, dict) else None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a run that coalesced into the waiting run (exit 0: 'another run waits') relies on it; when"
-    " that waiting run is stopped (SIGTERM: _take_over withdraws its place) or killed (SIGKILL: its"
-    " place lives on until its lease ends, swallowing more runs), nothing runs after the holder ends:"
-    " the last trigger is lost. OVERLAP never checks the pending run's holder (host:pid) as the"
-    " orphan rule checks a run lock's",
-)
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_run_coalesced_into_a_waiter_that_dies_still_runs(
     url: str, tmp_path: Path, how: signal.Signals
@@ -56,12 +48,6 @@ def test_a_run_coalesced_into_a_waiter_that_dies_still_runs(
     wait_for(lambda: sum(line.startswith("start") for line in lines(log)) == 2, timeout=8, what="a run")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a buffer-one waiter only asks OVERLAP, which never applies the orphan rule: a holder on"
-    " the same host killed with SIGKILL (provably dead: its pid is gone) keeps the waiter waiting"
-    " for the holder's whole lease, where `uniqjob run` and --wait reclaim such a lock at once",
-)
 def test_buffer_one_takes_over_from_a_holder_killed_on_its_own_host_at_once(url: str, tmp_path: Path) -> None:
     log, go = tmp_path / "log", tmp_path / "go"
     holder = run_on("host-a", url, log, go, "--lease", "60")

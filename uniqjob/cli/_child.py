@@ -184,6 +184,8 @@ class Child:
         self.lapse = lapse
         self.presume_at = presume_at
         self.why = why
+        #: A signal passed on to the command, or --kill-after's SIGTERM: it was stopped, not left to end.
+        self.stopped = False
 
     def supervise(self, waiter: SignalWaiter) -> int:
         """Forward signals, enforce the deadline, stop on a lost lock; return the command's exit status."""
@@ -210,7 +212,7 @@ class Child:
                 say(f"{self.name} ran longer than {self.kill_after:g}s: sending SIGTERM")
                 hard_kill_at = now + self.grace
                 proc.terminate()
-                stopping = True
+                stopping = self.stopped = True
             if now >= hard_kill_at:
                 if not quiet_kill:
                     say(f"{self.name} still running {self.grace:g}s after SIGTERM: sending SIGKILL")
@@ -221,4 +223,5 @@ class Child:
                 wake = self.presume_at()
             signum = waiter.wait(wake - now)
             if signum is not None:
+                self.stopped = True
                 proc.send_signal(signum)  # a no-op once the child has been reaped

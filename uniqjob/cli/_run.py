@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from .._ticks import MAX_SKEW, parse_period, tick_of
-from ..errors import ConfigurationError
+from ..errors import BackendError, ConfigurationError
 from ..heartbeat import LOST_RECORD, TAKEN, TAKEN_TEXT
 from ..joblock import JobLock
 from ..keys import make_key
-from ..locks import LockState, QueueMeta, local_holder
+from ..locks import Holder, LockState, QueueMeta, holder_is_dead, local_holder, orphaned
 from ..settings import MAX_RUN_LEASE, MIN_RUN_LEASE
 from ..stores import _log
 from ._child import Child, SignalWaiter, signal_waiter, spawn
@@ -38,7 +38,7 @@ from ._common import (
 if TYPE_CHECKING:
     import logging
 
-    from ..stores.base import OverlapMode
+    from ..stores.base import Overlap, OverlapMode
 
 __all__ = ["RUN_JOB", "add_run_parser", "command_key"]
 
@@ -227,21 +227,94 @@ def run_command(args: argparse.Namespace) -> int:
             return int(args.conflict_exit)
         if period is not None:
             lock.start()  # the run lock; the tick's queue lock stays when it goes
-        with _loss_said_by_us(), lock.running(started=True):
-            signum = waiter.wait(0)
-            if signum is not None:
-                return 128 + signum
-            child = Child(
-                spawn(argv, _command_env(lock)),
-                name,
-                args.kill_after,
-                args.grace,
-                lost=lambda: lock.lost,
-                lapse=lambda: _lapse(lock),
-                presume_at=lambda: lock.beat.deadline if lock.beat is not None else math.inf,
-                why=lambda: _why(lock),
-            )
-            return child.supervise(waiter)
+        status, owed = _run_locked(lock, argv, name, args, waiter, follow=period is None)
+        return status if owed == "free" else _run_owed(lock, argv, name, args, waiter, status, owed)
+
+
+def _run_owed(  # noqa: PLR0917
+    lock: JobLock,
+    argv: list[str],
+    name: str,
+    args: argparse.Namespace,
+    waiter: SignalWaiter,
+    status: int,
+    owed: Overlap,
+) -> int:
+    """After our run (exit ``status``), the run owed to the runs that coalesced behind it (see _follow).
+
+    A run owed is owed again if runs coalesced behind it too. Our exit status: the first that is not 0.
+    """
+    while owed != "free":
+        ours = lock.token
+        lock = JobLock(lock.backend, lock.key, lease=args.lease, meta=QueueMeta(RUN_JOB, name))
+        got, signum = _follow(lock, ours, owed, waiter)
+        if signum is not None:
+            return 128 + signum
+        if not got:
+            break  # a run started after ours: it ran for them
+        if not args.quiet:
+            say(f"the run that was to run after ours is gone: running {name} again for the runs it stood for")
+        again, owed = _run_locked(lock, argv, name, args, waiter, follow=True)
+        status = status or again
+    return status
+
+
+def _run_locked(
+    lock: JobLock, argv: list[str], name: str, args: argparse.Namespace, waiter: SignalWaiter, *, follow: bool
+) -> tuple[int, Overlap]:
+    """Run the command under ``lock``, taken; its exit status, and what it owes (see _follow).
+
+    ``follow``: once the command ended by itself with the lock held, ask the store whether runs
+    coalesced into a pending run meanwhile (``Backend.overlap``'s ``"follow"``); "free" if not.
+    """
+    with _loss_said_by_us(), lock.running(started=True):
+        signum = waiter.wait(0)
+        if signum is not None:
+            return 128 + signum, "free"
+        child = Child(
+            spawn(argv, _command_env(lock)),
+            name,
+            args.kill_after,
+            args.grace,
+            lost=lambda: lock.lost,
+            lapse=lambda: _lapse(lock),
+            presume_at=lambda: lock.beat.deadline if lock.beat is not None else math.inf,
+            why=lambda: _why(lock),
+        )
+        status = child.supervise(waiter)
+        if not follow or child.stopped or lock.lost:
+            return status, "free"
+        me = local_holder()
+        try:
+            return status, lock.backend.overlap(lock.key, lock.token, "follow", lease=lock.lease, holder=me)
+        except BackendError:  # the run is over: its status matters more than the runs behind it
+            return status, "free"
+
+
+def _follow(lock: JobLock, ours: str, owed: Overlap, waiter: SignalWaiter) -> tuple[bool, int | None]:
+    """Give the runs coalesced behind our run (token ``ours``) the run they are owed; (taken, signal).
+
+    They exited at once, counting on the pending run (``--overlap buffer-one``); our run, which held
+    the key, keeps their promise: while the pending run waits (``owed`` "coalesced": alive, by its
+    place, and not dead on this host) we watch it take the key ("free"); once it is gone (withdrawn,
+    stopped by a signal; lapsed; its pid dead here), or if none waited ("pending"), we take ``lock``
+    (True) and run once more, unless a run took the key meanwhile: it started after ours (False).
+    """
+    backend, key, delay = lock.backend, lock.key, 0.05
+    while owed != "free":
+        if owed == "coalesced" and _gone(backend.read(key).pending_run):
+            owed = "pending"
+        if owed == "pending":
+            if lock.acquire(run=True):
+                return True, None
+            if lock.conflict is not None and lock.conflict.run is not None:
+                return False, None
+        signum = waiter.wait(min(lock.lease / 3, delay))
+        if signum is not None:
+            return False, signum
+        delay = min(delay * 2, 1.0)
+        owed = backend.overlap(key, ours, "follow", lease=lock.lease, holder=local_holder())
+    return False, None
 
 
 def _command_env(lock: JobLock) -> dict[str, str]:
@@ -356,6 +429,9 @@ def _take_over(lock: JobLock, overlap: str, waiter: SignalWaiter, *, quiet: bool
                 return True, None
             continue  # taken meanwhile by another run: look again
         waited = waited or verdict == "pending"
+        if verdict == "pending" and orphaned(backend.read(key)) and lock.acquire(run=True):
+            withdraw()  # its holder is provably dead (the orphan rule): the key is ours at once
+            return True, None
         if verdict == "stopping" and not asked and not quiet:
             say(f"asked the run holding {key!r} to stop (--overlap terminate-other); waiting for it to end")
         asked = asked or verdict == "stopping"
@@ -366,6 +442,13 @@ def _take_over(lock: JobLock, overlap: str, waiter: SignalWaiter, *, quiet: bool
             withdraw()
             return False, signum
         delay = min(delay * 2, 1.0)
+
+
+def _gone(pending_run: str) -> bool:
+    """Whether the pending run ``host:pid`` is provably dead: on this host, its pid gone (or reused)."""
+    host, _, pid = pending_run.rpartition(":")
+    me = local_holder()
+    return host == me.host and pid.isdigit() and holder_is_dead(Holder(host, me.node, int(pid)), me)
 
 
 def _period(text: str) -> float:

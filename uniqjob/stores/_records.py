@@ -125,7 +125,7 @@ class LockMachine:
     def _pending(self) -> Record | None:
         """The pending run, unless it lapsed or holds the run lock itself now (then it is pending no more)."""
         o, r = self.o, self.r
-        return None if o is None or (r is not None and r["token"] == o["p"]) else o
+        return None if o is None or not o["p"] or (r is not None and r["token"] == o["p"]) else o
 
     def _refused(self) -> LockState:
         """The state that refuses a claim; the usual duplicate's (queued, no job id, no run lock) unread.
@@ -163,8 +163,10 @@ class LockMachine:
     def _set_run(self, token: str, claim: RunClaim) -> None:
         """Grant (or re-take, for the same token and attempt) the run lock, and set ``claim.fence``."""
         h = claim.holder
+        marks: Record = {}
         if self.r is not None and self.r["token"] == token:
             started, fence = self.r["started"], self.r.get("f", 0)  # a re-take keeps its run's fence
+            marks = {k: v for k, v in self.r.items() if k in ("stop", "owed")}  # and its run's marks
         else:
             started, fence = self.now, 0
         if not fence:
@@ -181,6 +183,7 @@ class LockMachine:
             "until": self.now + claim.lease,
             "attempt": claim.attempt,
             "f": fence,
+            **marks,
         }
         self.changed = True
 
@@ -382,28 +385,9 @@ class LockMachine:
 
     def overlap(self, token: str, mode: OverlapMode, lease: float, holder: str) -> Overlap:
         """See :meth:`Backend.overlap`; ``holder`` is the caller as ``host:pid``."""
-        q, r = self.q, self.r
-        if mode == "withdraw":
-            if self.o is not None and self.o["p"] == token:
-                self.o, self.changed = None, True
-            return "free"
-        orphan = q is not None and q["state"] == RUNNING and r is None
-        busy = (q is not None and not orphan and q["token"] != token) or (
-            r is not None and r["token"] != token
-        )
-        if mode == "terminate":
-            if r is not None and r["token"] != token:
-                if not r.get("stop"):
-                    self.r, self.changed = {**r, "stop": holder}, True
-                return "stopping"
-            return "busy" if busy else "free"
-        pending = self._pending()
-        if pending is not None and pending["p"] != token:
-            return "coalesced"
-        if not busy:
-            return "free"
-        self.o, self.changed = {"p": token, "h": holder, "u": self.now + lease}, True
-        return "pending"
+        from . import _pending  # here: only `uniqjob run --overlap` and its holders need it
+
+        return _pending.overlap(self, token, mode, lease, holder)
 
     def reclaim(self, queue_token: str | None, run_token: str | None) -> bool:
         gone = False

@@ -73,9 +73,10 @@ _RUN_FIELDS: Fields = {
     "attempt": (TEXT, True),
     "f": (COUNT, True),
     "stop": (TEXT, True),
+    "owed": (TEXT, True),  # a run owed after this one, to the runs coalesced meanwhile (Backend.overlap)
 }
 # The pending run of `uniqjob run --overlap buffer-one` (Backend.overlap): token, holder, until.
-_PENDING_FIELDS: Fields = {"p": (TEXT, False), "h": (TEXT, False), "u": (NUMBER, False)}
+_PENDING_FIELDS: Fields = {"p": (TEXT, False), "h": (TEXT, False), "u": (NUMBER, False), "w": (TEXT, True)}
 
 
 def fields_problem(value: object, what: str, fields: Fields) -> str:

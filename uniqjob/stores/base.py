@@ -32,7 +32,7 @@ Coalesce = Literal["", "keep_last", "replace"]
 #: A debounced claim's delay and longest wait (None: no bound), seconds: see :meth:`Backend.claim`.
 Debounce = tuple[float, float | None]
 #: What a run that finds its key busy asks for: see :meth:`Backend.overlap`.
-OverlapMode = Literal["buffer", "terminate", "withdraw"]
+OverlapMode = Literal["buffer", "terminate", "withdraw", "follow"]
 #: What :meth:`Backend.overlap` decided.
 Overlap = Literal["free", "pending", "coalesced", "stopping", "busy"]
 
@@ -185,14 +185,22 @@ class Backend(ABC):
         The key is busy while a lock of another token is in the way of a claim
         (a queued lock, a running one with a live run lock). ``"buffer"``: if
         another token's run is pending (recorded by this call, not lapsed, and
-        not yet holding the run lock itself), ``"coalesced"``; else, if the key
+        not yet holding the run lock itself), ``"coalesced"`` (a run lock of another
+        token that holds the key is marked as owing one more run: see ``"follow"``); else, if the key
         is busy, ``token`` becomes (or stays) the one pending run, for ``lease``
         seconds unless it calls again, ``"pending"``; else ``"free"`` (claim
         it: a pending run of ``token`` is kept until its run lock holds the key).
         ``"terminate"``: a run lock of another token is asked to stop (its
         :meth:`renew` says False from now on), ``"stopping"``; a busy key with no
         run lock to ask, ``"busy"``; else ``"free"``. ``"withdraw"``: the pending run
-        of ``token`` goes, if it is there (it took the key, or gave up), ``"free"``. ``holder`` is the caller,
+        of ``token`` goes, if it is there (it took the key, or gave up), ``"free"``. ``"follow"``, by a
+        run that ends, while its run lock holds the key: ``"coalesced"`` if a pending run waits
+        (marked as watched by ``token``: its withdraw once it took the key leaves that said);
+        else ``"pending"`` if runs coalesced while it held the key (the run owed to them is the
+        caller's to give), or ``"free"``. Again after its release: ``"coalesced"`` while the
+        pending run it watches waits, ``"free"`` once that run took the key, ``"pending"`` if it
+        is gone (withdrawn without the key, lapsed). A re-take of a run lock by its
+        token keeps its marks (a stop request, a run owed). ``holder`` is the caller,
         as ``uniqjob locks`` shows it (``LockState.pending_run``, ``RunRecord.stop``).
         The record lives with the key's locks (on Redis, a key of the same hash tag).
         """
