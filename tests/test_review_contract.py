@@ -166,11 +166,6 @@ def test_memory_and_redis_agree_on_random_sequences(redis_backend: RedisBackend)
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a keep_last claim without debounce on a queued lock with a due time: the record machine"
-    " keeps 'due' (LockMachine._coalesce only sets it with debounce), CLAIM deletes 'd' (put(..., 'd', ''))",
-)
 def test_a_plain_keep_last_claim_treats_a_due_time_alike(redis_backend: RedisBackend) -> None:
     machine = SideBySide()
     machine.redis = redis_backend
@@ -180,11 +175,6 @@ def test_a_plain_keep_last_claim_treats_a_due_time_alike(redis_backend: RedisBac
     machine.claim("t2", "2", "", "keep_last", None)  # a keep_last call of the same key, not debounced
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a run claim's re-take by its token: the record machine records the new attempt"
-    " (LockMachine._set_run), CLAIM only extends the lease and keeps the attempt the lock had",
-)
 def test_a_run_claim_retaken_with_another_attempt_is_alike(redis_backend: RedisBackend) -> None:
     machine = SideBySide()
     machine.redis = redis_backend

@@ -231,7 +231,10 @@ class LockMachine:
             elif run is None:
                 return None  # our own claim, retried after a lost reply: it holds already
             elif self._retakes(token, run):
-                self._set_run(token, run)  # the same run's fence, or a first one
+                attempt = run.attempt if self.r is None else self.r.get("attempt", "")
+                self._set_run(token, run)  # the same run's fence (and attempt), or a first one
+                if self.r is not None:
+                    self.r["attempt"] = attempt
                 if self.q["state"] != RUNNING:
                     self.q = {**self.q, "state": RUNNING}
                 return None
@@ -259,6 +262,7 @@ class LockMachine:
             if coalesce == "keep_last":
                 kept = {k: v for k, v in q.items() if k not in _PENDING}
                 self.q = {**kept, "args": meta.args, "call": meta.call}
+                self.q.pop("due", None)
                 if debounce is not None:  # pushed back, but never past the longest wait
                     wait, longest = debounce
                     due = self.now + wait
