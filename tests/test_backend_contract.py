@@ -790,10 +790,13 @@ def test_keep_last_while_running_keeps_one_pending_call_queued_by_finish(store: 
     assert pending.meta.job_id == "job-4"
     state = b.read("k")
     assert state.run is None and state.queue is not None and state.queue.state == "queued"
-    assert state.queue.token == "t4" and state.queue.meta == replace(_call(4), call="")
+    assert state.queue.token == "t4" and state.queue.meta == _call(4)  # its arguments kept...
     assert state.queue.pending is None
+    again = b.finish("k", "t1")  # ...so that a retry after a lost reply gets the same call again
+    assert again is not None and (again.token, again.meta) == (pending.token, pending.meta)
     granted, run = _start_own(b, "t4")  # its caller pushed the job with the pending call's arguments
-    assert granted is None and run.call == ""
+    assert granted is None and run.call == _call(4).call
+    assert b.finish("k", "t1") is None  # no longer waiting: the retry of a finish long done
     assert b.finish("k", "t4") is None
     assert b.read("k").free
 

@@ -168,10 +168,11 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
 
 
 @pytest.mark.parametrize(
-    "coalescing", [{"unique_on_conflict": "keep_last"}, {"unique_on_conflict": "replace"}, {"unique_debounce": 5}]
+    "coalescing",
+    [{"unique_on_conflict": "keep_last"}, {"unique_on_conflict": "replace"}, {"unique_debounce": 5}],
 )
 def test_coalescing_refuses_unique_lock_autoexpire(coalescing: dict[str, Any]) -> None:
-    with pytest.raises(uniqjob.ConfigurationError, match="remove unique_lock_autoexpire.*job_gone"):
+    with pytest.raises(uniqjob.ConfigurationError, match=r"remove unique_lock_autoexpire.*job_gone"):
         attrs = {"unique_queue": jobs, "unique_lock_autoexpire": 60, "perform": lambda self: None}
         type("Expiring", (UniqueJob,), {**attrs, **coalescing})
     with pytest.raises(uniqjob.ConfigurationError, match="unique_lock_autoexpire"):
@@ -218,9 +219,6 @@ def test_a_lost_reply_to_the_release_never_mutes_an_inline_keep_last_key(
     assert Inline.runs[-1] == 3, Inline.runs
 
 
-@pytest.mark.xfail(
-    strict=True, reason="FINISH retried by its token after a lost reply returns no pending call"
-)
 def test_finish_retried_after_a_lost_reply_returns_the_pending_call_again(store: Backend) -> None:
     lock = Inline.lock("m", 1)
     assert lock.acquire(run=True)

@@ -270,7 +270,7 @@ class LockMachine:
                 state.coalesced = "latest"
             else:
                 mine = {"token": token, "since": self.now, "args": meta.args, "job_id": meta.job_id}
-                self.q = {**{k: v for k, v in q.items() if k != "call"}, **mine}
+                self.q = {**{k: v for k, v in q.items() if k not in ("call", "by")}, **mine}
                 state.coalesced = "replaced"
         elif coalesce == "keep_last":
             pending = {"p_token": token, "p_args": meta.args, "p_job_id": meta.job_id, "p_call": meta.call}
@@ -345,7 +345,7 @@ class LockMachine:
         if self.q is None:
             self._set_queue(token, QUEUED, meta, ttl)
         else:
-            self.q = {**self.q, "state": QUEUED, "expires": expires}
+            self.q = {**{k: v for k, v in self.q.items() if k != "by"}, "state": QUEUED, "expires": expires}
         self.changed = True
         return True
 
@@ -364,14 +364,25 @@ class LockMachine:
         if self.r is not None and self.r["token"] == token:
             self.r, self.changed = None, True
         q = self.q
-        if keep_queue or q is None or q["token"] != token:
+        if keep_queue or q is None:
             return None
+        if q["token"] != token:  # a retry after a lost reply: the pending call it queued, again
+            return self._queued_by(token)
         self.q, self.changed = None, True
         pending = _pending(q)
         if pending is not None:  # the call that waited behind this one: queued now, for the caller to push
             self._set_queue(pending.token, QUEUED, replace(pending.meta, cls=q.get("cls", "")), None)
-            # (its arguments are in the job its caller pushes: none kept for its start)
+            assert self.q is not None
+            self.q.update(call=pending.meta.call, by=token)  # (see _queued_by)
         return pending
+
+    def _queued_by(self, token: str) -> PendingCall | None:
+        """The pending call that ``token``'s finish queued, while it waits in its queue; else None."""
+        q = self.q
+        if q is None or q.get("by") != token or q["state"] != QUEUED:
+            return None
+        meta = QueueMeta("", q.get("args", ""), q.get("job_id", ""), q.get("call", ""))
+        return PendingCall(q["token"], meta)
 
     def dequeue(self, token: str | None) -> bool:
         if self.q is None or self.q["state"] != QUEUED:
