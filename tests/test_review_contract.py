@@ -198,13 +198,6 @@ def test_a_stop_request_survives_a_retake_alike(redis_backend: RedisBackend) -> 
     machine.claim("t2", "", "", "", "")  # its claim again (a retry after a lost reply): a re-take
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with replicas=N, a CLAIM reply coalesced as 'R' (replace: the key is now the caller's) is"
-    " no grant to _acks.claimed (not an integer): no replica need acknowledge it and nothing is"
-    " undone, so acquire() counts it granted though a failover may give the key back to the replaced"
-    " call, whose job was taken out of its queue, while the new job is refused: nothing runs",
-)
 def test_a_replace_claim_waits_for_replicas_like_any_grant(redis_client: Any) -> None:
     alone = RedisBackend(redis_client, namespace="review-acks")  # this server has no replica
     waiting = RedisBackend(redis_client, namespace="review-acks", replicas=1, replica_timeout=0.1)
