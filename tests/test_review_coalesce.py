@@ -388,13 +388,6 @@ def lose_one_reply(store: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(store, "claim", applied_then_lost)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a 'replace' claim whose reply is lost has moved the key to its token; its undo"
-    " (_joblock_base.undo_claim: reclaim of that token) then deletes the lock, or, undone or not,"
-    " the job that held the key is refused at its start (mode 'own'): the earlier call, whose"
-    " enqueue succeeded, never runs, and the failed one was never pushed",
-)
 def test_a_replace_whose_reply_was_lost_never_loses_the_queued_call(
     store: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -270,7 +270,8 @@ class LockMachine:
                 state.coalesced = "latest"
             else:
                 mine = {"token": token, "since": self.now, "args": meta.args, "job_id": meta.job_id}
-                self.q = {**{k: v for k, v in q.items() if k not in ("call", "by")}, **mine}
+                was = {"token": q["token"], "args": q.get("args", ""), "job_id": q.get("job_id", "")}
+                self.q = {**{k: v for k, v in q.items() if k not in ("call", "by")}, **mine, "was": was}
                 state.coalesced = "replaced"
         elif coalesce == "keep_last":
             pending = {"p_token": token, "p_args": meta.args, "p_job_id": meta.job_id, "p_call": meta.call}
@@ -304,7 +305,7 @@ class LockMachine:
             if self.q is None:
                 self._set_queue(token, RUNNING, meta, ttl)
             elif mine:
-                self.q = {**self.q, "token": token, "state": RUNNING}
+                self.q = {**{k: v for k, v in self.q.items() if k != "was"}, "token": token, "state": RUNNING}
         elif queue_lock == "release" and mine:
             self.q = None
         return None
@@ -389,8 +390,14 @@ class LockMachine:
             return False
         if token is not None and self.q["token"] != token:
             return False
-        self.q, self.changed = None, True
+        self._drop_queue()
         return True
+
+    def _drop_queue(self) -> None:
+        """Drop the queue lock; one that replaced a call not yet started (its undo) gives it back."""
+        q, self.q, self.changed = self.q, None, True
+        if q is not None and "was" in q:  # (dropped when its call starts)
+            self.q = {**{k: v for k, v in q.items() if k != "was"}, **q["was"]}
 
     def overlap(self, token: str, mode: OverlapMode, lease: float, holder: str) -> Overlap:
         """See :meth:`Backend.overlap`; ``holder`` is the caller as ``host:pid``."""
@@ -420,7 +427,8 @@ class LockMachine:
     def reclaim(self, queue_token: str | None, run_token: str | None) -> bool:
         gone = False
         if queue_token is not None and self.q is not None and self.q["token"] == queue_token:
-            self.q, gone = None, True
+            self._drop_queue()
+            gone = True
         if run_token is not None and self.r is not None and self.r["token"] == run_token:
             self.r, gone = None, True
         self.changed |= gone

@@ -128,7 +128,8 @@ end
 #               c class or n its length in the key, p arguments preview, j job id,
 #               k the call's arguments (JSON, policy keep_last); a pending call (keep_last):
 #               P its token, A its arguments preview, J its job id, K its arguments;
-#               d when its job is due (µs, debounce), b the token whose finish queued it (a pending call)
+#               d when its job is due (µs, debounce), b the token whose finish queued it (a pending call);
+#               w, z, y the token, arguments preview and job id of the call it replaced, until it starts
 #   run lock:   t token, h host, o node, i pid, b process start, a started (µs), l lease (ms),
 #               x attempt (tells two deliveries of one token apart), f fence, k who asked it to stop
 # Times are the server's TIME as whole microseconds, so no float ever rounds them.
@@ -317,7 +318,8 @@ if present(q) then
       put({'p', ARGV[5], 'k', call, 'P', '', 'A', '', 'J', '', 'K', '', 'd', d})
       return 'L' .. reply
     elseif q[2] == 'q' then  -- replaced: the lock is ours, with our job
-      put({'t', ARGV[1], 'a', now, 'p', ARGV[5], 'j', ARGV[6], 'k', '', 'b', ''})
+      put({'t', ARGV[1], 'a', now, 'p', ARGV[5], 'j', ARGV[6], 'k', '', 'b', '',
+           'w', q[1], 'z', q[6] or '', 'y', q[7] or ''})  -- w, z, y: the replaced call, for an undo
       return 'R' .. reply
     elseif co == 'l' then  -- waits behind the running call
       put({'P', ARGV[1], 'A', ARGV[5], 'J', ARGV[6], 'K', call})
@@ -405,6 +407,7 @@ elseif not qtok then
   set_queue(ARGV[1], 'r', now)
 elseif mine then
   redis.call('HSET', KEYS[1], 't', ARGV[1], 's', 'r')
+  redis.call('HDEL', KEYS[1], 'w', 'z', 'y')
 end
 if mine and call then return {fence, call} end
 return fence

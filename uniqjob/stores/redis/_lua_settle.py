@@ -115,34 +115,49 @@ return 1
 """
 )
 
+# Drops the queue lock KEYS[1] whose fields w, z, y are ``was``; one that replaced a call not yet
+# started (the undo of that replace) gives the key back to that call instead.
+_DROP_QUEUE = """
+local function drop_queue(was)
+  if not was[1] then return redis.call('DEL', KEYS[1]) end
+  redis.call('HSET', KEYS[1], 't', was[1])
+  if was[2] then redis.call('HSET', KEYS[1], 'p', was[2]) else redis.call('HDEL', KEYS[1], 'p') end
+  if was[3] then redis.call('HSET', KEYS[1], 'j', was[3]) else redis.call('HDEL', KEYS[1], 'j') end
+  redis.call('HDEL', KEYS[1], 'w', 'z', 'y')
+  return 1
+end
+"""
+
 # KEYS[1]: queue lock. ARGV: token or '' (any). Returns 1 if a queued lock was dropped.
 DEQUEUE = (
     _CHECKS
+    + _DROP_QUEUE
     + """
-local q = redis.pcall('HMGET', KEYS[1], 's', 't')
+local q = redis.pcall('HMGET', KEYS[1], 's', 't', 'w', 'z', 'y')
 if failed(q) then return unreadable(1, q, 'hash') end
 if q[1] ~= 'q' then return 0 end
 if ARGV[1] ~= '' and q[2] ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-return 1
+return drop_queue({q[3], q[4], q[5]})
 """
 )
 
 # KEYS: queue lock, run lock. ARGV: queue token or '', run token or ''. Returns how many locks went.
 RECLAIM = (
     _CHECKS
+    + _DROP_QUEUE
     + """
-local qtok, rtok = false, false
+local qtok, rtok, was = false, false, {}
 if ARGV[1] ~= '' then
-  qtok = redis.pcall('HGET', KEYS[1], 't')
-  if failed(qtok) then return unreadable(1, qtok, 'hash') end
+  local q = redis.pcall('HMGET', KEYS[1], 't', 'w', 'z', 'y')
+  if failed(q) then return unreadable(1, q, 'hash') end
+  qtok, was = q[1], {q[2], q[3], q[4]}
 end
 if ARGV[2] ~= '' then
   rtok = redis.pcall('HGET', KEYS[2], 't')
   if failed(rtok) then return unreadable(2, rtok, 'hash') end
 end
 local gone = 0
-if ARGV[1] ~= '' and qtok == ARGV[1] then gone = gone + redis.call('DEL', KEYS[1]) end
+if ARGV[1] ~= '' and qtok == ARGV[1] then gone = gone + drop_queue(was) end
 if ARGV[2] ~= '' and rtok == ARGV[2] then gone = gone + redis.call('DEL', KEYS[2]) end
 return gone
 """
