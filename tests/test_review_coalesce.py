@@ -402,13 +402,6 @@ def test_a_replace_whose_reply_was_lost_never_loses_the_queued_call(
     assert Swap.runs == [1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a keep_last claim recorded as the pending call whose reply is lost is undone by a"
-    " reclaim of its token (tried for SETTLE seconds); once the holder ended, that token's is the"
-    " queued lock of the pending call the holder pushed: the undo deletes it, its job is refused,"
-    " and the earlier pending call (which got Pending back) never runs",
-)
 def test_a_pending_call_whose_reply_was_lost_never_loses_the_earlier_pending_call(
     store: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:

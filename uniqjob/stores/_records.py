@@ -73,6 +73,9 @@ def _pending(q: Record) -> PendingCall | None:
     return PendingCall(token, QueueMeta("", q.get("p_args", ""), q.get("p_job_id", ""), q.get("p_call", "")))
 
 
+#: Marks the token of a pending call's queued lock (see LockMachine.finish; _lua_settle.FINISH too).
+FOLLOWS = "+"
+
 #: A queue lock record's fields of a pending call.
 _PENDING = ("p_token", "p_args", "p_job_id", "p_call")
 
@@ -372,6 +375,9 @@ class LockMachine:
         self.q, self.changed = None, True
         pending = _pending(q)
         if pending is not None:  # the call that waited behind this one: queued now, for the caller to push
+            # under a token of its own (its claim's, marked): an undo of that claim (its reply lost)
+            # leaves this lock, whose job its caller pushes, alone
+            pending = PendingCall(pending.token + FOLLOWS, pending.meta)
             self._set_queue(pending.token, QUEUED, replace(pending.meta, cls=q.get("cls", "")), None)
             assert self.q is not None
             self.q.update(call=pending.meta.call, by=token)  # (see _queued_by)

@@ -91,7 +91,7 @@ if ARGV[2] == '0' then
   queue = q[1] == ARGV[1]
   if queue and q[2] then  -- the pending call becomes the queued lock
     if mine then redis.call('DEL', KEYS[2]) end
-    local p = {q[2], q[3] or '', q[4] or '', q[5] or ''}
+    local p = {q[2] .. '+', q[3] or '', q[4] or '', q[5] or ''}  -- a token of its own: see FOLLOWS
     redis.call('HDEL', KEYS[1], 'P', 'A', 'J', 'K', 'p', 'j', 'k', 'd')
     redis.call('HSET', KEYS[1], 't', p[1], 's', 'q', 'a', clock(), 'b', ARGV[1])
     if p[2] ~= '' then redis.call('HSET', KEYS[1], 'p', p[2]) end
