@@ -369,6 +369,17 @@ def test_keep_last_runs_the_pending_call_with_the_arguments_passed_or_refuses_th
     assert Keyed.runs[-1] == {2: "b", True: (1, 2)}, Keyed.runs
 
 
+@pytest.mark.parametrize("data", [(1, 2), {"a": [{1: "b"}]}])
+def test_arguments_json_would_change_are_refused_by_name(store: Backend, data: Any) -> None:
+    def meanwhile() -> None:
+        with pytest.raises(uniqjob.ConfigurationError, match=r"change argument version .*lists and dicts"):
+            Inline.enqueue("t", version=data)
+
+    Inline.during = meanwhile
+    Inline.run("t", 1)
+    assert Inline.runs == [1]
+
+
 # -- a coalescing claim whose reply was lost, then undone ---------------------------------------------
 
 
