@@ -12,72 +12,19 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from functools import partial
-from typing import Any
 
 from ..errors import ConfigurationError
-from ..locks import (
-    QUEUED,
-    RUNNING,
-    Holder,
-    LockState,
-    Parts,
-    PendingCall,
-    QueueMeta,
-    QueueRecord,
-    RunClaim,
-    RunRecord,
-)
+from ..locks import QUEUED, RUNNING, Holder, LockState, PendingCall, QueueMeta, RunClaim
+from ._record_parts import FOLLOWS, Record
+from ._record_parts import PENDING as _PENDING
+from ._record_parts import parts as _parts
+from ._record_parts import pending as _pending
 from .base import Backend, Coalesce, Debounce, Overlap, OverlapMode, QueueMode
-
-Record = dict[str, Any]
 
 #: Issues a run lock's fence, given the store's clock in whole microseconds (see Backend.start).
 Fences = Callable[[int], int]
 #: Counts ``n`` dropped duplicates (-1: takes one back) of a job class at a store time (Backend.duplicates).
 Drops = Callable[[str, float, int], None]
-
-
-def _parts(q: Record | None, r: Record | None, now: float) -> Parts:
-    """The queue lock, run lock and clock of a key whose records are ``q`` and ``r`` at ``now``."""
-    queue = run = None
-    if q is not None:
-        expires = q.get("expires")
-        cls = q.get("cls", "")
-        queue = QueueRecord(
-            token=q["token"],
-            state=q["state"],
-            since=q["since"],
-            meta=QueueMeta(cls, q.get("args", ""), q.get("job_id", ""), q.get("call", "")),
-            ttl=None if expires is None else expires - now,
-            pending=_pending(q),
-            due=q.get("due"),
-        )
-    if r is not None:
-        run = RunRecord(
-            token=r["token"],
-            holder=Holder(r["host"], r["node"], r["pid"], r["pstart"]),
-            started=r["started"],
-            lease=r["lease"],
-            lease_left=r["until"] - now,
-            fence=r.get("f", 0),
-            stop=r.get("stop", ""),
-        )
-    return queue, run, now
-
-
-def _pending(q: Record) -> PendingCall | None:
-    """The pending call a queue lock record holds (see Backend.claim's coalescing), or None."""
-    token = q.get("p_token")
-    if not token:
-        return None
-    return PendingCall(token, QueueMeta("", q.get("p_args", ""), q.get("p_job_id", ""), q.get("p_call", "")))
-
-
-#: Marks the token of a pending call's queued lock (see LockMachine.finish; _lua_settle.FINISH too).
-FOLLOWS = "+"
-
-#: A queue lock record's fields of a pending call.
-_PENDING = ("p_token", "p_args", "p_job_id", "p_call")
 
 
 class LockMachine:
