@@ -375,11 +375,11 @@ local now = clock()
 local run = redis.pcall('HMGET', KEYS[2], 't', 'x', 'a', 'f')
 if failed(run) then return unreadable(2, run, 'hash') end
 local mode = string.sub(ARGV[7], 2, 2)
-local qtok, call, due = false, false, false
+local qtok, call, due, was = false, false, false, false
 if mode ~= 'k' then
-  local q = redis.pcall('HMGET', KEYS[1], 't', 'k', 'd')
+  local q = redis.pcall('HMGET', KEYS[1], 't', 'k', 'd', 'w')
   if failed(q) then return unreadable(1, q, 'hash') end
-  qtok, call, due = q[1], q[2], q[3]
+  qtok, call, due, was = q[1], q[2], q[3], q[4]
 end
 local held = present(run)
 local drop = string.sub(ARGV[7], 3)
@@ -407,7 +407,7 @@ elseif not qtok then
   set_queue(ARGV[1], 'r', now)
 elseif mine then
   redis.call('HSET', KEYS[1], 't', ARGV[1], 's', 'r')
-  redis.call('HDEL', KEYS[1], 'w', 'z', 'y')
+  if was then redis.call('HDEL', KEYS[1], 'w', 'z', 'y') end  -- started: no undo gives it back
 end
 if mine and call then return {fence, call} end
 return fence
