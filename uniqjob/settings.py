@@ -153,15 +153,17 @@ def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
         and cls.unique_strategy != "while_executing"
         and autoexpire is None
         and cls.unique_once_per is None
-        and cls.unique_on_conflict not in ("keep_last", "replace")
-        and cls.unique_debounce is None
     ):
+        coalescing = cls.unique_on_conflict in ("keep_last", "replace") or cls.unique_debounce is not None
         log.warning(
             "%s: its queue (%s) cannot prove a job gone, so the queue lock of a job lost from it (a purged"
-            " task) never clears and refuses that call for good; set unique_lock_autoexpire to seconds"
-            " longer than a job may wait and run (e.g. unique_lock_autoexpire = 3600)",
+            " task) never clears and refuses that call for good; %s",
             name,
             type(queue).__name__,
+            "a coalescing class takes no unique_lock_autoexpire: `uniqjob release KEY` frees such a lock"
+            if coalescing
+            else "set unique_lock_autoexpire to seconds longer than a job may wait and run"
+            " (e.g. unique_lock_autoexpire = 3600)",
         )
     _check_unique_args(cls)
     perform = inspect.getattr_static(cls, "perform")
