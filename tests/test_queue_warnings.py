@@ -101,12 +101,3 @@ def test_a_celery_task_with_no_autoexpire_is_warned_about_at_definition(
     _make_task(unique_lock_autoexpire=3600)
     _make_task(unique_strategy="while_executing")  # no queue lock to strand
     assert not [r for r in caplog.records if "unique_lock_autoexpire" in r.getMessage()]
-
-
-def test_a_coalescing_celery_task_is_told_what_frees_a_lost_jobs_lock(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    caplog.set_level(logging.WARNING, logger="uniqjob")
-    _make_task(unique_on_conflict="keep_last", unique_args=("account_id",))
-    (message,) = [r.getMessage() for r in caplog.records if "cannot prove a job gone" in r.getMessage()]
-    assert "takes no unique_lock_autoexpire: `uniqjob release KEY` frees such a lock" in message

@@ -81,11 +81,13 @@ def work() -> None:
 
 
 class Latest(UniqueJob):
-    """keep_last on a queue (with no autoexpire: refused with coalescing, see below)."""
+    """keep_last on a queue, with an autoexpire (what uniqjob recommends on a queue that cannot
+    prove a job gone, such as Celery's) and a lease longer than it."""
 
     unique_queue = jobs
     unique_on_conflict = "keep_last"
     unique_args = ("name",)
+    unique_lock_autoexpire = 60
     unique_run_lease = 600
     runs: ClassVar[list[int]] = []
     during: ClassVar[Callable[[], None] | None] = None
@@ -162,21 +164,47 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     return made
 
 
-# -- autoexpire: the queued and the pending call live in the queue lock ----------------------------
-# (a keep_last/replace/debounce job that waited past its autoexpire was skipped, a pending call was
-# lost with its lock, a job refused by a run that outlived its lock dropped: all refused instead)
+# -- autoexpire: a coalescing job's start refuses a queue lock that is no longer there -----------
 
 
-@pytest.mark.parametrize(
-    "coalescing",
-    [{"unique_on_conflict": "keep_last"}, {"unique_on_conflict": "replace"}, {"unique_debounce": 5}],
-)
-def test_coalescing_refuses_unique_lock_autoexpire(coalescing: dict[str, Any]) -> None:
-    with pytest.raises(uniqjob.ConfigurationError, match=r"remove unique_lock_autoexpire.*job_gone"):
-        attrs = {"unique_queue": jobs, "unique_lock_autoexpire": 60, "perform": lambda self: None}
-        type("Expiring", (UniqueJob,), {**attrs, **coalescing})
-    with pytest.raises(uniqjob.ConfigurationError, match="unique_lock_autoexpire"):
-        Latest.using(lock_autoexpire=60)
+def test_a_keep_last_job_that_waited_past_its_autoexpire_still_runs(timed: tuple[Backend, FakeClock]) -> None:
+    store, clock = timed
+    assert Latest.enqueue("a", 1)
+    clock.advance(61)  # a busy queue: the job waited longer than the lock's autoexpire
+    assert store.read(Latest.lock_key("a", 0)).free  # nobody holds the key
+    work()
+    assert Latest.runs == [1]
+
+
+def test_a_pending_call_survives_the_autoexpire_of_the_running_lock(timed: tuple[Backend, FakeClock]) -> None:
+    _, clock = timed
+    Latest.enqueue("b", 1)
+
+    def meanwhile() -> None:
+        Latest.during = None
+        assert isinstance(Latest.enqueue("b", 2), Pending)
+        clock.advance(61)  # the run is long (its lease is 600 s): the queue lock autoexpires under it
+
+    Latest.during = meanwhile
+    work()
+    assert Latest.runs == [1, 2]
+
+
+def test_a_coalescing_start_takes_an_expired_lock_and_keeps_its_lock_for_its_run(store: Backend) -> None:
+    from uniqjob.locks import QueueMeta
+
+    meta = QueueMeta("tests.Job")
+
+    def start(key: str, token: str, ttl: float | None) -> Any:
+        run = RunClaim(local_holder(), 600.0, "")
+        return store.start(key, token, run=run, meta=meta, ttl=ttl, queue_lock="own")
+
+    assert start("expired", "t1", 60.0) is None  # its lock autoexpired while it waited: it runs
+    assert start("gone", "t1", None) is not None  # no autoexpire: replaced, or run already
+    assert store.claim("k", "t2", meta=meta, ttl=60.0) is None
+    assert start("k", "t2", 60.0) is None
+    queue = store.read("k").queue
+    assert queue is not None and queue.ttl is None  # held as long as its run, not its autoexpire
 
 
 # -- replace, inline: the claim that replaces takes no run lock ----------------------------------
@@ -429,6 +457,28 @@ def test_a_pending_call_whose_reply_was_lost_never_loses_the_earlier_pending_cal
     undos.flush()  # within SETTLE of the lost reply
     work()
     assert Latest.runs[0] == 1 and Latest.runs[1:] in ([2], [3]), Latest.runs
+
+
+def test_a_keep_last_job_refused_by_a_run_that_outlived_its_queue_lock_runs_later(
+    timed: tuple[Backend, FakeClock],
+) -> None:
+    _, clock = timed
+    Latest.enqueue("w", 1)
+
+    def meanwhile() -> None:
+        Latest.during = None
+        clock.advance(61)  # the run goes on past its queue lock's autoexpire (its lease is 600 s)
+        Latest.enqueue("w", 2)  # the last trigger: pending now (the running lock outlives its autoexpire)
+        while jobs.jobs:  # a job of its own, were it given one: worker 2 runs it at once
+            later = jobs.jobs.pop()
+            later.cls.execute(later.cls.lock_from(later.key, later.token), later.args, later.kwargs)
+
+    (job,) = jobs.jobs
+    jobs.jobs.clear()
+    Latest.during = meanwhile
+    job.cls.execute(job.cls.lock_from(job.key, job.token), job.args, job.kwargs)
+    work()
+    assert Latest.runs == [1, 2]
 
 
 def test_a_failed_start_of_an_inline_pending_call_never_mutes_the_key(

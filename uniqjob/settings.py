@@ -154,16 +154,12 @@ def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
         and autoexpire is None
         and cls.unique_once_per is None
     ):
-        coalescing = cls.unique_on_conflict in ("keep_last", "replace") or cls.unique_debounce is not None
         log.warning(
             "%s: its queue (%s) cannot prove a job gone, so the queue lock of a job lost from it (a purged"
-            " task) never clears and refuses that call for good; %s",
+            " task) never clears and refuses that call for good; set unique_lock_autoexpire to seconds"
+            " longer than a job may wait and run (e.g. unique_lock_autoexpire = 3600)",
             name,
             type(queue).__name__,
-            "a coalescing class takes no unique_lock_autoexpire: `uniqjob release KEY` frees such a lock"
-            if coalescing
-            else "set unique_lock_autoexpire to seconds longer than a job may wait and run"
-            " (e.g. unique_lock_autoexpire = 3600)",
         )
     _check_unique_args(cls)
     perform = inspect.getattr_static(cls, "perform")
@@ -284,14 +280,6 @@ def _check_coalescing(cls: type[UniqueJob], name: str, queue: Queue | None, queu
                                  f" 'until_executed', not {cls.unique_strategy!r}")  # fmt: skip
     if getattr(cls, "concurrency_limit", None) is not None or cls.unique_once_per is not None:
         raise ConfigurationError(f"{what} takes no concurrency_limit and no unique_once_per")
-    if cls.unique_lock_autoexpire is not None:
-        # The queued call and the pending call live in the queue lock: an expiry running from the
-        # enqueue would lose them (a job that waited longer is skipped, a pending call vanishes).
-        raise ConfigurationError(
-            f"{what} keeps the latest call in the queue lock, which unique_lock_autoexpire would"
-            " drop with it: remove unique_lock_autoexpire (the lock of a job lost from its queue is"
-            " freed once the queue's job_gone proves it gone, suspect_after seconds after the enqueue)"
-        )
     if queue is None:
         return
     if queue.suspect_after is None:

@@ -245,17 +245,21 @@ class LockMachine:
         if not self._retakes(token, run):
             return self.state()
         mine = self.q is not None and (self.q["token"] == token or adopt)
-        if queue_lock == "own":
-            if not mine or (self.q is not None and self.q.get("due", self.now) > self.now):
+        own = queue_lock == "own"
+        if own:
+            expired = self.q is None and ttl is not None  # its lock autoexpired while it waited: it runs
+            if not (mine or expired) or (self.q is not None and self.q.get("due", self.now) > self.now):
                 return self.state()  # replaced, taken over, or not yet due
             queue_lock = "run"
         self._set_run(token, run)
         run.call = self.q.get("call", "") if mine and self.q is not None else ""
         if queue_lock == "run":
             if self.q is None:
-                self._set_queue(token, RUNNING, meta, ttl)
+                self._set_queue(token, RUNNING, meta, None if own else ttl)
             elif mine:
                 self.q = {**{k: v for k, v in self.q.items() if k != "was"}, "token": token, "state": RUNNING}
+            if own and self.q is not None:  # kept as long as its run (a pending call waits in it)
+                self.q = {**self.q, "expires": None}
         elif queue_lock == "release" and mine:
             self.q = None
         return None

@@ -363,7 +363,8 @@ return fence
 # KEYS: queue lock, run lock, last fence, dropped duplicates.
 # ARGV: token, ttl_ms, cls, cls_len, args, job_id, flags, host, node, pid, pstart, lease_ms, attempt
 # flags: 'a' (adopt) or '-', then the queue mode: 'r' (run), 'x' (release), 'k' (keep) or 'o'
-# (own: as 'r', refused unless the queue lock is the token's and due), then a drop: see count_drop.
+# (own: as 'r', refused unless the queue lock is the token's and due, or gone with a ttl; then
+# persisted), then a drop: see count_drop.
 # A run lock of the same token but another attempt is a second delivery: in the way.
 # Returns the fence when the run lock is taken (a re-take keeps the one it
 # holds), or {fence, call} when the queue lock it holds records a call (k); else a
@@ -385,8 +386,11 @@ local held = present(run)
 local drop = string.sub(ARGV[7], 3)
 if held and not own_run(run, ARGV[1], ARGV[13]) then return refused(now, drop, run[1]) end
 local mine = qtok and (qtok == ARGV[1] or string.sub(ARGV[7], 1, 1) == 'a')
-if mode == 'o' then  -- replaced, taken over, or not yet due (debounce): refused
-  if not mine or (due and tonumber(due) > tonumber(now)) then return refused(now, drop, run[1]) end
+local own = mode == 'o'
+if own then  -- replaced, taken over, or not yet due (debounce): refused; autoexpired while it waited: runs
+  if not (mine or (not qtok and ARGV[2] ~= '0')) or (due and tonumber(due) > tonumber(now)) then
+    return refused(now, drop, run[1])
+  end
   mode = 'r'
 end
 local fence = held and tonumber(run[4])
@@ -409,6 +413,7 @@ elseif mine then
   redis.call('HSET', KEYS[1], 't', ARGV[1], 's', 'r')
   if was then redis.call('HDEL', KEYS[1], 'w', 'z', 'y') end  -- started: no undo gives it back
 end
+if own then redis.call('PERSIST', KEYS[1]) end  -- kept as long as its run (a pending call waits in it)
 if mine and call then return {fence, call} end
 return fence
 """
