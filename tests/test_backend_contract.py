@@ -823,16 +823,20 @@ def test_keep_last_while_running_keeps_one_pending_call_queued_by_finish(store: 
     assert queue.pending.token == "t4" and queue.pending.meta == replace(_call(4), cls="")
     assert b.duplicates() == {}  # a coalesced call is no dropped duplicate: it is counted as coalesced
     assert b.drops() == {"duplicates": {}, "coalesced": {"tests.Job": 3}, "replaced": {}}
-    pending = b.finish("k", "t1")
-    assert pending is not None and pending.token == "t4" and pending.meta.call == _call(4).call
+    pending = b.finish("k", "t1")  # a token of its own, which an undo of t4's claim leaves alone
+    assert pending is not None and pending.token == "t4+" and pending.meta.call == _call(4).call
     assert pending.meta.job_id == "job-4"
     state = b.read("k")
     assert state.run is None and state.queue is not None and state.queue.state == "queued"
-    assert state.queue.token == "t4" and state.queue.meta == replace(_call(4), call="")
+    assert state.queue.token == "t4+" and state.queue.meta == _call(4)  # its arguments kept...
     assert state.queue.pending is None
-    granted, run = _start_own(b, "t4")  # its caller pushed the job with the pending call's arguments
-    assert granted is None and run.call == ""
-    assert b.finish("k", "t4") is None
+    again = b.finish("k", "t1")  # ...so that a retry after a lost reply gets the same call again
+    assert again is not None and (again.token, again.meta) == (pending.token, pending.meta)
+    assert not b.reclaim("k", "t4", "t4")  # the undo of t4's claim, had its reply been lost
+    granted, run = _start_own(b, "t4+")  # its caller pushed the job with the pending call's arguments
+    assert granted is None and run.call == _call(4).call
+    assert b.finish("k", "t1") is None  # no longer waiting: the retry of a finish long done
+    assert b.finish("k", "t4+") is None
     assert b.read("k").free
 
 

@@ -156,9 +156,9 @@ def timed(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Backend, Fake
     return store, clock
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "file", "redis"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    """The record machine and the Lua scripts, configured as the default."""
+    """The record machine (memory, file) and the Lua scripts, configured as the default."""
     made = STORES[request.param].make(request, tmp_path, FakeClock())
     uniqjob.configure(made)
     return made
@@ -167,13 +167,6 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
 # -- autoexpire: a coalescing job's start refuses a queue lock that is no longer there -----------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a keep_last/replace/debounce job starts in mode 'own' (LockMachine.start, _lua START 'o'),"
-    " which refuses when its queue lock is gone; with unique_lock_autoexpire the lock of a job that"
-    " waited in its queue longer than that is gone, so the job is skipped as 'replaced' and its call"
-    " (the last trigger, with no duplicate at all) never runs",
-)
 def test_a_keep_last_job_that_waited_past_its_autoexpire_still_runs(timed: tuple[Backend, FakeClock]) -> None:
     store, clock = timed
     assert Latest.enqueue("a", 1)
@@ -183,12 +176,6 @@ def test_a_keep_last_job_that_waited_past_its_autoexpire_still_runs(timed: tuple
     assert Latest.runs == [1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a pending call (keep_last) lives in the queue lock, whose autoexpire runs from enqueue:"
-    " when it lapses while the holder still runs, the pending call goes with it and the holder's"
-    " finish pushes nothing, so the last trigger never runs",
-)
 def test_a_pending_call_survives_the_autoexpire_of_the_running_lock(timed: tuple[Backend, FakeClock]) -> None:
     _, clock = timed
     Latest.enqueue("b", 1)
@@ -203,16 +190,26 @@ def test_a_pending_call_survives_the_autoexpire_of_the_running_lock(timed: tuple
     assert Latest.runs == [1, 2]
 
 
+def test_a_coalescing_start_takes_an_expired_lock_and_keeps_its_lock_for_its_run(store: Backend) -> None:
+    from uniqjob.locks import QueueMeta
+
+    meta = QueueMeta("tests.Job")
+
+    def start(key: str, token: str, ttl: float | None) -> Any:
+        run = RunClaim(local_holder(), 600.0, "")
+        return store.start(key, token, run=run, meta=meta, ttl=ttl, queue_lock="own")
+
+    assert start("expired", "t1", 60.0) is None  # its lock autoexpired while it waited: it runs
+    assert start("gone", "t1", None) is not None  # no autoexpire: replaced, or run already
+    assert store.claim("k", "t2", meta=meta, ttl=60.0) is None
+    assert start("k", "t2", 60.0) is None
+    queue = store.read("k").queue
+    assert queue is not None and queue.ttl is None  # held as long as its run, not its autoexpire
+
+
 # -- replace, inline: the claim that replaces takes no run lock ----------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a run=True claim (Job.run(), until_executed) coalesced as 'replaced' takes the queued lock"
-    " (LockMachine._coalesce, CLAIM's 'R' branch) but no run lock, and acquire() counts it as"
-    " granted: run() performs with no run lock, and a second run() replaces it again and performs"
-    " at the same time (two runs of one key at once)",
-)
 def test_inline_replace_of_a_queued_job_never_runs_two_at_once(store: Backend) -> None:
     Swap.enqueue("r", 1)  # a job waits in its queue
     Swap.during = lambda: Swap.run("r", 3)  # another script runs the job while this one runs it
@@ -223,13 +220,6 @@ def test_inline_replace_of_a_queued_job_never_runs_two_at_once(store: Backend) -
 # -- a lost reply to FINISH: the pending call it queued is never pushed ---------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FINISH is not idempotent for its token once it turned the pending call into the queued"
-    " lock: a retry answers 1, not the pending call; and a release whose reply was lost logs and"
-    " drops lock.pending, so the pending call's lock stays queued with no job; inline (no queue,"
-    " no job id, no autoexpire) it then mutes the key for good: every later call coalesces into it",
-)
 def test_a_lost_reply_to_the_release_never_mutes_an_inline_keep_last_key(
     store: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -246,13 +236,13 @@ def test_a_lost_reply_to_the_release_never_mutes_an_inline_keep_last_key(
     Inline.during = meanwhile
     Inline.run("l", 1)
     monkeypatch.setattr(store, "finish", real)  # the store answers again
+    from uniqjob._undo import undos
+
+    undos.flush()  # the undo thread's next round (it retries about twice a second)
     Inline.run("l", 3)  # a later trigger, any time later
     assert Inline.runs[-1] == 3, Inline.runs
 
 
-@pytest.mark.xfail(
-    strict=True, reason="FINISH retried by its token after a lost reply returns no pending call"
-)
 def test_finish_retried_after_a_lost_reply_returns_the_pending_call_again(store: Backend) -> None:
     lock = Inline.lock("m", 1)
     assert lock.acquire(run=True)
@@ -266,13 +256,6 @@ def test_finish_retried_after_a_lost_reply_returns_the_pending_call_again(store:
 # -- reap: a dead inline holder's pending call ------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ops._locks._resume finishes the orphan first (its pending call becomes the queued lock)"
-    " and only then finds no job class to push it with (an inline call's JSON has no 'j'; or the"
-    " class cannot be imported, which raises): the queued lock has no job and no job id, so"
-    " nothing ever reclaims it and every later call of the key coalesces into it: muted for good",
-)
 def test_reap_of_an_inline_orphan_with_a_pending_call_leaves_its_key_usable(
     timed: tuple[Backend, FakeClock],
 ) -> None:
@@ -288,11 +271,6 @@ def test_reap_of_an_inline_orphan_with_a_pending_call_leaves_its_key_usable(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="as above, with a real process killed with SIGKILL (provably dead on this host) and"
-    " `uniqjob reap`: the key is muted for good",
-)
 @pytest.mark.parametrize("kind", ["file", "redis"])
 def test_reap_after_a_killed_inline_holder_with_a_pending_call(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
@@ -333,13 +311,6 @@ def test_reap_after_a_killed_inline_holder_with_a_pending_call(
 # -- reap racing a redelivery of the orphan's own job ----------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ops._locks._reclaim of an orphan with a pending call calls backend.finish(key, token),"
-    " which deletes the run lock of that token whoever holds it now: a redelivery of the same job"
-    " (same token, another attempt) that took the run lock between reap's read and its finish is"
-    " robbed, and the pending call is pushed to run beside it",
-)
 def test_reap_never_robs_a_redelivery_that_took_the_orphan_back(
     timed: tuple[Backend, FakeClock], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -383,13 +354,6 @@ class Debounced(UniqueJob):
             during()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_job_async.execute re-delays (_delay) any refused start whose queue lock has a due time,"
-    " before it looks why the start was refused; the due time stays in the lock once the job runs,"
-    " so a second delivery of a running debounced job is pushed again at once (delay 0), refused"
-    " again, pushed again...: a loop of jobs for as long as the first delivery runs",
-)
 def test_a_second_delivery_of_a_running_debounced_job_is_skipped_not_pushed_again(
     timed: tuple[Backend, FakeClock],
 ) -> None:
@@ -424,13 +388,6 @@ class Keyed(UniqueJob):
             assert isinstance(Keyed.enqueue(name, {2: "b", True: (1, 2)}), Pending)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_coalesce.encode keeps the latest call as JSON, which turns dict keys that are not"
-    " strings (int, float, bool, None) into strings and tuples into lists without a word: the"
-    " pending call then runs with other arguments than the caller passed; docs/strategies.md says"
-    " such arguments are a ConfigurationError at the call",
-)
 def test_keep_last_runs_the_pending_call_with_the_arguments_passed_or_refuses_them(store: Backend) -> None:
     Keyed.runs.clear()
     try:
@@ -438,6 +395,17 @@ def test_keep_last_runs_the_pending_call_with_the_arguments_passed_or_refuses_th
     except uniqjob.ConfigurationError:
         return  # refused, as documented: fine
     assert Keyed.runs[-1] == {2: "b", True: (1, 2)}, Keyed.runs
+
+
+@pytest.mark.parametrize("data", [(1, 2), {"a": [{1: "b"}]}])
+def test_arguments_json_would_change_are_refused_by_name(store: Backend, data: Any) -> None:
+    def meanwhile() -> None:
+        with pytest.raises(uniqjob.ConfigurationError, match=r"change argument version .*lists and dicts"):
+            Inline.enqueue("t", version=data)
+
+    Inline.during = meanwhile
+    Inline.run("t", 1)
+    assert Inline.runs == [1]
 
 
 # -- a coalescing claim whose reply was lost, then undone ---------------------------------------------
@@ -455,13 +423,6 @@ def lose_one_reply(store: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(store, "claim", applied_then_lost)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a 'replace' claim whose reply is lost has moved the key to its token; its undo"
-    " (_joblock_base.undo_claim: reclaim of that token) then deletes the lock, or, undone or not,"
-    " the job that held the key is refused at its start (mode 'own'): the earlier call, whose"
-    " enqueue succeeded, never runs, and the failed one was never pushed",
-)
 def test_a_replace_whose_reply_was_lost_never_loses_the_queued_call(
     store: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -476,13 +437,6 @@ def test_a_replace_whose_reply_was_lost_never_loses_the_queued_call(
     assert Swap.runs == [1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a keep_last claim recorded as the pending call whose reply is lost is undone by a"
-    " reclaim of its token (tried for SETTLE seconds); once the holder ended, that token's is the"
-    " queued lock of the pending call the holder pushed: the undo deletes it, its job is refused,"
-    " and the earlier pending call (which got Pending back) never runs",
-)
 def test_a_pending_call_whose_reply_was_lost_never_loses_the_earlier_pending_call(
     store: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -505,13 +459,6 @@ def test_a_pending_call_whose_reply_was_lost_never_loses_the_earlier_pending_cal
     assert Latest.runs[0] == 1 and Latest.runs[1:] in ([2], [3]), Latest.runs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with autoexpire, a keep_last call made while the key's run outlives its queue lock gets a"
-    " queue lock and a job of its own; that job, started by another worker while the run goes on, is"
-    " refused by the run lock and _job_async.execute drops it (policy applied at execution time:"
-    " 'dropped', not made the pending call): the last trigger never runs",
-)
 def test_a_keep_last_job_refused_by_a_run_that_outlived_its_queue_lock_runs_later(
     timed: tuple[Backend, FakeClock],
 ) -> None:
@@ -521,9 +468,10 @@ def test_a_keep_last_job_refused_by_a_run_that_outlived_its_queue_lock_runs_late
     def meanwhile() -> None:
         Latest.during = None
         clock.advance(61)  # the run goes on past its queue lock's autoexpire (its lease is 600 s)
-        Latest.enqueue("w", 2)  # the last trigger: a queue lock and a job of its own
-        later = jobs.jobs.pop()
-        later.cls.execute(later.cls.lock_from(later.key, later.token), later.args, later.kwargs)  # worker 2
+        Latest.enqueue("w", 2)  # the last trigger: pending now (the running lock outlives its autoexpire)
+        while jobs.jobs:  # a job of its own, were it given one: worker 2 runs it at once
+            later = jobs.jobs.pop()
+            later.cls.execute(later.cls.lock_from(later.key, later.token), later.args, later.kwargs)
 
     (job,) = jobs.jobs
     jobs.jobs.clear()
@@ -533,13 +481,6 @@ def test_a_keep_last_job_refused_by_a_run_that_outlived_its_queue_lock_runs_late
     assert Latest.runs == [1, 2]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="inline, _job_async._next starts the pending call after the release queued it; a start that"
-    " fails (the store unreachable a moment) propagates and leaves that queued lock behind, with no"
-    " queue, no job id and no autoexpire: nothing ever reclaims it (unlike _settle_failed_start,"
-    " which drops an inline call's queued lock) and every later call coalesces into it",
-)
 def test_a_failed_start_of_an_inline_pending_call_never_mutes_the_key(
     store: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -166,11 +166,6 @@ def test_memory_and_redis_agree_on_random_sequences(redis_backend: RedisBackend)
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a keep_last claim without debounce on a queued lock with a due time: the record machine"
-    " keeps 'due' (LockMachine._coalesce only sets it with debounce), CLAIM deletes 'd' (put(..., 'd', ''))",
-)
 def test_a_plain_keep_last_claim_treats_a_due_time_alike(redis_backend: RedisBackend) -> None:
     machine = SideBySide()
     machine.redis = redis_backend
@@ -180,11 +175,6 @@ def test_a_plain_keep_last_claim_treats_a_due_time_alike(redis_backend: RedisBac
     machine.claim("t2", "2", "", "keep_last", None)  # a keep_last call of the same key, not debounced
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a run claim's re-take by its token: the record machine records the new attempt"
-    " (LockMachine._set_run), CLAIM only extends the lease and keeps the attempt the lock had",
-)
 def test_a_run_claim_retaken_with_another_attempt_is_alike(redis_backend: RedisBackend) -> None:
     machine = SideBySide()
     machine.redis = redis_backend
@@ -202,13 +192,6 @@ def test_a_stop_request_survives_a_retake_alike(redis_backend: RedisBackend) -> 
     machine.claim("t2", "", "", "", "")  # its claim again (a retry after a lost reply): a re-take
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with replicas=N, a CLAIM reply coalesced as 'R' (replace: the key is now the caller's) is"
-    " no grant to _acks.claimed (not an integer): no replica need acknowledge it and nothing is"
-    " undone, so acquire() counts it granted though a failover may give the key back to the replaced"
-    " call, whose job was taken out of its queue, while the new job is refused: nothing runs",
-)
 def test_a_replace_claim_waits_for_replicas_like_any_grant(redis_client: Any) -> None:
     alone = RedisBackend(redis_client, namespace="review-acks")  # this server has no replica
     waiting = RedisBackend(redis_client, namespace="review-acks", replicas=1, replica_timeout=0.1)

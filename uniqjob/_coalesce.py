@@ -56,6 +56,15 @@ def encode(cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any]) 
     are not JSON (strings, numbers, booleans, None, lists and dicts with string keys)."""
     import json  # here: only a keep_last call needs it
 
+    named = [*((f"#{i + 1}", value) for i, value in enumerate(args)), *kwargs.items()]
+    for name, value in named:
+        if not _kept_as_is(value):
+            raise ConfigurationError(
+                f"{cls.job_name()}: unique_on_conflict 'keep_last' keeps the latest call's arguments in"
+                f" the lock store as JSON, which would change argument {name} ({value!r}): a tuple"
+                " would come back a list, a dict key that is not a string a string; pass lists and"
+                " dicts with string keys"
+            )
     call: dict[str, Any] = {"a": list(args), "k": kwargs}
     if cls.unique_queue is not None:  # whoever reclaims a dead holder's key pushes its pending call
         call["j"] = f"{cls.__module__}:{cls.__qualname__}"
@@ -66,6 +75,15 @@ def encode(cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any]) 
             f"{cls.job_name()}: unique_on_conflict 'keep_last' keeps the latest call's arguments in the"
             f" lock store as JSON, and these are not JSON ({exc}): pass plain values (ids, not objects)"
         ) from None
+
+
+def _kept_as_is(value: Any) -> bool:
+    """Whether JSON gives ``value`` back as it is (no tuple, no dict key but strings, in all its depth)."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _kept_as_is(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_kept_as_is(v) for v in value)
+    return not isinstance(value, tuple)  # (what JSON cannot write at all, json.dumps refuses)
 
 
 def decode(text: str) -> tuple[tuple[Any, ...], dict[str, Any]]:

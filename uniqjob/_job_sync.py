@@ -121,6 +121,9 @@ def _next(cls: type[UniqueJob], lock: JobLock, store: Backend) -> None:
             _joblock_sync.start(follower, store)
         except JobNotUnique:
             return  # taken over meanwhile: a later call runs instead
+        except BaseException:  # it may be applied: left, its queued lock would refuse the key for good
+            follower.undo_start()
+            raise
         if follower.call:
             args, kwargs = _coalesce.decode(follower.call)
         _perform(cls, follower, store, args, kwargs, releasing=True)
@@ -177,13 +180,15 @@ def execute(
     try:
         _joblock_sync.start(lock, store)
     except JobNotUnique:
-        run = lock.conflict.run if lock.conflict is not None else None
-        queue_lock = lock.conflict.queue if lock.conflict is not None else None
+        state = lock.conflict
+        assert state is not None
+        run, queue_lock = state.run, state.queue
         if lock.coalesce and (queue_lock is None or queue_lock.token != lock.token):
             # Its call was replaced, or run by another job: nothing of it is left to run.
             _job_base.log.info("%s: skipped %s, whose call was replaced", cls.job_name(), lock.key)
             return None
-        if queue_lock is not None and queue_lock.due is not None:  # debounced, and not yet due
+        due = queue_lock.due if queue_lock is not None else None
+        if due is not None and due > state.now and run is None:  # debounced, and not yet due
             _delay(cls, lock, store, args, kwargs)
             return None
         if run is not None and run.token == lock.token:

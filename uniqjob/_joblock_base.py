@@ -146,8 +146,26 @@ def gone_job(state: LockState, after: float = 0.0) -> str:
 
 def unreleased(lock: JobLock, exc: Exception) -> None:
     """Log a release that failed: a running lock lapses with its lease; a queued one (while_executing
-    never has one) needs its queue or autoexpire, as any queued lock does."""
+    never has one) needs its queue or autoexpire, as any queued lock does.
+
+    An inline "keep_last" call's release may have been applied, its reply lost: it then queued the
+    pending call, which no queue pushes and this process will not run, and into which every later
+    call of the key would coalesce. Its undo drops that call, once the store answers.
+    """
     log.error("could not release %s (%s); its run lock lapses one lease from now", lock.key, exc)
+    if lock.coalesce == "keep_last":
+        from ._coalesce import json_ref
+
+        backend, key, token, attempt = lock.backend, lock.key, lock.token, lock._attempt
+
+        def drop_next() -> bool:
+            pending = backend.finish(key, token, attempt=attempt)  # again: it answers the same call
+            # (a queue's call, whose JSON names its class, waits for its queue's job_gone, as before)
+            if pending is None or json_ref(pending.meta.call):
+                return False
+            return backend.dequeue(key, pending.token)
+
+        undos.add(drop_next, f"the pending call of {key!r}", (token,))
 
 
 def held_by(state: LockState, run_conflicts: bool) -> bool:

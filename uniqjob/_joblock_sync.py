@@ -55,6 +55,8 @@ def acquire(
     """
     claim = RunClaim(local_holder(), lock.lease, lock._attempt) if run else None
     meta = claim_meta(lock, with_job_id=gone_after is not None)
+    # A run claim (inline) replaces nothing: the replaced call's run may still be under way.
+    coalesce = "" if run and lock.coalesce == "replace" else lock.coalesce
     candidates = lock.candidate_keys()
     for candidate in candidates:
         # Only the last candidate key's refusal is a duplicate (see Backend.duplicates), counted once.
@@ -64,7 +66,7 @@ def acquire(
             try:
                 state = store.claim(
                     candidate, lock.token, meta=meta, ttl=lock.ttl, run=claim, count=count, counted=before,
-                    coalesce=lock.coalesce, debounce=lock.debounce,
+                    coalesce=coalesce, debounce=lock.debounce,
                 )  # fmt: skip
             except CorruptRecordError:
                 raise  # the store answered: nothing was applied

@@ -10,7 +10,7 @@ from typing import Literal
 from .. import config
 from ..concurrency import Released, release_slots
 from ..errors import ConfigurationError, CorruptRecordError
-from ..locks import QUEUED, RUNNING, LockState, holder_is_dead, orphaned
+from ..locks import QUEUED, RUNNING, LockState, holder_is_dead, new_token, orphaned
 from ..stores.base import Backend
 from ._pages import read_scan, read_slots
 
@@ -153,11 +153,27 @@ def _reclaim(backend: Backend, state: LockState) -> bool:
     A queue lock with a pending call ("keep_last") is released as its holder would have:
     the pending call is queued and pushed (:func:`_resume`).
     """
-    queue_token = state.queue.token if state.queue is not None else None
-    if state.queue is not None and state.queue.pending is not None:
-        _resume(backend, state.key, state.queue.token)
+    queue, run = state.queue, state.run
+    if queue is not None and queue.pending is not None and _pushable(queue.pending.meta.call):
+        if run is not None:  # the dead holder's run lock first, so that the release below...
+            backend.reclaim(state.key, None, run.token)
+        # ...leaves alone a live redelivery of the same job (a run lock of its token taken since)
+        _resume(backend, state.key, queue.token)
         return True
-    return backend.reclaim(state.key, queue_token, state.run.token if state.run is not None else None)
+    # (an inline call's pending call, with no queue to push it to, goes with the dead holder's lock)
+    return backend.reclaim(state.key, queue.token if queue else None, run.token if run else None)
+
+
+def _pushable(call: str) -> bool:
+    """Whether a pending call's job class (in its JSON) can be found and has a queue to push it to."""
+    from .. import _coalesce  # here: only a key with a pending call needs them
+    from .._refs import resolve_job
+
+    ref = _coalesce.json_ref(call)
+    try:
+        return bool(ref) and resolve_job(ref).unique_queue is not None
+    except ConfigurationError:
+        return False
 
 
 def _resume(backend: Backend, key: str, token: str) -> bool:
@@ -172,7 +188,7 @@ def _resume(backend: Backend, key: str, token: str) -> bool:
     from .._refs import resolve_job
     from ..concurrency._semaphore_base import push_call
 
-    pending = backend.finish(key, token)
+    pending = backend.finish(key, token, attempt=new_token())  # an attempt of no delivery: see _reclaim
     ref = _coalesce.json_ref(pending.meta.call) if pending is not None else ""
     cls = resolve_job(ref) if ref else None
     queue = cls.unique_queue if cls is not None else None

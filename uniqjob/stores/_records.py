@@ -12,71 +12,21 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from functools import partial
-from typing import Any
 
 from ..errors import ConfigurationError
-from ..locks import (
-    QUEUED,
-    RUNNING,
-    Holder,
-    LockState,
-    Parts,
-    PendingCall,
-    QueueMeta,
-    QueueRecord,
-    RunClaim,
-    RunRecord,
-)
+from ..locks import QUEUED, RUNNING, Holder, LockState, PendingCall, QueueMeta, RunClaim
 from ._drops import kind_of
+from ._record_parts import FOLLOWS, Record
+from ._record_parts import PENDING as _PENDING
+from ._record_parts import parts as _parts
+from ._record_parts import pending as _pending
 from .base import Backend, Coalesce, Debounce, Overlap, OverlapMode, QueueMode
-
-Record = dict[str, Any]
 
 #: Issues a run lock's fence, given the store's clock in whole microseconds (see Backend.start).
 Fences = Callable[[int], int]
 #: Counts ``n`` refused calls (-1: takes one back) of a job class at a store time, of a kind
 #: ("" dropped, "c" coalesced, "r" replaced: see Backend.drops).
 Drops = Callable[[str, float, int, str], None]
-
-
-def _parts(q: Record | None, r: Record | None, now: float) -> Parts:
-    """The queue lock, run lock and clock of a key whose records are ``q`` and ``r`` at ``now``."""
-    queue = run = None
-    if q is not None:
-        expires = q.get("expires")
-        cls = q.get("cls", "")
-        queue = QueueRecord(
-            token=q["token"],
-            state=q["state"],
-            since=q["since"],
-            meta=QueueMeta(cls, q.get("args", ""), q.get("job_id", ""), q.get("call", "")),
-            ttl=None if expires is None else expires - now,
-            pending=_pending(q),
-            due=q.get("due"),
-        )
-    if r is not None:
-        run = RunRecord(
-            token=r["token"],
-            holder=Holder(r["host"], r["node"], r["pid"], r["pstart"]),
-            started=r["started"],
-            lease=r["lease"],
-            lease_left=r["until"] - now,
-            fence=r.get("f", 0),
-            stop=r.get("stop", ""),
-        )
-    return queue, run, now
-
-
-def _pending(q: Record) -> PendingCall | None:
-    """The pending call a queue lock record holds (see Backend.claim's coalescing), or None."""
-    token = q.get("p_token")
-    if not token:
-        return None
-    return PendingCall(token, QueueMeta("", q.get("p_args", ""), q.get("p_job_id", ""), q.get("p_call", "")))
-
-
-#: A queue lock record's fields of a pending call.
-_PENDING = ("p_token", "p_args", "p_job_id", "p_call")
 
 
 class LockMachine:
@@ -236,7 +186,10 @@ class LockMachine:
             elif run is None:
                 return None  # our own claim, retried after a lost reply: it holds already
             elif self._retakes(token, run):
-                self._set_run(token, run)  # the same run's fence, or a first one
+                attempt = run.attempt if self.r is None else self.r.get("attempt", "")
+                self._set_run(token, run)  # the same run's fence (and attempt), or a first one
+                if self.r is not None:
+                    self.r["attempt"] = attempt
                 if self.q["state"] != RUNNING:
                     self.q = {**self.q, "state": RUNNING}
                 return None
@@ -264,6 +217,7 @@ class LockMachine:
             if coalesce == "keep_last":
                 kept = {k: v for k, v in q.items() if k not in _PENDING}
                 self.q = {**kept, "args": meta.args, "call": meta.call}
+                self.q.pop("due", None)
                 if debounce is not None:  # pushed back, but never past the longest wait
                     wait, longest = debounce
                     due = self.now + wait
@@ -272,7 +226,8 @@ class LockMachine:
                 state.coalesced = "latest"
             else:
                 mine = {"token": token, "since": self.now, "args": meta.args, "job_id": meta.job_id}
-                self.q = {**{k: v for k, v in q.items() if k != "call"}, **mine}
+                was = {"token": q["token"], "args": q.get("args", ""), "job_id": q.get("job_id", "")}
+                self.q = {**{k: v for k, v in q.items() if k not in ("call", "by")}, **mine, "was": was}
                 state.coalesced = "replaced"
         elif coalesce == "keep_last":
             pending = {"p_token": token, "p_args": meta.args, "p_job_id": meta.job_id, "p_call": meta.call}
@@ -296,17 +251,21 @@ class LockMachine:
         if not self._retakes(token, run):
             return self.state()
         mine = self.q is not None and (self.q["token"] == token or adopt)
-        if queue_lock == "own":
-            if not mine or (self.q is not None and self.q.get("due", self.now) > self.now):
+        own = queue_lock == "own"
+        if own:
+            expired = self.q is None and ttl is not None  # its lock autoexpired while it waited: it runs
+            if not (mine or expired) or (self.q is not None and self.q.get("due", self.now) > self.now):
                 return self.state()  # replaced, taken over, or not yet due
             queue_lock = "run"
         self._set_run(token, run)
         run.call = self.q.get("call", "") if mine and self.q is not None else ""
         if queue_lock == "run":
             if self.q is None:
-                self._set_queue(token, RUNNING, meta, ttl)
+                self._set_queue(token, RUNNING, meta, None if own else ttl)
             elif mine:
-                self.q = {**self.q, "token": token, "state": RUNNING}
+                self.q = {**{k: v for k, v in self.q.items() if k != "was"}, "token": token, "state": RUNNING}
+            if own and self.q is not None:  # kept as long as its run (a pending call waits in it)
+                self.q = {**self.q, "expires": None}
         elif queue_lock == "release" and mine:
             self.q = None
         return None
@@ -347,7 +306,7 @@ class LockMachine:
         if self.q is None:
             self._set_queue(token, QUEUED, meta, ttl)
         else:
-            self.q = {**self.q, "state": QUEUED, "expires": expires}
+            self.q = {**{k: v for k, v in self.q.items() if k != "by"}, "state": QUEUED, "expires": expires}
         self.changed = True
         return True
 
@@ -366,22 +325,42 @@ class LockMachine:
         if self.r is not None and self.r["token"] == token:
             self.r, self.changed = None, True
         q = self.q
-        if keep_queue or q is None or q["token"] != token:
+        if keep_queue or q is None:
             return None
+        if q["token"] != token:  # a retry after a lost reply: the pending call it queued, again
+            return self._queued_by(token)
         self.q, self.changed = None, True
         pending = _pending(q)
         if pending is not None:  # the call that waited behind this one: queued now, for the caller to push
+            # under a token of its own (its claim's, marked): an undo of that claim (its reply lost)
+            # leaves this lock, whose job its caller pushes, alone
+            pending = PendingCall(pending.token + FOLLOWS, pending.meta)
             self._set_queue(pending.token, QUEUED, replace(pending.meta, cls=q.get("cls", "")), None)
-            # (its arguments are in the job its caller pushes: none kept for its start)
+            assert self.q is not None
+            self.q.update(call=pending.meta.call, by=token)  # (see _queued_by)
         return pending
+
+    def _queued_by(self, token: str) -> PendingCall | None:
+        """The pending call that ``token``'s finish queued, while it waits in its queue; else None."""
+        q = self.q
+        if q is None or q.get("by") != token or q["state"] != QUEUED:
+            return None
+        meta = QueueMeta("", q.get("args", ""), q.get("job_id", ""), q.get("call", ""))
+        return PendingCall(q["token"], meta)
 
     def dequeue(self, token: str | None) -> bool:
         if self.q is None or self.q["state"] != QUEUED:
             return False
         if token is not None and self.q["token"] != token:
             return False
-        self.q, self.changed = None, True
+        self._drop_queue()
         return True
+
+    def _drop_queue(self) -> None:
+        """Drop the queue lock; one that replaced a call not yet started (its undo) gives it back."""
+        q, self.q, self.changed = self.q, None, True
+        if q is not None and "was" in q:  # (dropped when its call starts)
+            self.q = {**{k: v for k, v in q.items() if k != "was"}, **q["was"]}
 
     def overlap(self, token: str, mode: OverlapMode, lease: float, holder: str) -> Overlap:
         """See :meth:`Backend.overlap`; ``holder`` is the caller as ``host:pid``."""
@@ -392,7 +371,8 @@ class LockMachine:
     def reclaim(self, queue_token: str | None, run_token: str | None) -> bool:
         gone = False
         if queue_token is not None and self.q is not None and self.q["token"] == queue_token:
-            self.q, gone = None, True
+            self._drop_queue()
+            gone = True
         if run_token is not None and self.r is not None and self.r["token"] == run_token:
             self.r, gone = None, True
         self.changed |= gone

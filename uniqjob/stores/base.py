@@ -126,7 +126,9 @@ class Backend(ABC):
         - ``"own"``: as ``"run"``, but the start is refused (the state returned)
           unless the queue lock is ``token``'s (or any, with ``adopt``): a job
           whose call was replaced or taken over never runs; and while the queue
-          lock is not yet due (see :meth:`claim`'s debounce).
+          lock is not yet due (see :meth:`claim`'s debounce). With a ``ttl``, a
+          queue lock that is gone autoexpired while its job waited: taken. The
+          queue lock then has no expiry while its run lasts (a pending call waits in it).
 
         When granted, ``run.call`` is set to the arguments the queue lock recorded
         (``meta.call``, the latest call's when claims coalesced into it), or "".

@@ -12,7 +12,8 @@ from typing import cast
 
 from . import _drops
 from ._machine_store import MachineStore
-from ._records import LockMachineBackend, Record
+from ._record_parts import Record
+from ._records import LockMachineBackend
 from ._template import Held, RecordStore
 from ._urls import Invalid, bad, options, split
 from .semaphores import SemaphoreStore

@@ -135,7 +135,10 @@ def check_wait(client: Any, replica_timeout: float) -> None:
 
 
 def claimed(key: str, run: bool, reply: Any) -> str:
-    """What a CLAIM ``reply`` granted of ``key`` (an integer: granted), else "" (a conflict's snapshot)."""
+    """What a CLAIM ``reply`` granted of ``key`` (an integer: granted; 'R': replaced, the key is the
+    caller's now), else "" (a conflict's snapshot, or a call coalesced into another's lock)."""
+    if isinstance(reply, (str, bytes)) and reply[:1] in ("R", b"R"):
+        return f"the queue lock of {key!r}, replaced"
     if type(reply) is not int:
         return ""
     return f"the {'queue and run locks' if run else 'queue lock'} of {key!r}, granted"

@@ -128,7 +128,8 @@ end
 #               c class or n its length in the key, p arguments preview, j job id,
 #               k the call's arguments (JSON, policy keep_last); a pending call (keep_last):
 #               P its token, A its arguments preview, J its job id, K its arguments;
-#               d when its job is due (µs, debounce)
+#               d when its job is due (µs, debounce), b the token whose finish queued it (a pending call);
+#               w, z, y the token, arguments preview and job id of the call it replaced, until it starts
 #   run lock:   t token, h host, o node, i pid, b process start, a started (µs), l lease (ms),
 #               x attempt (tells two deliveries of one token apart), f fence, k who asked it to stop
 # Times are the server's TIME as whole microseconds, so no float ever rounds them.
@@ -343,7 +344,8 @@ if present(q) then
     if how == 'L' then  -- the queued call runs with the latest arguments
       take_latest(q, now, call, wait, longest)
     elseif how == 'R' then  -- replaced: the lock is ours, with our job
-      put({'t', ARGV[1], 'a', now, 'p', ARGV[5], 'j', ARGV[6], 'k', ''})
+      put({'t', ARGV[1], 'a', now, 'p', ARGV[5], 'j', ARGV[6], 'k', '', 'b', '',
+           'w', q[1], 'z', q[6] or '', 'y', q[7] or ''})  -- w, z, y: the replaced call, for an undo
     else  -- waits behind the running call
       put({'P', ARGV[1], 'A', ARGV[5], 'J', ARGV[6], 'K', call})
     end
@@ -385,7 +387,8 @@ return fence
 # KEYS: queue lock, run lock, last fence, dropped duplicates.
 # ARGV: token, ttl_ms, cls, cls_len, args, job_id, flags, host, node, pid, pstart, lease_ms, attempt
 # flags: 'a' (adopt) or '-', then the queue mode: 'r' (run), 'x' (release), 'k' (keep) or 'o'
-# (own: as 'r', refused unless the queue lock is the token's and due), then a drop: see count_drop.
+# (own: as 'r', refused unless the queue lock is the token's and due, or gone with a ttl; then
+# persisted), then a drop: see count_drop.
 # A run lock of the same token but another attempt is a second delivery: in the way.
 # Returns the fence when the run lock is taken (a re-take keeps the one it
 # holds), or {fence, call} when the queue lock it holds records a call (k); else a
@@ -397,18 +400,21 @@ local now = clock()
 local run = redis.pcall('HMGET', KEYS[2], 't', 'x', 'a', 'f')
 if failed(run) then return unreadable(2, run, 'hash') end
 local mode = string.sub(ARGV[7], 2, 2)
-local qtok, call, due = false, false, false
+local qtok, call, due, was = false, false, false, false
 if mode ~= 'k' then
-  local q = redis.pcall('HMGET', KEYS[1], 't', 'k', 'd')
+  local q = redis.pcall('HMGET', KEYS[1], 't', 'k', 'd', 'w')
   if failed(q) then return unreadable(1, q, 'hash') end
-  qtok, call, due = q[1], q[2], q[3]
+  qtok, call, due, was = q[1], q[2], q[3], q[4]
 end
 local held = present(run)
 local drop = string.sub(ARGV[7], 3)
 if held and not own_run(run, ARGV[1], ARGV[13]) then return refused(now, drop, run[1]) end
 local mine = qtok and (qtok == ARGV[1] or string.sub(ARGV[7], 1, 1) == 'a')
-if mode == 'o' then  -- replaced, taken over, or not yet due (debounce): refused
-  if not mine or (due and tonumber(due) > tonumber(now)) then return refused(now, drop, run[1]) end
+local own = mode == 'o'
+if own then  -- replaced, taken over, or not yet due (debounce): refused; autoexpired while it waited: runs
+  if not (mine or (not qtok and ARGV[2] ~= '0')) or (due and tonumber(due) > tonumber(now)) then
+    return refused(now, drop, run[1])
+  end
   mode = 'r'
 end
 local fence = held and tonumber(run[4])
@@ -429,7 +435,9 @@ elseif not qtok then
   set_queue(ARGV[1], 'r', now)
 elseif mine then
   redis.call('HSET', KEYS[1], 't', ARGV[1], 's', 'r')
+  if was then redis.call('HDEL', KEYS[1], 'w', 'z', 'y') end  -- started: no undo gives it back
 end
+if own then redis.call('PERSIST', KEYS[1]) end  -- kept as long as its run (a pending call waits in it)
 if mine and call then return {fence, call} end
 return fence
 """

@@ -49,6 +49,7 @@ if not q[1] then
   return 1
 end
 redis.call('HSET', KEYS[1], 's', 'q')
+redis.call('HDEL', KEYS[1], 'b')
 if ARGV[2] ~= '0' then redis.call('PEXPIRE', KEYS[1], ARGV[2]) else redis.call('PERSIST', KEYS[1]) end
 return 1
 """
@@ -71,7 +72,8 @@ return 1
 # KEYS: queue lock, run lock. ARGV: token, keep_queue ('1' or '0'), attempt ('': any).
 # Deletes each lock that is still the token's (the key's last fence stays); a queue lock
 # holding a pending call (P) becomes that call's, queued, instead.
-# Returns 1, or the pending call {token, args, job id, call} that is now queued; or 0,
+# Returns 1, or the pending call {token, args, job id, call} that is now queued (b: the token
+# that queued it, so that a retry after a lost reply gets it again while it waits); or 0,
 # deleting neither, if the run lock is the token's but another attempt's: a live
 # delivery, which holds the queue lock too.
 FINISH = (
@@ -84,18 +86,22 @@ local mine = run[1] == ARGV[1]
 if mine and other_attempt(run[2], ARGV[3]) then return 0 end
 local queue = false
 if ARGV[2] == '0' then
-  local q = redis.pcall('HMGET', KEYS[1], 't', 'P', 'A', 'J', 'K')
+  local q = redis.pcall('HMGET', KEYS[1], 't', 'P', 'A', 'J', 'K', 'b', 's', 'p', 'j', 'k')
   if failed(q) then return unreadable(1, q, 'hash') end
   queue = q[1] == ARGV[1]
   if queue and q[2] then  -- the pending call becomes the queued lock
     if mine then redis.call('DEL', KEYS[2]) end
-    local p = {q[2], q[3] or '', q[4] or '', q[5] or ''}
+    local p = {q[2] .. '+', q[3] or '', q[4] or '', q[5] or ''}  -- a token of its own: see FOLLOWS
     redis.call('HDEL', KEYS[1], 'P', 'A', 'J', 'K', 'p', 'j', 'k', 'd')
-    redis.call('HSET', KEYS[1], 't', p[1], 's', 'q', 'a', clock())
+    redis.call('HSET', KEYS[1], 't', p[1], 's', 'q', 'a', clock(), 'b', ARGV[1])
     if p[2] ~= '' then redis.call('HSET', KEYS[1], 'p', p[2]) end
     if p[3] ~= '' then redis.call('HSET', KEYS[1], 'j', p[3]) end
+    if p[4] ~= '' then redis.call('HSET', KEYS[1], 'k', p[4]) end
     redis.call('PERSIST', KEYS[1])
     return p
+  elseif q[1] and q[6] == ARGV[1] and q[7] == 'q' then  -- a retry after a lost reply: the same call
+    if mine then redis.call('DEL', KEYS[2]) end
+    return {q[1], q[8] or '', q[9] or '', q[10] or ''}
   end
 end
 if mine and queue then
@@ -109,34 +115,49 @@ return 1
 """
 )
 
+# Drops the queue lock KEYS[1] whose fields w, z, y are ``was``; one that replaced a call not yet
+# started (the undo of that replace) gives the key back to that call instead.
+_DROP_QUEUE = """
+local function drop_queue(was)
+  if not was[1] then return redis.call('DEL', KEYS[1]) end
+  redis.call('HSET', KEYS[1], 't', was[1])
+  if was[2] then redis.call('HSET', KEYS[1], 'p', was[2]) else redis.call('HDEL', KEYS[1], 'p') end
+  if was[3] then redis.call('HSET', KEYS[1], 'j', was[3]) else redis.call('HDEL', KEYS[1], 'j') end
+  redis.call('HDEL', KEYS[1], 'w', 'z', 'y')
+  return 1
+end
+"""
+
 # KEYS[1]: queue lock. ARGV: token or '' (any). Returns 1 if a queued lock was dropped.
 DEQUEUE = (
     _CHECKS
+    + _DROP_QUEUE
     + """
-local q = redis.pcall('HMGET', KEYS[1], 's', 't')
+local q = redis.pcall('HMGET', KEYS[1], 's', 't', 'w', 'z', 'y')
 if failed(q) then return unreadable(1, q, 'hash') end
 if q[1] ~= 'q' then return 0 end
 if ARGV[1] ~= '' and q[2] ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-return 1
+return drop_queue({q[3], q[4], q[5]})
 """
 )
 
 # KEYS: queue lock, run lock. ARGV: queue token or '', run token or ''. Returns how many locks went.
 RECLAIM = (
     _CHECKS
+    + _DROP_QUEUE
     + """
-local qtok, rtok = false, false
+local qtok, rtok, was = false, false, {}
 if ARGV[1] ~= '' then
-  qtok = redis.pcall('HGET', KEYS[1], 't')
-  if failed(qtok) then return unreadable(1, qtok, 'hash') end
+  local q = redis.pcall('HMGET', KEYS[1], 't', 'w', 'z', 'y')
+  if failed(q) then return unreadable(1, q, 'hash') end
+  qtok, was = q[1], {q[2], q[3], q[4]}
 end
 if ARGV[2] ~= '' then
   rtok = redis.pcall('HGET', KEYS[2], 't')
   if failed(rtok) then return unreadable(2, rtok, 'hash') end
 end
 local gone = 0
-if ARGV[1] ~= '' and qtok == ARGV[1] then gone = gone + redis.call('DEL', KEYS[1]) end
+if ARGV[1] ~= '' and qtok == ARGV[1] then gone = gone + drop_queue(was) end
 if ARGV[2] ~= '' and rtok == ARGV[2] then gone = gone + redis.call('DEL', KEYS[2]) end
 return gone
 """
