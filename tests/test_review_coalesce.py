@@ -1,8 +1,7 @@
 """Review of issue 24's coalescing (keep_last, replace, debounce): interleavings that break a promise.
 
-Each test is a bug found in review, marked ``xfail(strict=True)`` with the bug as its reason: it
-passes (the suite stays green) while the bug is there, and turns the suite red once it is fixed,
-so the mark is then removed. A worker is played in this process by :class:`Jobs`, a queue that
+Each test is a bug the review found (each was first committed as a strict xfail), fixed since: they
+stay as regression tests. A worker is played in this process by :class:`Jobs`, a queue that
 keeps what is pushed, and :func:`work`, which runs it as the integrations do
 (``lock_from(key, token)``, then ``execute``); the stores are the real ones, on an injected clock
 where time must pass.

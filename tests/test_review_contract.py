@@ -5,7 +5,7 @@ one key of each with the same steps (claims with every coalescing mode, starts, 
 requeues, renewals, stop requests...) and compares every answer and the state read after
 it. No step depends on time (no autoexpire, leases and debounce waits far longer than a test),
 so the memory store's clock and the server's need not agree. Each difference found is a test of
-its own below, marked ``xfail(strict=True)`` with the difference as its reason.
+its own below (each was first a strict xfail; all are fixed since).
 """
 
 from __future__ import annotations
