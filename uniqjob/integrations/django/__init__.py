@@ -43,52 +43,28 @@ from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, cast
 
-try:
-    from asgiref.sync import sync_to_async
-    from django.core import checks  # type: ignore[import-untyped]
-    from django.core.exceptions import ImproperlyConfigured  # type: ignore[import-untyped]
-    from django.utils import timezone  # type: ignore[import-untyped]
-    from django.utils.module_loading import import_string  # type: ignore[import-untyped]
-
-    try:  # Django 6+
-        from django.tasks import task_backends  # type: ignore[import-untyped]
-        from django.tasks.backends.base import BaseTaskBackend  # type: ignore[import-untyped]
-        from django.tasks.base import Task, TaskResult, TaskResultStatus  # type: ignore[import-untyped]
-        from django.tasks.exceptions import TaskResultDoesNotExist  # type: ignore[import-untyped]
-    except ModuleNotFoundError:  # Django 5: the django-tasks backport
-        from django_tasks import task_backends
-        from django_tasks.backends.base import BaseTaskBackend
-        from django_tasks.base import Task, TaskResult, TaskResultStatus
-        from django_tasks.exceptions import TaskResultDoesNotExist
-except ModuleNotFoundError as exc:  # the optional extra
-    raise ModuleNotFoundError(
-        f"uniqjob.integrations.django needs Django 6, or Django 4.2+ with django-tasks ({exc.name} is"
-        " missing): pip install 'uniqjob[django]'",
-        name=exc.name,
-    ) from exc
-
-from ... import config
 from ...errors import ConfigurationError
-from ...job import Queue, UniqueJob
+from ...job import UniqueJob
 from ...joblock import JobLock
-from ...stores._log import get_logger
 from .. import Ticket, perform
+from ._base import (
+    BaseTaskBackend,
+    ImproperlyConfigured,
+    Task,
+    TaskResult,
+    checks,
+    import_string,
+    sync_to_async,
+    task_backends,
+    timezone,
+)  # fmt: skip
+from ._checks import refusal, settings_problems
+from ._queue import AGAIN, TICKET, TaskQueue, _backend, _chosen, _pending
 
 __all__ = ["AGAIN", "TICKET", "Retry", "TaskJob", "TaskQueue", "UniqueBackend", "UniqueTask", "task_backends"]
 
-log = get_logger(__name__)
-
-#: The keyword argument under which a task's lock data travels (its key and token).
-TICKET: Final = "_uniqjob"
-#: The ticket of a rescheduled duplicate's next try (policy "reschedule"): enqueue it again.
-AGAIN: Final = "again"
-
-#: The Task being enqueued in this context (its priority, queue and run_after), and the id
-#: its result gets when the wrapped backend takes ids from ``id_function`` (django-tasks-db).
-_pending: ContextVar[Task | None] = ContextVar("uniqjob_django_task", default=None)
-_chosen: ContextVar[str] = ContextVar("uniqjob_django_id", default="")
 #: The context a worker gave the task it runs last in this context (``takes_context=True``).
 _context: ContextVar[Any] = ContextVar("uniqjob_django_context", default=None)
 
@@ -190,101 +166,6 @@ class TaskJob(UniqueJob, abstract=True):
         return Task.call(cls.task, *((_context.get(),) if cls.task.takes_context else ()), *args, **kwargs)
 
 
-class TaskQueue(Queue):
-    """A unique task's queue: its backend's wrapped one (every unique task has one; no need to make it)."""
-
-    def __init__(self, task: UniqueTask, chooses_ids: bool) -> None:
-        self.task = task
-        self.chooses_ids = chooses_ids  # its backend gives a result the id chosen for it
-
-    def __repr__(self) -> str:
-        return f"TaskQueue({self.task.module_path!r})"
-
-    #: See :attr:`uniqjob.queues.Queue.suspect_after`: the same rule as RQ's and arq's.
-    suspect_after: float | None = 60.0
-
-    def _pending(self) -> UniqueTask:
-        """The Task being enqueued (``task.using(...)``'s priority, queue, run_after), else the task."""
-        task = _pending.get()
-        return task if isinstance(task, UniqueTask) and task.func is self.task.func else self.task
-
-    def new_job_id(self) -> str:
-        """A fresh id for the task result, when the wrapped backend takes it (else "": recorded after)."""
-        return str(uuid.uuid4()) if self.chooses_ids else ""
-
-    def push(
-        self,
-        job_cls: type[UniqueJob],
-        lock: JobLock,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        delay: float | None = None,
-    ) -> TaskResult:
-        """Enqueue the task (deferred ``delay`` seconds) with its ticket; record its result id in the lock."""
-        task = self._pending()
-        if delay is not None:
-            task = task.using(run_after=timezone.now() + timedelta(seconds=delay))
-        kwargs = {**kwargs, TICKET: Ticket(lock.key, lock.token).dump()}
-        reset = _chosen.set(lock.meta.job_id)
-        try:
-            result = _backend(task).enqueue_wrapped(task, args, kwargs)
-        finally:
-            _chosen.reset(reset)
-        if str(result.id) != lock.meta.job_id and not result.is_finished:
-            # the backend chose the id: one round trip more (immediate backends have run it already)
-            lock.meta = replace(lock.meta, job_id=str(result.id))
-            lock.attach()
-        return result
-
-    def push_in(self, job_cls: type[UniqueJob], lock: JobLock, args: Any, kwargs: Any, delay: float) -> Any:
-        """:meth:`push`, the task deferred ``delay`` seconds (``unique_debounce``: its ``run_after``)."""
-        return self.push(job_cls, lock, args, kwargs, delay)
-
-    def handle(self, job_id: str) -> TaskResult:
-        """Task result ``job_id``, made without asking the backend (policies "use_existing", "keep_last"):
-        it says READY until its ``refresh()`` (``arefresh()``) reads the backend's."""
-        empty: dict[str, Any] = {"enqueued_at": None, "started_at": None, "finished_at": None}
-        return TaskResult(
-            task=self.task, id=job_id, status=TaskResultStatus.READY, last_attempted_at=None, args=[],
-            kwargs={}, backend=self.task.backend, errors=[], worker_ids=[], **empty,
-        )  # fmt: skip
-
-    def remove(self, job_id: str) -> None:
-        """Delete task result ``job_id`` while it is READY (policy "replace"; django-tasks-db's backend:
-        see :meth:`UniqueBackend.refusal`). A worker that claimed it meanwhile is refused its start."""
-        from django_tasks_db.models import DBTaskResult  # type: ignore[import-untyped, unused-ignore]
-
-        DBTaskResult.objects.filter(id=job_id, status=TaskResultStatus.READY).delete()
-
-    def push_later(
-        self, job_cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any], delay: float
-    ) -> TaskResult:
-        """Enqueue the task to run in ``delay`` seconds as a new try of ``enqueue`` (its ticket: AGAIN)."""
-        task = self._pending()
-        later = task.using(run_after=timezone.now() + timedelta(seconds=delay))
-        return _backend(task).enqueue_wrapped(later, args, {**kwargs, TICKET: AGAIN})
-
-    def job_gone(self, job_id: str) -> bool:
-        """True if the backend no longer has the task result ``job_id``, or has it finished."""
-        backend = self.task.get_backend()
-        if not backend.supports_get_result:
-            return False
-        try:
-            return bool(backend.get_result(job_id).is_finished)
-        except TaskResultDoesNotExist:
-            return True  # deleted (pruned, by hand) or expired
-        except Exception:  # when in doubt, never delete
-            log.warning("cannot tell whether task %s is gone; keeping its lock", job_id, exc_info=True)
-            return False
-
-
-def _backend(task: UniqueTask) -> UniqueBackend:
-    backend = task.get_backend()
-    if not isinstance(backend, UniqueBackend):
-        raise ConfigurationError(f"task {task.module_path}: its backend {backend!r} is not a UniqueBackend")
-    return backend
-
-
 # The task settings, and the backend's unique_* options, that a TaskJob takes.
 _TASK_SETTINGS = tuple(name for name in UniqueTask.__dataclass_fields__ if name.startswith("unique_"))
 _jobs: dict[tuple[Any, ...], type[TaskJob]] = {}
@@ -292,7 +173,7 @@ _jobs: dict[tuple[Any, ...], type[TaskJob]] = {}
 
 def _job_of(task: UniqueTask, backend: UniqueBackend | None = None) -> type[TaskJob]:
     """The TaskJob of a task (on ``backend``, its own): made once per function, backend and settings."""
-    backend = backend or _backend(task)
+    backend = backend or cast(UniqueBackend, _backend(task))  # a Wrapping is a UniqueBackend
     own = tuple((name, getattr(task, name)) for name in _TASK_SETTINGS if getattr(task, name) is not None)
     cache_key = (task.func, task.takes_context, backend.alias, backend.settings_key, own)
     job = _jobs.get(cache_key)
@@ -351,7 +232,7 @@ class UniqueBackend(BaseTaskBackend):  # type: ignore[misc]
         wrapped = _wrapped(params)
         if isinstance(wrapped, str):
             self.problems.append(checks.Error(f"{where}: {wrapped}", id="uniqjob.E001", obj=self))
-        self.problems += _settings_problems(where, self.unique_settings, self)
+        self.problems += settings_problems(where, self.unique_settings, self)
         if limits := sorted(name for name in options if name.startswith("concurrency_")):
             message = f"{where}: {', '.join(limits)}: concurrency limits have no Django form (yet)"
             self.problems.append(checks.Error(message, id="uniqjob.E002", obj=self))
@@ -396,27 +277,7 @@ class UniqueBackend(BaseTaskBackend):  # type: ignore[misc]
 
     def refusal(self, job: type[TaskJob]) -> str:
         """Why the wrapped backend cannot give ``job`` its conflict policy or debounce; "" if it can."""
-        policy, kind = job.unique_on_conflict, type(self).__name__
-        what = "unique_debounce" if job.unique_debounce is not None else f"unique_on_conflict {policy!r}"
-        if policy == "reschedule" and not self.supports_defer:
-            return f"{what} needs a backend that defers tasks (run_after); {kind} does not"
-        if policy == "use_existing" and not self.supports_get_result:
-            return f"{what} gives a duplicate the holder's TaskResult, which {kind} cannot fetch (get_result)"
-        if job.unique_debounce is None and policy not in ("keep_last", "replace"):
-            return ""
-        if not self.chooses_ids:
-            return (
-                f"{what} needs a backend that gives a task result the id chosen before it is enqueued"
-                f" (id_function, as django-tasks-db's DatabaseBackend does); {kind} chooses its own"
-            )
-        if job.unique_debounce is not None and not self.supports_defer:
-            return f"{what} defers the task (run_after); {kind} cannot"
-        if policy == "replace" and not _deletes_tasks(self):
-            return (
-                f"{what} takes the queued task out of its queue: uniqjob can on django-tasks-db's"
-                f" DatabaseBackend only; {kind} has no way to cancel a task"
-            )
-        return ""
+        return refusal(self, job)
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> Any:
         """Take the task's lock, then enqueue it on the wrapped backend; None for a dropped duplicate."""
@@ -442,15 +303,6 @@ class UniqueBackend(BaseTaskBackend):  # type: ignore[misc]
         """The wrapped backend's checks, then uniqjob's (``manage.py check``): errors ``uniqjob.E00n``."""
         yield from super().check(**kwargs)
         yield from self.problems
-
-
-def _deletes_tasks(backend: BaseTaskBackend) -> bool:
-    """True if ``backend`` is django-tasks-db's, whose READY tasks :meth:`TaskQueue.remove` deletes."""
-    try:
-        from django_tasks_db import DatabaseBackend  # type: ignore[import-untyped, unused-ignore]
-    except ImportError:
-        return False
-    return isinstance(backend, DatabaseBackend)
 
 
 def _wrapped(params: dict[str, Any]) -> type[BaseTaskBackend] | str:
@@ -480,21 +332,3 @@ def _wrapping(wrapped: type[BaseTaskBackend]) -> type[UniqueBackend]:
         name = f"Unique{wrapped.__name__}"
         made = _wrappings[wrapped] = type(name, (UniqueBackend, wrapped), {"__module__": __name__})
     return made
-
-
-def _settings_problems(where: str, settings: dict[str, Any], backend: object) -> list[checks.CheckMessage]:
-    """The errors of the ``unique_*`` options, found by making a job class of them (as a task will)."""
-    if "unique_queue" in settings:
-        message = f"{where}: unique_queue: the queue is the wrapped backend"
-        return [checks.Error(message, id="uniqjob.E002", obj=backend)]
-    body = {"perform": staticmethod(lambda: None), "__module__": __name__, **settings}
-    if settings.get("unique_key") is not None:
-        body["unique_key"] = staticmethod(settings["unique_key"])
-    try:
-        type("options", (UniqueJob,), body)
-        if isinstance(settings.get("unique_backend"), str):
-            config.resolve(settings["unique_backend"])
-    except ConfigurationError as exc:
-        message = str(exc).replace("options.", "OPTIONS ")
-        return [checks.Error(f"{where}: {message}", id="uniqjob.E002", obj=backend)]
-    return []
