@@ -57,6 +57,10 @@ if os.environ.get("UNIQJOB_DJ_MISTAKES"):  # one of each mistake the system chec
         },
         "bad_store": {
             "BACKEND": "uniqjob.integrations.django.UniqueBackend",
-            "OPTIONS": {"backend": _WRAPPED["db"], "unique_backend": "s3://bucket", "concurrency_limit": 2},
+            "OPTIONS": {"backend": _WRAPPED["db"], "unique_backend": "s3://bucket"},
+        },
+        "cannot_park": {  # runs each task in enqueue: no worker frees a slot, none pushes a parked call
+            "BACKEND": "uniqjob.integrations.django.UniqueBackend",
+            "OPTIONS": {"backend": f"{_IMMEDIATE}.immediate.ImmediateBackend", "concurrency_limit": 1},
         },
     }

@@ -33,7 +33,7 @@ import django
 import uniqjob.ops
 django.setup()
 from django.core.management import call_command
-from tests.dj_tasks import MARKS, attempt, counted, fail, flaky, hold
+from tests.dj_tasks import MARKS, attempt, counted, fail, flaky, hold, serial
 from tests.integration_workers import wait_until
 from uniqjob.integrations.django import TaskQueue, task_backends
 """
@@ -236,7 +236,12 @@ def test_the_system_checks_name_each_misconfigured_backend(project: Project) -> 
     assert "TASKS['bad_policy']" in errors and "'shrug'" in errors
     assert "TASKS['misspelt']" in errors and "unique_lock_autoexpire" in errors  # did you mean
     assert "TASKS['bad_store']" in errors and "s3" in errors
-    assert "TASKS['bad_store']: concurrency_limit: concurrency limits have no Django form" in errors
+    assert (
+        "TASKS['cannot_park']: concurrency_limit parks the calls over the limit, pushed later by the worker"
+        " that frees a slot"
+        in errors
+        and "UniqueImmediateBackend does not" in errors
+    )
     assert errors.count("(uniqjob.E002)") == 4 and "TASKS['default']" not in errors
     # and a task of a misconfigured backend is refused at enqueue, naming the problem
     refused = project.run(
@@ -279,6 +284,35 @@ def test_a_rescheduled_duplicate_is_enqueued_again_once_the_lock_is_free(project
     assert seen["status"] == "SUCCESSFUL" and not seen["locked"]
     assert seen["attempt"] == 1 and seen["key"]  # a task that takes Django's context: keyed without it
     assert "unique_on_conflict 'reschedule' needs a backend that defers tasks" in seen["refused"]
+
+
+@pytest.mark.slow
+def test_a_concurrency_limit_of_1_parks_the_calls_over_it_and_two_workers_run_them_one_at_a_time_in_order(
+    project: Project,
+) -> None:
+    enqueued = project.run(
+        """
+        print(json.dumps([type(serial.enqueue("order-7", step)).__name__ for step in range(3)]))
+        """
+    )
+    assert json.loads(enqueued.stdout.splitlines()[-1]) == ["TaskResult", "Parked", "Parked"]
+    project.db_worker()
+    project.db_worker("db_worker_2")
+    steps = project.directory / "order-7.steps"
+    wait_until(lambda: steps.exists() and steps.read_text().count("end") == 3, "the three steps to end")
+    lines = steps.read_text().split("\n")
+    assert [line.split()[:2] for line in lines if line] == [
+        ["start", "0"], ["end", "0"], ["start", "1"], ["end", "1"], ["start", "2"], ["end", "2"],
+    ]  # fmt: skip
+    after = project.run(
+        """
+        store = uniqjob.config.resolve(serial.unique_job.unique_backend)
+        report = uniqjob.ops.concurrency(store)
+        locked = [serial.unique_job.is_locked("order-7", step) for step in range(3)]
+        print(json.dumps([report.totals.slots_held, report.totals.parked, locked]))
+        """
+    )
+    assert json.loads(after.stdout.splitlines()[-1]) == [0, 0, [False, False, False]]  # nothing left held
 
 
 @pytest.mark.slow

@@ -60,7 +60,7 @@ from ._base import (
     task_backends,
     timezone,
 )  # fmt: skip
-from ._checks import refusal, settings_problems
+from ._checks import _PREFIXES, park_refusal, refusal, settings_problems
 from ._queue import AGAIN, TICKET, TaskQueue, _backend, _chosen, _pending
 
 __all__ = ["AGAIN", "TICKET", "Retry", "TaskJob", "TaskQueue", "UniqueBackend", "UniqueTask", "task_backends"]
@@ -89,6 +89,10 @@ class UniqueTask(Task):  # type: ignore[misc]
     unique_reschedule_delay: float | None = None
     unique_debounce: float | timedelta | None = None
     unique_debounce_max_wait: float | timedelta | None = None
+    concurrency_limit: int | None = None
+    concurrency_key: Callable[..., Any] | None = None
+    concurrency_duration: float | timedelta | None = None
+    concurrency_on_conflict: str | None = None
 
     @property
     def unique_job(self) -> type[TaskJob]:
@@ -167,7 +171,7 @@ class TaskJob(UniqueJob, abstract=True):
 
 
 # The task settings, and the backend's unique_* options, that a TaskJob takes.
-_TASK_SETTINGS = tuple(name for name in UniqueTask.__dataclass_fields__ if name.startswith("unique_"))
+_TASK_SETTINGS = tuple(name for name in UniqueTask.__dataclass_fields__ if name.startswith(_PREFIXES))
 _jobs: dict[tuple[Any, ...], type[TaskJob]] = {}
 
 
@@ -191,8 +195,9 @@ def _make_job(task: UniqueTask, backend: UniqueBackend, settings: dict[str, Any]
         raise NotImplementedError
 
     perform.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
-    if settings.get("unique_key") is not None:
-        settings["unique_key"] = staticmethod(settings["unique_key"])
+    for name in ("unique_key", "concurrency_key"):  # functions of the call's arguments
+        if settings.get(name) is not None:
+            settings[name] = staticmethod(settings[name])
     body = {
         "__module__": func.__module__,
         "__qualname__": f"{func.__qualname__}.unique_job",  # resolve_job finds it through the task
@@ -225,7 +230,7 @@ class UniqueBackend(BaseTaskBackend):  # type: ignore[misc]
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         options = dict(params.get("OPTIONS") or {})
         options.pop("backend", None)
-        settings = {name: options.pop(name) for name in list(options) if name.startswith("unique_")}
+        settings = {name: options.pop(name) for name in list(options) if name.startswith(_PREFIXES)}
         self.unique_settings = {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()}
         self.problems: list[checks.CheckMessage] = []
         where = f"TASKS[{alias!r}]"
@@ -233,9 +238,6 @@ class UniqueBackend(BaseTaskBackend):  # type: ignore[misc]
         if isinstance(wrapped, str):
             self.problems.append(checks.Error(f"{where}: {wrapped}", id="uniqjob.E001", obj=self))
         self.problems += settings_problems(where, self.unique_settings, self)
-        if limits := sorted(name for name in options if name.startswith("concurrency_")):
-            message = f"{where}: {', '.join(limits)}: concurrency limits have no Django form (yet)"
-            self.problems.append(checks.Error(message, id="uniqjob.E002", obj=self))
         theirs = options.get("id_function")
 
         def chosen_id() -> Any:  # the id of the task result being pushed, chosen before its lock's claim
@@ -252,6 +254,12 @@ class UniqueBackend(BaseTaskBackend):  # type: ignore[misc]
         #: True if the wrapped backend gives a task result the id chosen for it (django-tasks-db).
         self.chooses_ids = getattr(self, "id_function", None) is chosen_id
         self.settings_key = tuple(sorted(self.unique_settings.items()))
+        if (
+            "concurrency_limit" in settings
+            and not isinstance(wrapped, str)
+            and (refused := park_refusal(self))
+        ):
+            self.problems.append(checks.Error(f"{where}: {refused}", id="uniqjob.E002", obj=self))
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.alias!r}>"

@@ -9,9 +9,27 @@ from ...errors import ConfigurationError
 from ...job import UniqueJob
 from ._base import BaseTaskBackend, checks
 
+#: The settings a task takes as ``@task`` options, and its backend as ``OPTIONS``.
+_PREFIXES = ("unique_", "concurrency_")
+
+
+def park_refusal(backend: BaseTaskBackend) -> str:
+    """Why the wrapped backend cannot give a task a concurrency limit; "" if it can."""
+    if getattr(backend, "chooses_ids", False):
+        return ""
+    return (
+        "concurrency_limit parks the calls over the limit, pushed later by the worker that frees a slot:"
+        " uniqjob can on a backend whose workers run the tasks and that gives a task result the id"
+        " chosen before it is enqueued (id_function, as django-tasks-db's DatabaseBackend does);"
+        f" {type(backend).__name__} does not"
+    )
+
 
 def refusal(backend: BaseTaskBackend, job: type[UniqueJob]) -> str:
-    """Why the wrapped backend cannot give ``job`` its conflict policy or debounce; "" if it can."""
+    """Why the wrapped backend cannot give ``job`` its conflict policy, debounce or concurrency limit;
+    "" if it can."""
+    if job.concurrency_limit is not None and (refused := park_refusal(backend)):
+        return refused
     policy, kind = job.unique_on_conflict, type(backend).__name__
     what = "unique_debounce" if job.unique_debounce is not None else f"unique_on_conflict {policy!r}"
     if policy == "reschedule" and not backend.supports_defer:
@@ -50,8 +68,9 @@ def settings_problems(where: str, settings: dict[str, Any], backend: object) -> 
         message = f"{where}: unique_queue: the queue is the wrapped backend"
         return [checks.Error(message, id="uniqjob.E002", obj=backend)]
     body = {"perform": staticmethod(lambda: None), "__module__": __name__, **settings}
-    if settings.get("unique_key") is not None:
-        body["unique_key"] = staticmethod(settings["unique_key"])
+    for name in ("unique_key", "concurrency_key"):
+        if settings.get(name) is not None:
+            body[name] = staticmethod(settings[name])
     try:
         type("options", (UniqueJob,), body)
         if isinstance(settings.get("unique_backend"), str):
