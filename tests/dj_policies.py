@@ -48,3 +48,9 @@ def attempted(context: Any, name: str, version: int) -> int:
     """keep_last with Django's context: it still comes first, whatever arguments the call got."""
     _record(name, version)
     return int(context.attempt)
+
+
+@task(concurrency_limit=2)  # type: ignore[untyped-decorator, unused-ignore]
+def limited(name: str) -> str:
+    """Two at once: parked calls are enqueued by the worker that frees a slot."""
+    return name

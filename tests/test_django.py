@@ -506,16 +506,16 @@ def test_use_existing_results_resolve_to_the_first_tasks(project: Project) -> No
 def test_the_policies_a_backend_cannot_give_are_refused_naming_why(project: Project) -> None:
     refused = project.run(
         """
-        from tests.dj_policies import debounced, existing, latest, replaced
+        from tests.dj_policies import debounced, existing, latest, limited, replaced
         from uniqjob.errors import ConfigurationError
-        for made in (latest, replaced, debounced, existing):
+        for made in (latest, replaced, debounced, existing, limited):
             try:
                 made.using(backend="immediate")
             except ConfigurationError as exc:
                 print(exc)
         """
     )
-    lines = refused.stdout.splitlines()[-4:]
+    lines = refused.stdout.splitlines()[-5:]
     ids = "needs a backend that gives a task result the id chosen before it is enqueued"
     assert lines[0].startswith("task tests.dj_policies.latest: unique_on_conflict 'keep_last' " + ids)
     assert lines[1].startswith("task tests.dj_policies.replaced: unique_on_conflict 'replace' " + ids)
@@ -524,3 +524,7 @@ def test_the_policies_a_backend_cannot_give_are_refused_naming_why(project: Proj
         "task tests.dj_policies.existing: unique_on_conflict 'use_existing' gives a duplicate the holder's"
         " TaskResult, which UniqueImmediateBackend cannot fetch (get_result)"
     )
+    assert lines[4].startswith(
+        "task tests.dj_policies.limited: concurrency_limit parks the calls over the limit"
+    )
+    assert lines[4].endswith("UniqueImmediateBackend does not")

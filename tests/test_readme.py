@@ -294,7 +294,10 @@ def test_the_examples_of_each_file_run(
         outputs = "\n".join(output for _, output in session.outputs)
         # enqueued, the duplicate dropped, its lock listed, run by db_worker, enqueued again
         assert "READY\nNone\n" in outputs and re.search(r"queued .* reports\.send_report\(42", outputs)
-        assert "state=SUCCESSFUL" in outputs and outputs.rstrip().endswith("READY"), outputs
+        assert "state=SUCCESSFUL" in outputs and "gracefully.\nREADY" in outputs, outputs
+        # a concurrency limit of 1: the second call parked, run by the worker after the first
+        assert "['TaskResult', 'Parked']" in outputs, outputs
+        assert outputs.count("path=exports.export_month state=SUCCESSFUL") == 2, outputs
     if path.name == "cli.md":
         outputs = "\n".join(output for _, output in session.outputs)
         # once per tick: the second run of the tick does not run its command, and says why

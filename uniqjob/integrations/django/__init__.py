@@ -31,7 +31,9 @@ returns or raises. Django's tasks have no retries: a task that raises
 lock records the task result's id; a later enqueue reclaims a lock whose task
 the backend no longer has or has finished, once the lock is
 :attr:`TaskQueue.suspect_after` seconds old. Misconfigurations are system check
-errors (``manage.py check``); ``manage.py uniqjob_locks`` lists the locks
+errors (``manage.py check``). A ``concurrency_limit`` parks the calls over
+it; the worker that frees a slot enqueues the oldest (django-tasks-db only:
+see :func:`._checks.park_refusal`). ``manage.py uniqjob_locks`` lists the locks
 (with ``"uniqjob.integrations.django"`` in INSTALLED_APPS).
 """
 
@@ -288,7 +290,8 @@ class UniqueBackend(BaseTaskBackend):  # type: ignore[misc]
         return refusal(self, job)
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> Any:
-        """Take the task's lock, then enqueue it on the wrapped backend; None for a dropped duplicate."""
+        """Take the task's lock, then enqueue it on the wrapped backend; None for a dropped duplicate,
+        a ``Parked`` for a call over its concurrency limit (the worker that frees a slot enqueues it)."""
         self._refuse_if_misconfigured()
         if not isinstance(task, UniqueTask):
             return self.enqueue_wrapped(task, args, kwargs)
