@@ -1,6 +1,9 @@
-"""Tasks of the tests' Django project with the conflict policies that need django-tasks-db (ids chosen
-before the push, deferral, deletion): imported by the tests on that backend only."""
+"""Tasks of the tests' Django project with the conflict policies and the concurrency limit that need
+django-tasks-db (ids chosen before the push, deferral, deletion): imported by the tests on that backend
+only."""
 
+import os
+import time
 from typing import Any
 
 try:
@@ -50,7 +53,12 @@ def attempted(context: Any, name: str, version: int) -> int:
     return int(context.attempt)
 
 
-@task(concurrency_limit=2)  # type: ignore[untyped-decorator, unused-ignore]
-def limited(name: str) -> str:
-    """Two at once: parked calls are enqueued by the worker that frees a slot."""
-    return name
+@task(concurrency_limit=1, concurrency_key=lambda name, step: name)  # type: ignore[untyped-decorator, unused-ignore]
+def serial(name: str, step: int) -> int:
+    """One at a time per name (a limit of 1): mark ``NAME.steps`` as step ``STEP`` starts and ends."""
+    with open(MARKS / f"{name}.steps", "a") as steps:
+        steps.write(f"start {step} {os.getpid()}\n")
+    time.sleep(0.2)
+    with open(MARKS / f"{name}.steps", "a") as steps:
+        steps.write(f"end {step}\n")
+    return step

@@ -52,14 +52,3 @@ def counted(name: str) -> str:
 def attempt(context: Any, name: str) -> int:
     """Which attempt of the task this is (Django's context: its key is the name's alone)."""
     return int(context.attempt)
-
-
-@task(concurrency_limit=1, concurrency_key=lambda name, step: name)  # type: ignore[untyped-decorator, unused-ignore]
-def serial(name: str, step: int) -> int:
-    """One at a time per name: mark ``NAME.steps`` as step ``STEP`` starts and ends, 0.2 s apart."""
-    with open(MARKS / f"{name}.steps", "a") as steps:
-        steps.write(f"start {step} {os.getpid()}\n")
-    time.sleep(0.2)
-    with open(MARKS / f"{name}.steps", "a") as steps:
-        steps.write(f"end {step}\n")
-    return step

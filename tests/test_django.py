@@ -33,7 +33,7 @@ import django
 import uniqjob.ops
 django.setup()
 from django.core.management import call_command
-from tests.dj_tasks import MARKS, attempt, counted, fail, flaky, hold, serial
+from tests.dj_tasks import MARKS, attempt, counted, fail, flaky, hold
 from tests.integration_workers import wait_until
 from uniqjob.integrations.django import TaskQueue, task_backends
 """
@@ -292,6 +292,7 @@ def test_a_concurrency_limit_of_1_parks_the_calls_over_it_and_two_workers_run_th
 ) -> None:
     enqueued = project.run(
         """
+        from tests.dj_policies import serial
         print(json.dumps([type(serial.enqueue("order-7", step)).__name__ for step in range(3)]))
         """
     )
@@ -306,6 +307,7 @@ def test_a_concurrency_limit_of_1_parks_the_calls_over_it_and_two_workers_run_th
     ]  # fmt: skip
     after = project.run(
         """
+        from tests.dj_policies import serial
         store = uniqjob.config.resolve(serial.unique_job.unique_backend)
         report = uniqjob.ops.concurrency(store)
         locked = [serial.unique_job.is_locked("order-7", step) for step in range(3)]
@@ -506,9 +508,9 @@ def test_use_existing_results_resolve_to_the_first_tasks(project: Project) -> No
 def test_the_policies_a_backend_cannot_give_are_refused_naming_why(project: Project) -> None:
     refused = project.run(
         """
-        from tests.dj_policies import debounced, existing, latest, limited, replaced
+        from tests.dj_policies import debounced, existing, latest, replaced, serial
         from uniqjob.errors import ConfigurationError
-        for made in (latest, replaced, debounced, existing, limited):
+        for made in (latest, replaced, debounced, existing, serial):
             try:
                 made.using(backend="immediate")
             except ConfigurationError as exc:
@@ -525,6 +527,6 @@ def test_the_policies_a_backend_cannot_give_are_refused_naming_why(project: Proj
         " TaskResult, which UniqueImmediateBackend cannot fetch (get_result)"
     )
     assert lines[4].startswith(
-        "task tests.dj_policies.limited: concurrency_limit parks the calls over the limit"
+        "task tests.dj_policies.serial: concurrency_limit parks the calls over the limit"
     )
     assert lines[4].endswith("UniqueImmediateBackend does not")
