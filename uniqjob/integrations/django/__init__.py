@@ -63,7 +63,7 @@ from ._base import (
     timezone,
 )  # fmt: skip
 from ._checks import _PREFIXES, park_refusal, refusal, settings_problems
-from ._queue import AGAIN, TICKET, TaskQueue, _backend, _chosen, _pending
+from ._taskqueue import AGAIN, TICKET, TaskQueue, _backend, _chosen, _pending
 
 __all__ = ["AGAIN", "TICKET", "Retry", "TaskJob", "TaskQueue", "UniqueBackend", "UniqueTask", "task_backends"]
 
