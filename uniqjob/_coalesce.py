@@ -9,6 +9,8 @@ marker, and what a coalesced duplicate returns.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -54,27 +56,40 @@ def mode(cls: type[UniqueJob]) -> Coalesce:
 def encode(cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """A call's arguments as the JSON the lock store keeps for "keep_last"; ConfigurationError if they
     are not JSON (strings, numbers, booleans, None, lists and dicts with string keys)."""
-    import json  # here: only a keep_last call needs it
-
-    named = [*((f"#{i + 1}", value) for i, value in enumerate(args)), *kwargs.items()]
+    named: list[tuple[int | str, Any]] = [*enumerate(args, 1), *kwargs.items()]
     for name, value in named:
-        if not _kept_as_is(value):
+        if type(value) not in _SCALARS and not _kept_as_is(value):
             raise ConfigurationError(
                 f"{cls.job_name()}: unique_on_conflict 'keep_last' keeps the latest call's arguments in"
-                f" the lock store as JSON, which would change argument {name} ({value!r}): a tuple"
-                " would come back a list, a dict key that is not a string a string; pass lists and"
-                " dicts with string keys"
+                f" the lock store as JSON, which would change argument {_named(name)} ({value!r}): a"
+                " tuple would come back a list, a dict key that is not a string a string; pass lists"
+                " and dicts with string keys"
             )
     call: dict[str, Any] = {"a": list(args), "k": kwargs}
     if cls.unique_queue is not None:  # whoever reclaims a dead holder's key pushes its pending call
         call["j"] = f"{cls.__module__}:{cls.__qualname__}"
     try:
-        return json.dumps(call, separators=(",", ":"), allow_nan=False)
+        return _encoder().encode(call)
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(
             f"{cls.job_name()}: unique_on_conflict 'keep_last' keeps the latest call's arguments in the"
             f" lock store as JSON, and these are not JSON ({exc}): pass plain values (ids, not objects)"
         ) from None
+
+
+def _named(name: int | str) -> str:
+    """An argument for a message: ``#1`` for the first positional one, a keyword's own name."""
+    return f"#{name}" if isinstance(name, int) else name
+
+
+#: The types JSON writes and reads back as they are (the common case: checked without a call).
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+@functools.cache
+def _encoder() -> json.JSONEncoder:
+    """One encoder for every call: ``json.dumps`` with options builds a new one each time."""
+    return json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 def _kept_as_is(value: Any) -> bool:
@@ -88,8 +103,6 @@ def _kept_as_is(value: Any) -> bool:
 
 def decode(text: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The arguments :func:`encode` made ``text`` of."""
-    import json
-
     call = json.loads(text)
     return tuple(call["a"]), dict(call["k"])
 
@@ -122,6 +135,4 @@ def follower(cls: type[UniqueJob], key: str, pending: PendingCall) -> JobLock:
 
 def json_ref(text: str) -> str:
     """The job class reference (``module:QualName``) in a call's JSON, "" if it has none."""
-    import json
-
     return str(json.loads(text).get("j", ""))

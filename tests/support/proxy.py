@@ -69,7 +69,8 @@ class _Link:
         _reset(self.server)
         if wait:
             for pump in self.pumps:
-                pump.join(5)
+                if pump.ident is not None:  # (dropped as it was being set up: not started yet)
+                    pump.join(5)
 
 
 class FaultProxy:
@@ -186,7 +187,8 @@ class FaultProxy:
                 if not data:
                     break
                 if upstream:
-                    self._wait_unpaused(link)
+                    if not self._wait_unpaused(link):
+                        break  # dropped while paused: the request never reaches the server
                     link.server.sendall(data)
                 else:
                     self._reply(link, data)
@@ -194,10 +196,12 @@ class FaultProxy:
             pass
         link.close(wait=False)
 
-    def _wait_unpaused(self, link: _Link) -> None:
+    def _wait_unpaused(self, link: _Link) -> bool:
+        """Wait while paused; False if ``link`` was dropped meanwhile (its request is lost)."""
         with self._cond:
             while self._paused and not link.closed:
                 self._cond.wait(0.05)
+            return not link.closed
 
     def _reply(self, link: _Link, data: bytes) -> None:
         with self._cond:
