@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .joblock import JobLock
     from .stores.base import Coalesce
 
-__all__ = ["Pending", "conflict", "decode", "encode", "follower", "json_ref", "mode"]
+__all__ = ["Pending", "conflict", "decode", "encode", "follower", "hand_on", "json_ref", "mode"]
 
 log = get_logger("uniqjob.job")
 
@@ -136,3 +136,24 @@ def follower(cls: type[UniqueJob], key: str, pending: PendingCall) -> JobLock:
 def json_ref(text: str) -> str:
     """The job class reference (``module:QualName``) in a call's JSON, "" if it has none."""
     return str(json.loads(text).get("j", ""))
+
+
+def hand_on(cls: type[UniqueJob], key: str, pending: PendingCall) -> bool:
+    """Push ``pending``, the call of ``cls`` that waited behind ``key``'s run and that its release
+    queued, as the holder would have; False if ``cls`` has no queue (the caller drops the call).
+
+    An async queue's push (arq's) is awaited to its end on the library's background event loop.
+    """
+    from . import settings  # here: only a key with a pending call needs them
+    from .concurrency._semaphore_base import push_call
+
+    queue = cls.unique_queue
+    if queue is None:
+        return False
+    args, kwargs = decode(pending.meta.call)
+    lock, wait = follower(cls, key, pending), settings.debounce(cls)
+    if wait is not None:
+        push_call(functools.partial(queue.push_in, cls, lock, args, kwargs, wait[0]))
+    else:
+        push_call(functools.partial(queue.push, cls, lock, args, kwargs))
+    return True

@@ -145,27 +145,29 @@ def gone_job(state: LockState, after: float = 0.0) -> str:
 
 
 def unreleased(lock: JobLock, exc: Exception) -> None:
-    """Log a release that failed: a running lock lapses with its lease; a queued one (while_executing
-    never has one) needs its queue or autoexpire, as any queued lock does.
+    """A release that failed (the store away, or its reply lost): made again until the store answers.
 
-    An inline "keep_last" call's release may have been applied, its reply lost: it then queued the
-    pending call, which no queue pushes and this process will not run, and into which every later
-    call of the key would coalesce. Its undo drops that call, once the store answers.
+    Made twice, a release changes nothing more (token- and attempt-checked: a live redelivery of
+    the same job is left alone), so it is retried in the background (``uniqjob._undo``), and its
+    locks do not refuse the key for a lease. A "keep_last" call that waited behind this run was
+    queued by the release: the retry hands it on as the release would have (pushed to its
+    queue), or drops it when it was an inline call's, which no queue pushes and this process will
+    not run (every later call of the key would coalesce into it). Until the store answers, a
+    running lock lapses with its lease; a queued one needs its queue or autoexpire.
     """
-    log.error("could not release %s (%s); its run lock lapses one lease from now", lock.key, exc)
-    if lock.coalesce == "keep_last":
-        from ._coalesce import json_ref
+    log.error("could not release %s (%s); trying again until the store answers", lock.key, exc)
+    backend, key, token, attempt = lock.backend, lock.key, lock.token, lock._attempt
+    keep, hand_on = lock.strategy == "until_expired", lock.hand_on
 
-        backend, key, token, attempt = lock.backend, lock.key, lock.token, lock._attempt
+    def again() -> bool:
+        pending = backend.finish(key, token, keep_queue=keep, attempt=attempt)  # it answers the same call
+        if pending is not None and (hand_on is None or not hand_on(key, pending)):
+            backend.dequeue(key, pending.token)
+        return True
 
-        def drop_next() -> bool:
-            pending = backend.finish(key, token, attempt=attempt)  # again: it answers the same call
-            # (a queue's call, whose JSON names its class, waits for its queue's job_gone, as before)
-            if pending is None or json_ref(pending.meta.call):
-                return False
-            return backend.dequeue(key, pending.token)
-
-        undos.add(drop_next, f"the pending call of {key!r}", (token,))
+    # An inline keep_last key's own next call may take its locks back meanwhile (see our_tokens).
+    tokens = (token,) if lock.coalesce == "keep_last" else ()
+    undos.add(again, f"the locks of {key!r}", tokens)
 
 
 def held_by(state: LockState, run_conflicts: bool) -> bool:

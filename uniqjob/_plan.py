@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from . import _coalesce, config, settings
@@ -158,7 +159,7 @@ def build_lock(
     coalesce = _coalesce.mode(cls)
     # a keep_last call's arguments travel in its claim; a worker's rebuilt lock has none to send
     call = _coalesce.encode(cls, args, kwargs) if coalesce == "keep_last" and token is None else ""
-    return JobLock(
+    lock = JobLock(
         backend,
         key,
         token=token,
@@ -172,6 +173,9 @@ def build_lock(
         coalesce=coalesce,
         debounce=settings.debounce(cls) if cls.unique_debounce is not None else None,
     )
+    if coalesce == "keep_last":
+        lock.hand_on = partial(_coalesce.hand_on, cls)
+    return lock
 
 
 def _param_in(message: str) -> str:

@@ -80,6 +80,7 @@ class JobLock:
         "debounce",
         "fence",
         "gone_tokens",
+        "hand_on",
         "key",
         "lease",
         "limit",
@@ -143,6 +144,8 @@ class JobLock:
         self.call = ""
         #: The call that waited behind this one, queued by its release, for the job layer to push.
         self.pending: PendingCall | None = None
+        #: How a release retried in the background pushes that call (the job layer's; see unreleased).
+        self.hand_on: Callable[[str, PendingCall], bool] | None = None
         #: The job id of the queued call this one replaced (policy "replace"), for its queue to drop.
         self.replaced = ""
 
