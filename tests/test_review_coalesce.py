@@ -189,6 +189,41 @@ def test_a_pending_call_survives_the_autoexpire_of_the_running_lock(timed: tuple
     assert Latest.runs == [1, 2]
 
 
+class InlineExpiring(UniqueJob):
+    """keep_last with no queue and an autoexpire shorter than its runs."""
+
+    unique_on_conflict = "keep_last"
+    unique_args = ("name",)
+    unique_lock_autoexpire = 60
+    unique_run_lease = 600
+    runs: ClassVar[list[int]] = []
+    during: ClassVar[Callable[[int], None] | None] = None
+
+    def perform(self, name: str, version: int) -> None:
+        self.runs.append(version)
+        if InlineExpiring.during is not None:
+            InlineExpiring.during(version)
+
+
+def test_an_inline_pending_call_survives_the_autoexpire_of_the_running_lock(
+    timed: tuple[Backend, FakeClock],
+) -> None:
+    _, clock = timed
+    InlineExpiring.runs.clear()
+
+    def meanwhile(version: int) -> None:
+        if version < 3:  # each run is long, and a call comes while it runs
+            assert isinstance(InlineExpiring.enqueue("i", version + 1), Pending)
+            clock.advance(61)
+
+    InlineExpiring.during = meanwhile
+    try:
+        InlineExpiring.run("i", 1)
+    finally:
+        InlineExpiring.during = None
+    assert InlineExpiring.runs == [1, 2, 3]
+
+
 def test_a_coalescing_start_takes_an_expired_lock_and_keeps_its_lock_for_its_run(store: Backend) -> None:
     from uniqjob.locks import QueueMeta
 

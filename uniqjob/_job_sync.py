@@ -117,6 +117,9 @@ def _next(cls: type[UniqueJob], lock: JobLock, store: Backend) -> None:
             except Exception:  # its lock stays queued: reclaimed once its queue proves the job gone
                 _job_base.log.error("could not push the pending call of %s", lock.key, exc_info=True)
             return
+        # The call that waits behind an inline run lives in its queue lock: an autoexpire would
+        # drop it under a long run. A dead holder's locks go by the orphan rule all the same.
+        follower.ttl = None
         try:
             _joblock_sync.start(follower, store)
         except JobNotUnique:
@@ -145,6 +148,8 @@ def run(
             " call enqueue()"
         )
     _concurrency.mark_inline(lock)  # a concurrency "block" waits in this process
+    if lock.coalesce == "keep_last":
+        lock.ttl = None  # see _next
     while True:
         if lock.strategy == "until_executed" and cls.concurrency_limit is None:
             # the common case in one step: both locks at once
