@@ -52,7 +52,6 @@ NAMES: dict[str, str] = {
     "AsyncSemaphores": "SemaphoreStore",
     "astore": "store",
     "adeliver": "deliver",
-    "_adeliver": "_deliver",
     "_apush": "_push",
     "asweep_key": "sweep_key",
     "aacquire": "acquire",

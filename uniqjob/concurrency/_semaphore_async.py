@@ -94,10 +94,6 @@ async def asweep_key(astore: AsyncSemaphores, key: str, *, handoff: float = HAND
 class AsyncSemaphore(SemaphoreBase):
     """The operations of :class:`~uniqjob.concurrency.semaphore.Semaphore` that call its store."""
 
-    async def _adeliver(self, promotions: Sequence[Promotion]) -> None:
-        if promotions:
-            await adeliver(self.astore, self.key, promotions)
-
     # -- taking a slot -----------------------------------------------------------------
 
     async def aacquire(
@@ -131,7 +127,7 @@ class AsyncSemaphore(SemaphoreBase):
                 caller=me,
                 handoff=self.handoff,
             )
-            await self._adeliver(outcome.promotions)
+            await adeliver(self.astore, self.key, outcome.promotions, me)
             if outcome.status == "taken":
                 return outcome
             gone = dead(outcome.slots)
@@ -139,7 +135,7 @@ class AsyncSemaphore(SemaphoreBase):
                 return outcome
             log.warning("reclaiming %d concurrency slot(s) of %s from dead holders", len(gone), self.key)
             reaped = await self.astore.reap(self.key, gone, caller=me, handoff=self.handoff)
-            await self._adeliver(reaped.promotions)
+            await adeliver(self.astore, self.key, reaped.promotions, me)
             if outcome.status == "parked":
                 return outcome  # the reap promoted the oldest calls, ours among them if its turn came
         return outcome
@@ -163,7 +159,7 @@ class AsyncSemaphore(SemaphoreBase):
                 caller=me,
                 handoff=self.handoff,
             )
-            await self._adeliver(outcome.promotions)
+            await adeliver(self.astore, self.key, outcome.promotions, me)
             if outcome.status != "busy" or outcome.holder is None or not holder_is_dead(outcome.holder):
                 return outcome
             log.warning("taking over concurrency slot %s of %s from a dead holder", token, self.key)
@@ -187,7 +183,7 @@ class AsyncSemaphore(SemaphoreBase):
         except Exception:  # whatever the client throws: the job's own outcome must reach its queue
             log.error("could not keep concurrency slot of %s for a retry", self.key, exc_info=True)
             return False
-        await self._adeliver(outcome.promotions)
+        await adeliver(self.astore, self.key, outcome.promotions, me)
         return outcome.status == "ok"
 
     async def akeep(self, hold: Hold, delay: float) -> bool:
@@ -226,9 +222,9 @@ class AsyncSemaphore(SemaphoreBase):
             except Exception:
                 self._unreleased()
             else:
-                await self._adeliver(outcome.promotions)
+                await adeliver(self.astore, self.key, outcome.promotions, me)
             raise
-        await self._adeliver(outcome.promotions)
+        await adeliver(self.astore, self.key, outcome.promotions, me)
         return outcome.status == "released"
 
     async def aabandon(self, token: str) -> None:

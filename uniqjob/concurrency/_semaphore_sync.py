@@ -95,10 +95,6 @@ def sweep_key(store: SemaphoreStore, key: str, *, handoff: float = HANDOFF) -> i
 class SyncSemaphore(SemaphoreBase):
     """The operations of :class:`~uniqjob.concurrency.semaphore.Semaphore` that call its store."""
 
-    def _deliver(self, promotions: Sequence[Promotion]) -> None:
-        if promotions:
-            deliver(self.store, self.key, promotions)
-
     # -- taking a slot -----------------------------------------------------------------
 
     def acquire(
@@ -132,7 +128,7 @@ class SyncSemaphore(SemaphoreBase):
                 caller=me,
                 handoff=self.handoff,
             )
-            self._deliver(outcome.promotions)
+            deliver(self.store, self.key, outcome.promotions, me)
             if outcome.status == "taken":
                 return outcome
             gone = dead(outcome.slots)
@@ -140,7 +136,7 @@ class SyncSemaphore(SemaphoreBase):
                 return outcome
             log.warning("reclaiming %d concurrency slot(s) of %s from dead holders", len(gone), self.key)
             reaped = self.store.reap(self.key, gone, caller=me, handoff=self.handoff)
-            self._deliver(reaped.promotions)
+            deliver(self.store, self.key, reaped.promotions, me)
             if outcome.status == "parked":
                 return outcome  # the reap promoted the oldest calls, ours among them if its turn came
         return outcome
@@ -164,7 +160,7 @@ class SyncSemaphore(SemaphoreBase):
                 caller=me,
                 handoff=self.handoff,
             )
-            self._deliver(outcome.promotions)
+            deliver(self.store, self.key, outcome.promotions, me)
             if outcome.status != "busy" or outcome.holder is None or not holder_is_dead(outcome.holder):
                 return outcome
             log.warning("taking over concurrency slot %s of %s from a dead holder", token, self.key)
@@ -188,7 +184,7 @@ class SyncSemaphore(SemaphoreBase):
         except Exception:  # whatever the client throws: the job's own outcome must reach its queue
             log.error("could not keep concurrency slot of %s for a retry", self.key, exc_info=True)
             return False
-        self._deliver(outcome.promotions)
+        deliver(self.store, self.key, outcome.promotions, me)
         return outcome.status == "ok"
 
     def keep(self, hold: Hold, delay: float) -> bool:
@@ -227,9 +223,9 @@ class SyncSemaphore(SemaphoreBase):
             except Exception:
                 self._unreleased()
             else:
-                self._deliver(outcome.promotions)
+                deliver(self.store, self.key, outcome.promotions, me)
             raise
-        self._deliver(outcome.promotions)
+        deliver(self.store, self.key, outcome.promotions, me)
         return outcome.status == "released"
 
     def abandon(self, token: str) -> None:
