@@ -22,6 +22,7 @@ from .. import config
 from ..concurrency import SemaphoreState, store_for
 from ..concurrency.ops import stale
 from ..stores.base import Backend
+from ._locks import class_matches
 from ._pages import read_slots
 
 __all__ = ["ConcurrencyReport", "KeyReport", "Totals", "concurrency", "concurrency_key", "iter_keys"]
@@ -129,15 +130,11 @@ def _busiest(row: KeyReport) -> tuple[int, float, int, int, str]:
     return (-row.parked, -(row.oldest_wait or 0.0), -row.stale, -row.held, row.key)
 
 
-def _matches(job_class: str, wanted: str | None) -> bool:
-    return wanted is None or job_class == wanted or job_class.endswith("." + wanted)
-
-
 def iter_keys(backend: Backend | None = None, *, job_class: str | None = None) -> Iterator[KeyReport]:
     """Yield a report per concurrency key, as the store's scan finds them; emptied keys are skipped."""
     store = store_for(backend if backend is not None else config.default_backend())
     for state in read_slots(store, head=1):
-        if not state.empty and _matches(state.job_class, job_class):
+        if not state.empty and (job_class is None or class_matches(state.job_class, job_class)):
             yield KeyReport.from_state(state)
 
 
