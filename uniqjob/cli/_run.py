@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import shlex
 import time
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from .._ticks import MAX_SKEW, parse_period, tick_of
 from ..errors import BackendError, ConfigurationError
-from ..heartbeat import LOST_RECORD, TAKEN, TAKEN_TEXT
+from ..heartbeat import LOST_RECORD
 from ..joblock import JobLock
 from ..keys import make_key
 from ..locks import Holder, LockState, QueueMeta, holder_is_dead, local_holder, orphaned
@@ -191,21 +190,18 @@ def run_command(args: argparse.Namespace) -> int:
     with signal_waiter() as waiter:
         backend = open_backend(args.url)
         period: float | None = args.once_per
-        if period is None:
-            lock = JobLock(backend, key, lease=args.lease, meta=QueueMeta(RUN_JOB, name))
-        else:
-            # The tick's lock: kept (queued) after the run until the tick ends, so every
-            # other host that fires in this tick meets it.
-            tick = tick_of(backend, key, period)
-            key = tick.key
-            lock = JobLock(
-                backend,
-                key,
-                lease=args.lease,
-                ttl=tick.ttl,
-                meta=QueueMeta(RUN_JOB, name),
-                strategy="until_expired",
-            )
+        # --once-per: the tick's lock, kept (queued) after the run until the tick ends, so
+        # every other host that fires in this tick meets it.
+        tick = tick_of(backend, key, period) if period is not None else None
+        key = tick.key if tick is not None else key
+        lock = JobLock(
+            backend,
+            key,
+            lease=args.lease,
+            ttl=tick.ttl if tick is not None else None,
+            meta=QueueMeta(RUN_JOB, name),
+            strategy="until_expired" if tick is not None else "until_executed",
+        )
         if overlap == "skip":
             got, signum = _acquire(lock, args.wait, waiter, run=period is None)
         else:
@@ -271,16 +267,7 @@ def _run_locked(
         signum = waiter.wait(0)
         if signum is not None:
             return 128 + signum, "free"
-        child = Child(
-            spawn(argv, _command_env(lock)),
-            name,
-            args.kill_after,
-            args.grace,
-            lost=lambda: lock.lost,
-            lapse=lambda: _lapse(lock),
-            presume_at=lambda: lock.beat.deadline if lock.beat is not None else math.inf,
-            why=lambda: _why(lock),
-        )
+        child = Child(spawn(argv, _command_env(lock)), lock, name, args.kill_after, args.grace)
         status = child.supervise(waiter)
         if not follow or child.stopped or lock.lost:
             return status, "free"
@@ -325,38 +312,6 @@ def _command_env(lock: JobLock) -> dict[str, str]:
     if lock.fence is not None:
         env["UNIQJOB_FENCE"] = str(lock.fence)
     return env
-
-
-def _lapse(lock: JobLock) -> float:
-    """When, on the heartbeat's (monotonic) clock, the lease could lapse on the store: +inf if unknown."""
-    beat = lock.beat
-    if beat is None or beat.lease is None:
-        return math.inf
-    return beat.confirmed + beat.lease
-
-
-def _why(lock: JobLock) -> str:
-    """One line on why the lock is lost, for stderr."""
-    beat = lock.beat
-    if beat is None or beat.reason in ("", TAKEN) or beat.lease is None:
-        asker = _stop_asked_by(lock)
-        if asker:
-            return f"the run on {asker} asked to take over {lock.key!r} (--overlap terminate-other)"
-        return f"lost the lock {lock.key!r}: {TAKEN_TEXT}"
-    unconfirmed = beat.lost_at - beat.confirmed
-    return (
-        f"lock {lock.key!r} presumed lost: the store confirmed no renewal for {unconfirmed:.1f}s"
-        f" of its {beat.lease:g}s lease"
-    )
-
-
-def _stop_asked_by(lock: JobLock) -> str:
-    """Who asked this run to stop (``host:pid``), if that is why its renewal failed; "" if not, or unknown."""
-    try:
-        run = lock.backend.read(lock.key).run
-    except Exception:  # the store failed: the loss is said without the why
-        return ""
-    return run.stop if run is not None and run.token == lock.token else ""
 
 
 @contextlib.contextmanager
