@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from .. import config
 from ..concurrency import SemaphoreState, store_for
 from ..concurrency.ops import stale
 from ..stores.base import Backend
-from ._locks import class_matches
+from ._locks import class_matches, json_fields
 from ._pages import read_slots
 
 __all__ = ["ConcurrencyReport", "KeyReport", "Totals", "concurrency", "concurrency_key", "iter_keys"]
@@ -102,18 +102,11 @@ class Totals:
     stale_slots: int = 0
     keys_at_limit: int = 0
     parked: int = 0
-    oldest_wait: float | None = None
+    oldest_wait: float | None = field(default=None, metadata={"json": "oldest_wait_s"})
 
     def to_json(self) -> dict[str, object]:
         """Return the totals as a JSON-ready dict."""
-        return {
-            "keys": self.keys,
-            "slots_held": self.slots_held,
-            "stale_slots": self.stale_slots,
-            "keys_at_limit": self.keys_at_limit,
-            "parked": self.parked,
-            "oldest_wait_s": self.oldest_wait,
-        }
+        return json_fields(self)
 
 
 @dataclass(frozen=True, slots=True)
