@@ -162,25 +162,8 @@ def command_key(argv: Sequence[str]) -> str:
 
 def run_command(args: argparse.Namespace) -> int:
     """Handle ``uniqjob run``."""
-    argv: list[str] = args.command
-    if argv and argv[0] == "--":
-        argv = argv[1:]
-    if not argv:
-        raise UsageError("no command given: uniqjob run [options] -- CMD [ARG...]")
-    if args.key is not None and not args.key.strip():
-        raise UsageError("--key must not be empty")
-    if args.key is not None and not _is_text(args.key):
-        raise UsageError("--key must be text (UTF-8): it holds bytes that are not")
-    if args.once_per is not None and args.wait:
-        # The tick's lock lasts until the tick ends: a waiter would only run the tick again.
-        raise UsageError("--wait has no use with --once-per: each tick runs once, on one host")
+    argv = _checked_command(args)
     overlap: str = args.overlap
-    if overlap != "skip" and args.once_per is not None:
-        raise UsageError(f"--overlap {overlap} has no use with --once-per: each tick runs once, on one host")
-    if overlap != "skip" and args.wait:
-        raise UsageError(
-            f"--overlap {overlap} waits as long as the other run holds the key: leave out --wait"
-        )
     key = args.key if args.key is not None else command_key(argv)
     name = _preview(shlex.join(argv))
     # Signals are taken over before the lock, so one that arrives while we wait
@@ -224,35 +207,46 @@ def run_command(args: argparse.Namespace) -> int:
         if period is not None:
             lock.start()  # the run lock; the tick's queue lock stays when it goes
         status, owed = _run_locked(lock, argv, name, args, waiter, follow=period is None)
-        return status if owed == "free" else _run_owed(lock, argv, name, args, waiter, status, owed)
+        # The run owed to the runs that coalesced behind ours (see _follow), owed again if
+        # runs coalesced behind it too. Our exit status: the first that is not 0.
+        while owed != "free":
+            ours = lock.token
+            lock = JobLock(backend, key, lease=args.lease, meta=QueueMeta(RUN_JOB, name))
+            got, signum = _follow(lock, ours, owed, waiter)
+            if signum is not None:
+                return 128 + signum
+            if not got:
+                break  # a run started after ours: it ran for them
+            if not args.quiet:
+                gone = "the run that was to run after ours is gone"
+                say(f"{gone}: running {name} again for the runs it stood for")
+            again, owed = _run_locked(lock, argv, name, args, waiter, follow=True)
+            status = status or again
+        return status
 
 
-def _run_owed(  # noqa: PLR0917
-    lock: JobLock,
-    argv: list[str],
-    name: str,
-    args: argparse.Namespace,
-    waiter: SignalWaiter,
-    status: int,
-    owed: Overlap,
-) -> int:
-    """After our run (exit ``status``), the run owed to the runs that coalesced behind it (see _follow).
-
-    A run owed is owed again if runs coalesced behind it too. Our exit status: the first that is not 0.
-    """
-    while owed != "free":
-        ours = lock.token
-        lock = JobLock(lock.backend, lock.key, lease=args.lease, meta=QueueMeta(RUN_JOB, name))
-        got, signum = _follow(lock, ours, owed, waiter)
-        if signum is not None:
-            return 128 + signum
-        if not got:
-            break  # a run started after ours: it ran for them
-        if not args.quiet:
-            say(f"the run that was to run after ours is gone: running {name} again for the runs it stood for")
-        again, owed = _run_locked(lock, argv, name, args, waiter, follow=True)
-        status = status or again
-    return status
+def _checked_command(args: argparse.Namespace) -> list[str]:
+    """The command to run, once the options are found to make sense together (else UsageError)."""
+    argv: list[str] = args.command
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("no command given: uniqjob run [options] -- CMD [ARG...]")
+    if args.key is not None and not args.key.strip():
+        raise UsageError("--key must not be empty")
+    if args.key is not None and not _is_text(args.key):
+        raise UsageError("--key must be text (UTF-8): it holds bytes that are not")
+    if args.once_per is not None and args.wait:
+        # The tick's lock lasts until the tick ends: a waiter would only run the tick again.
+        raise UsageError("--wait has no use with --once-per: each tick runs once, on one host")
+    overlap: str = args.overlap
+    if overlap != "skip" and args.once_per is not None:
+        raise UsageError(f"--overlap {overlap} has no use with --once-per: each tick runs once, on one host")
+    if overlap != "skip" and args.wait:
+        raise UsageError(
+            f"--overlap {overlap} waits as long as the other run holds the key: leave out --wait"
+        )
+    return argv
 
 
 def _run_locked(
