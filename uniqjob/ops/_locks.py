@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from functools import partial
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal
 
 from .. import config
 from ..concurrency import Released, release_slots
@@ -13,9 +13,6 @@ from ..errors import ConfigurationError, CorruptRecordError
 from ..locks import QUEUED, RUNNING, LockState, holder_is_dead, new_token, orphaned
 from ..stores.base import Backend
 from ._pages import read_scan, read_slots
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
 
 __all__ = ["CORRUPT", "PARKED", "LockRelease", "LockRow", "Reaped", "iter_rows", "reap", "release"]
 
@@ -102,7 +99,7 @@ class LockRow:
         return json_fields(self)
 
 
-def json_fields(record: DataclassInstance) -> dict[str, object]:
+def json_fields(record: Any) -> dict[str, object]:
     """A dataclass's fields as a JSON object, in order; a field's ``json`` metadata is its name there."""
     return {f.metadata.get("json", f.name): getattr(record, f.name) for f in fields(record)}
 
