@@ -1,8 +1,9 @@
 """What the pages show, read from the store through :mod:`uniqjob.ops`, in memory bounded by the rows shown.
 
-Both readers stream the store's scan once: every key is counted, and only a
-bounded number of rows is kept (for the concurrency keys, the busiest; for the
-held locks, the orphans and unreadable records first, then the oldest).
+Each listing streams the store's scan once: every key is counted, and only a
+bounded number of rows is kept (for the concurrency keys, :func:`uniqjob.ops.concurrency`
+keeps the busiest; for the held locks, :func:`uniqjob.dashboard._data.uniqueness` keeps
+the orphans and unreadable records first, then the oldest).
 """
 
 from __future__ import annotations
