@@ -49,53 +49,48 @@ class UniqjobCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         figures = stats(self.store if self.store is not None else config.default_backend())
         totals = figures.concurrency
+        yield _gauge("concurrency_parked_jobs", "Jobs parked behind full concurrency keys", totals.parked)
         yield _gauge(
-            "uniqjob_concurrency_parked_jobs", "Jobs parked behind full concurrency keys", totals.parked
-        )
-        yield _gauge(
-            "uniqjob_concurrency_oldest_parked_age_seconds",
+            "concurrency_oldest_parked_age_seconds",
             "Seconds the oldest parked job has waited (0: none parked)",
             totals.oldest_wait or 0.0,
         )
-        slots = GaugeMetricFamily(
-            "uniqjob_concurrency_slots_held",
+        yield _labelled(
+            "concurrency_slots_held",
             "Concurrency slots held, by lease: fresh, or stale (lapsed, or its holder dead)",
-            labels=["lease"],
+            "lease",
+            {"fresh": totals.slots_held - totals.stale_slots, "stale": totals.stale_slots},
         )
-        slots.add_metric(["fresh"], totals.slots_held - totals.stale_slots)
-        slots.add_metric(["stale"], totals.stale_slots)
-        yield slots
         yield _gauge(
-            "uniqjob_concurrency_keys_at_limit", "Concurrency keys holding their limit", totals.keys_at_limit
+            "concurrency_keys_at_limit", "Concurrency keys holding their limit", totals.keys_at_limit
         )
-        locks = GaugeMetricFamily("uniqjob_locks", "Held unique locks, by state", labels=["state"])
-        locks.add_metric(["queued"], figures.queued)
-        locks.add_metric(["running"], figures.running)
-        yield locks
-        yield _gauge("uniqjob_locks_orphaned", "Held unique locks whose holder is dead", figures.orphaned)
+        locks = {"queued": figures.queued, "running": figures.running}
+        yield _labelled("locks", "Held unique locks, by state", "state", locks)
+        yield _gauge("locks_orphaned", "Held unique locks whose holder is dead", figures.orphaned)
         yield _gauge(
-            "uniqjob_locks_pending_calls",
+            "locks_pending_calls",
             "Queue locks with a pending call (keep_last, behind a running call)",
             figures.pending,
         )
-        yield _gauge(
-            "uniqjob_debounced_jobs", "Debounced jobs waiting for their due time", figures.debouncing
-        )
+        yield _gauge("debounced_jobs", "Debounced jobs waiting for their due time", figures.debouncing)
         for name, what, counts in (
             ("duplicates", "Duplicates dropped, rescheduled or raised", figures.duplicates),
             ("coalesced", "Calls coalesced into a queued or pending call (keep_last)", figures.coalesced),
             ("replaced", "Calls that replaced a queued call (replace)", figures.replaced),
         ):
-            drops = GaugeMetricFamily(
-                f"uniqjob_{name}_total", f"{what} over the last hour, per job class", labels=["job"]
-            )
-            for job, count in counts.items():
-                drops.add_metric([job], count)
-            yield drops
+            yield _labelled(f"{name}_total", f"{what} over the last hour, per job class", "job", counts)
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, documentation, value=value)
+    return GaugeMetricFamily(f"uniqjob_{name}", documentation, value=value)
+
+
+def _labelled(name: str, documentation: str, label: str, values: dict[str, int]) -> GaugeMetricFamily:
+    """The gauge ``uniqjob_NAME``, one value per value of its ``label``."""
+    gauge = GaugeMetricFamily(f"uniqjob_{name}", documentation, labels=[label])
+    for value, count in values.items():
+        gauge.add_metric([value], count)
+    return gauge
 
 
 def render(store: Backend | None = None) -> bytes:

@@ -23,7 +23,6 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from importlib import import_module
-from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..errors import BackendError, ConfigurationError, CorruptRecordError, UniqJobError
@@ -42,9 +41,6 @@ from ._common import (
     say,
     store_url,
 )
-
-if TYPE_CHECKING:
-    import logging
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
@@ -97,21 +93,17 @@ def _command_of(argv: Sequence[str]) -> str | None:
     return None
 
 
-def _one_line(record: logging.LogRecord) -> str:
-    """Library warnings (a reclaimed orphan, a failing heartbeat) as one line each, no traceback."""
-    message = record.getMessage()
-    if record.exc_info and record.exc_info[1] is not None:
-        message += f": {record.exc_info[1]}"
-    return f"{PROG}: {escape(message)}"  # a key in a message must not steer the terminal
-
-
 def _stderr_handler() -> Callable[[], None]:
-    """Put the one-line handler on uniqjob's loggers; return its undo."""
+    """Put a handler on uniqjob's loggers that writes library warnings (a reclaimed orphan, a failing
+    heartbeat) as one line each, no traceback; return its undo."""
     import logging
 
     class OneLine(logging.Formatter):
         def format(self, record: logging.LogRecord) -> str:
-            return _one_line(record)
+            message = record.getMessage()
+            if record.exc_info and record.exc_info[1] is not None:
+                message += f": {record.exc_info[1]}"
+            return f"{PROG}: {escape(message)}"  # a key in a message must not steer the terminal
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(OneLine())

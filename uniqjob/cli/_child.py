@@ -13,6 +13,7 @@ cron tick never overlaps a command that runs on without its lock.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import select
 import signal
@@ -21,10 +22,15 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import FrameType
+from typing import TYPE_CHECKING
 
+from ..heartbeat import TAKEN, TAKEN_TEXT
 from . import _supervisor
 from ._common import say
 from ._supervisor import FORWARDED, KILL_ALL
+
+if TYPE_CHECKING:
+    from ..joblock import JobLock
 
 __all__ = ["Child", "SignalWaiter", "signal_waiter", "spawn"]
 
@@ -151,59 +157,56 @@ def signal_waiter() -> Iterator[SignalWaiter]:
 
 
 class Child:
-    """A running command (its supervisor, in ``proc``) and the limits it runs under.
+    """A running command (its supervisor, in ``proc``) under ``lock``, and the limits it runs under.
 
-    ``lost`` reports that our lock is lost or presumed lost: the command must
-    not run on unlocked, so its whole process group is stopped, SIGTERM and
-    then SIGKILL after ``grace``, but no later than ``lapse()`` (monotonic:
-    when the lease could lapse on the store, a lease after the last renewal it
-    confirmed), whatever ``grace`` says. ``why()`` says, in one line, why the
-    lock is lost; ``presume_at()`` is when it will be presumed lost unless a
-    renewal is confirmed first (the lock is checked then, as well as every
-    quarter second). Every signal goes to the command's whole process group,
-    through the supervisor.
+    Once ``lock`` is lost, or presumed lost, the command must not run on
+    unlocked: its whole process group is stopped, SIGTERM and then SIGKILL
+    after ``grace``, but no later than the lease could lapse on the store (a
+    lease after the last renewal it confirmed), whatever ``grace`` says. The
+    lock is checked every quarter second, and when it is to be presumed lost
+    unless a renewal is confirmed first. Every signal goes to the command's
+    whole process group, through the supervisor.
     """
 
-    def __init__(  # noqa: PLR0917 - positional, as the dataclass it was
-        self,
-        proc: subprocess.Popen[bytes],
-        name: str,
-        kill_after: float | None,
-        grace: float,
-        lost: Callable[[], bool],
-        lapse: Callable[[], float],
-        presume_at: Callable[[], float],
-        why: Callable[[], str],
+    def __init__(
+        self, proc: subprocess.Popen[bytes], lock: JobLock, name: str, kill_after: float | None, grace: float
     ) -> None:
         # A plain class, not a dataclass: making a dataclass costs every `uniqjob run` its start-up.
         self.proc = proc
+        self.lock = lock
         self.name = name
         self.kill_after = kill_after
         self.grace = grace
-        self.lost = lost
-        self.lapse = lapse
-        self.presume_at = presume_at
-        self.why = why
         #: A signal passed on to the command, or --kill-after's SIGTERM: it was stopped, not left to end.
         self.stopped = False
+
+    def _lapse(self) -> float:
+        """When, on the heartbeat's (monotonic) clock, the lease could lapse on the store: +inf if unknown."""
+        beat = self.lock.beat
+        return math.inf if beat is None or beat.lease is None else beat.confirmed + beat.lease
+
+    def _presume_at(self) -> float:
+        """When the lock is presumed lost unless a renewal is confirmed first: +inf if never."""
+        beat = self.lock.beat
+        return beat.deadline if beat is not None else math.inf
 
     def supervise(self, waiter: SignalWaiter) -> int:
         """Forward signals, enforce the deadline, stop on a lost lock; return the command's exit status."""
         proc = self.proc
         started = time.monotonic()
-        deadline = started + self.kill_after if self.kill_after is not None else float("inf")
-        hard_kill_at = float("inf")
+        deadline = started + self.kill_after if self.kill_after is not None else math.inf
+        hard_kill_at = math.inf
         stopping = quiet_kill = lost = False
         while True:
             status = proc.poll()
             if status is not None:
                 return 128 - status if status < 0 else status  # 128+N: it died of signal N
             now = time.monotonic()
-            if not lost and self.lost():
+            if not lost and self.lock.lost:
                 # Also after --kill-after's SIGTERM: the SIGKILL must then come before the lease lapses.
                 # One line, and the SIGKILL goes unannounced: the why is what matters.
-                say(f"{self.why()}; stopping {self.name}")
-                hard_kill_at = min(hard_kill_at, now + self.grace, self.lapse() - _KILL_LEAD)
+                say(f"{_why(self.lock)}; stopping {self.name}")
+                hard_kill_at = min(hard_kill_at, now + self.grace, self._lapse() - _KILL_LEAD)
                 quiet_kill = lost = True
                 if not stopping:
                     proc.terminate()
@@ -217,11 +220,35 @@ class Child:
                 if not quiet_kill:
                     say(f"{self.name} still running {self.grace:g}s after SIGTERM: sending SIGKILL")
                 proc.send_signal(KILL_ALL)  # SIGKILL would end the supervisor, not the group
-                hard_kill_at = float("inf")
+                hard_kill_at = math.inf
             wake = min(now + _TICK, deadline if not stopping else hard_kill_at)
-            if not lost and now < self.presume_at() < wake:
-                wake = self.presume_at()
+            if not lost and now < self._presume_at() < wake:
+                wake = self._presume_at()
             signum = waiter.wait(wake - now)
             if signum is not None:
                 self.stopped = True
                 proc.send_signal(signum)  # a no-op once the child has been reaped
+
+
+def _why(lock: JobLock) -> str:
+    """One line on why the lock is lost, for stderr."""
+    beat = lock.beat
+    if beat is None or beat.reason in ("", TAKEN) or beat.lease is None:
+        asker = _stop_asked_by(lock)
+        if asker:
+            return f"the run on {asker} asked to take over {lock.key!r} (--overlap terminate-other)"
+        return f"lost the lock {lock.key!r}: {TAKEN_TEXT}"
+    unconfirmed = beat.lost_at - beat.confirmed
+    return (
+        f"lock {lock.key!r} presumed lost: the store confirmed no renewal for {unconfirmed:.1f}s"
+        f" of its {beat.lease:g}s lease"
+    )
+
+
+def _stop_asked_by(lock: JobLock) -> str:
+    """Who asked this run to stop (``host:pid``), if that is why its renewal failed; "" if not, or unknown."""
+    try:
+        run = lock.backend.read(lock.key).run
+    except Exception:  # the store failed: the loss is said without the why
+        return ""
+    return run.stop if run is not None and run.token == lock.token else ""

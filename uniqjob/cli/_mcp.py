@@ -16,12 +16,14 @@ Neither changes anything: they only read, through :mod:`uniqjob.ops`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
+from .. import __version__, ops
 from ..errors import ConfigurationError, UniqJobError
-from ..ops import concurrency, drops, iter_rows
+from ..ops import drops, iter_rows
 from ..stores._drops import WINDOW
 from ..stores.base import Backend
 from ._common import EX_OK, SubParsers, add_url_option, open_backend
@@ -70,29 +72,6 @@ def _check_count(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a whole number from 1 to {MAX_LIMIT}, got {value!r}")
 
 
-def locks_tool(backend: Backend, job_class: str | None = None, limit: int = LIMIT) -> dict[str, Any]:
-    """The ``locks`` tool's answer: up to ``limit`` rows, whether there were more, the duplicates."""
-    _check_count("limit", limit)
-    rows = list(itertools.islice(iter_rows(backend, job_class=job_class), limit + 1))
-    return {
-        "locks": [row.to_json() for row in rows[:limit]],
-        "more": len(rows) > limit,
-        **drops(backend, job_class=job_class),  # duplicates, coalesced, replaced
-        "window_s": WINDOW,
-    }
-
-
-def concurrency_tool(backend: Backend, top: int = 20, job_class: str | None = None) -> dict[str, Any]:
-    """The ``concurrency`` tool's answer: the ``top`` busiest keys and the totals over every key."""
-    _check_count("top", top)
-    report = concurrency(backend, top=top, job_class=job_class)
-    return {
-        "keys": [row.to_json() for row in report.keys],
-        "totals": report.totals.to_json(),
-        "left_out": report.left_out,
-    }
-
-
 def build_server(backend: Backend) -> MCPServer[Any]:
     """An MCP server (``mcp.server.MCPServer``) with the two read-only tools, over ``backend``."""
     try:
@@ -106,6 +85,13 @@ def build_server(backend: Backend) -> MCPServer[Any]:
     server: MCPServer[Any] = MCPServer("uniqjob", version=__version__, instructions=__doc__)
     read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True)
 
+    @contextlib.contextmanager
+    def said_to_agent() -> Iterator[None]:
+        try:
+            yield
+        except (ValueError, UniqJobError) as exc:  # a bad argument, the store's error
+            raise ToolError(str(exc)) from exc
+
     @server.tool(annotations=read_only)
     def locks(job_class: str | None = None, limit: int = LIMIT) -> dict[str, Any]:
         """List held unique locks (state, holder, age, lease left, orphaned, class, arguments, key).
@@ -115,10 +101,15 @@ def build_server(backend: Backend) -> MCPServer[Any]:
         dropped per class in the last hour because their key was held; ``coalesced`` and
         ``replaced``: calls taken in by a queued or pending call, or that replaced a queued one.
         """
-        try:
-            return locks_tool(backend, job_class, limit)
-        except (ValueError, UniqJobError) as exc:  # said to the agent: a bad argument, the store's error
-            raise ToolError(str(exc)) from exc
+        with said_to_agent():
+            _check_count("limit", limit)
+            rows = list(itertools.islice(iter_rows(backend, job_class=job_class), limit + 1))
+            return {
+                "locks": [row.to_json() for row in rows[:limit]],
+                "more": len(rows) > limit,
+                **drops(backend, job_class=job_class),  # duplicates, coalesced, replaced
+                "window_s": WINDOW,
+            }
 
     @server.tool(annotations=read_only)
     def concurrency(top: int = 20, job_class: str | None = None) -> dict[str, Any]:
@@ -126,10 +117,14 @@ def build_server(backend: Backend) -> MCPServer[Any]:
 
         ``totals`` count every key however few are listed; ``left_out`` says how many were not.
         """
-        try:
-            return concurrency_tool(backend, top, job_class)
-        except (ValueError, UniqJobError) as exc:
-            raise ToolError(str(exc)) from exc
+        with said_to_agent():
+            _check_count("top", top)
+            report = ops.concurrency(backend, top=top, job_class=job_class)
+            return {
+                "keys": [row.to_json() for row in report.keys],
+                "totals": report.totals.to_json(),
+                "left_out": report.left_out,
+            }
 
     return server
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import shlex
 import time
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from .._ticks import MAX_SKEW, parse_period, tick_of
 from ..errors import BackendError, ConfigurationError
-from ..heartbeat import LOST_RECORD, TAKEN, TAKEN_TEXT
+from ..heartbeat import LOST_RECORD
 from ..joblock import JobLock
 from ..keys import make_key
 from ..locks import Holder, LockState, QueueMeta, holder_is_dead, local_holder, orphaned
@@ -163,25 +162,8 @@ def command_key(argv: Sequence[str]) -> str:
 
 def run_command(args: argparse.Namespace) -> int:
     """Handle ``uniqjob run``."""
-    argv: list[str] = args.command
-    if argv and argv[0] == "--":
-        argv = argv[1:]
-    if not argv:
-        raise UsageError("no command given: uniqjob run [options] -- CMD [ARG...]")
-    if args.key is not None and not args.key.strip():
-        raise UsageError("--key must not be empty")
-    if args.key is not None and not _is_text(args.key):
-        raise UsageError("--key must be text (UTF-8): it holds bytes that are not")
-    if args.once_per is not None and args.wait:
-        # The tick's lock lasts until the tick ends: a waiter would only run the tick again.
-        raise UsageError("--wait has no use with --once-per: each tick runs once, on one host")
+    argv = _checked_command(args)
     overlap: str = args.overlap
-    if overlap != "skip" and args.once_per is not None:
-        raise UsageError(f"--overlap {overlap} has no use with --once-per: each tick runs once, on one host")
-    if overlap != "skip" and args.wait:
-        raise UsageError(
-            f"--overlap {overlap} waits as long as the other run holds the key: leave out --wait"
-        )
     key = args.key if args.key is not None else command_key(argv)
     name = _preview(shlex.join(argv))
     # Signals are taken over before the lock, so one that arrives while we wait
@@ -191,21 +173,18 @@ def run_command(args: argparse.Namespace) -> int:
     with signal_waiter() as waiter:
         backend = open_backend(args.url)
         period: float | None = args.once_per
-        if period is None:
-            lock = JobLock(backend, key, lease=args.lease, meta=QueueMeta(RUN_JOB, name))
-        else:
-            # The tick's lock: kept (queued) after the run until the tick ends, so every
-            # other host that fires in this tick meets it.
-            tick = tick_of(backend, key, period)
-            key = tick.key
-            lock = JobLock(
-                backend,
-                key,
-                lease=args.lease,
-                ttl=tick.ttl,
-                meta=QueueMeta(RUN_JOB, name),
-                strategy="until_expired",
-            )
+        # --once-per: the tick's lock, kept (queued) after the run until the tick ends, so
+        # every other host that fires in this tick meets it.
+        tick = tick_of(backend, key, period) if period is not None else None
+        key = tick.key if tick is not None else key
+        lock = JobLock(
+            backend,
+            key,
+            lease=args.lease,
+            ttl=tick.ttl if tick is not None else None,
+            meta=QueueMeta(RUN_JOB, name),
+            strategy="until_expired" if tick is not None else "until_executed",
+        )
         if overlap == "skip":
             got, signum = _acquire(lock, args.wait, waiter, run=period is None)
         else:
@@ -228,35 +207,46 @@ def run_command(args: argparse.Namespace) -> int:
         if period is not None:
             lock.start()  # the run lock; the tick's queue lock stays when it goes
         status, owed = _run_locked(lock, argv, name, args, waiter, follow=period is None)
-        return status if owed == "free" else _run_owed(lock, argv, name, args, waiter, status, owed)
+        # The run owed to the runs that coalesced behind ours (see _follow), owed again if
+        # runs coalesced behind it too. Our exit status: the first that is not 0.
+        while owed != "free":
+            ours = lock.token
+            lock = JobLock(backend, key, lease=args.lease, meta=QueueMeta(RUN_JOB, name))
+            got, signum = _follow(lock, ours, owed, waiter)
+            if signum is not None:
+                return 128 + signum
+            if not got:
+                break  # a run started after ours: it ran for them
+            if not args.quiet:
+                gone = "the run that was to run after ours is gone"
+                say(f"{gone}: running {name} again for the runs it stood for")
+            again, owed = _run_locked(lock, argv, name, args, waiter, follow=True)
+            status = status or again
+        return status
 
 
-def _run_owed(  # noqa: PLR0917
-    lock: JobLock,
-    argv: list[str],
-    name: str,
-    args: argparse.Namespace,
-    waiter: SignalWaiter,
-    status: int,
-    owed: Overlap,
-) -> int:
-    """After our run (exit ``status``), the run owed to the runs that coalesced behind it (see _follow).
-
-    A run owed is owed again if runs coalesced behind it too. Our exit status: the first that is not 0.
-    """
-    while owed != "free":
-        ours = lock.token
-        lock = JobLock(lock.backend, lock.key, lease=args.lease, meta=QueueMeta(RUN_JOB, name))
-        got, signum = _follow(lock, ours, owed, waiter)
-        if signum is not None:
-            return 128 + signum
-        if not got:
-            break  # a run started after ours: it ran for them
-        if not args.quiet:
-            say(f"the run that was to run after ours is gone: running {name} again for the runs it stood for")
-        again, owed = _run_locked(lock, argv, name, args, waiter, follow=True)
-        status = status or again
-    return status
+def _checked_command(args: argparse.Namespace) -> list[str]:
+    """The command to run, once the options are found to make sense together (else UsageError)."""
+    argv: list[str] = args.command
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("no command given: uniqjob run [options] -- CMD [ARG...]")
+    if args.key is not None and not args.key.strip():
+        raise UsageError("--key must not be empty")
+    if args.key is not None and not _is_text(args.key):
+        raise UsageError("--key must be text (UTF-8): it holds bytes that are not")
+    if args.once_per is not None and args.wait:
+        # The tick's lock lasts until the tick ends: a waiter would only run the tick again.
+        raise UsageError("--wait has no use with --once-per: each tick runs once, on one host")
+    overlap: str = args.overlap
+    if overlap != "skip" and args.once_per is not None:
+        raise UsageError(f"--overlap {overlap} has no use with --once-per: each tick runs once, on one host")
+    if overlap != "skip" and args.wait:
+        raise UsageError(
+            f"--overlap {overlap} waits as long as the other run holds the key: leave out --wait"
+        )
+    return argv
 
 
 def _run_locked(
@@ -271,16 +261,7 @@ def _run_locked(
         signum = waiter.wait(0)
         if signum is not None:
             return 128 + signum, "free"
-        child = Child(
-            spawn(argv, _command_env(lock)),
-            name,
-            args.kill_after,
-            args.grace,
-            lost=lambda: lock.lost,
-            lapse=lambda: _lapse(lock),
-            presume_at=lambda: lock.beat.deadline if lock.beat is not None else math.inf,
-            why=lambda: _why(lock),
-        )
+        child = Child(spawn(argv, _command_env(lock)), lock, name, args.kill_after, args.grace)
         status = child.supervise(waiter)
         if not follow or child.stopped or lock.lost:
             return status, "free"
@@ -325,38 +306,6 @@ def _command_env(lock: JobLock) -> dict[str, str]:
     if lock.fence is not None:
         env["UNIQJOB_FENCE"] = str(lock.fence)
     return env
-
-
-def _lapse(lock: JobLock) -> float:
-    """When, on the heartbeat's (monotonic) clock, the lease could lapse on the store: +inf if unknown."""
-    beat = lock.beat
-    if beat is None or beat.lease is None:
-        return math.inf
-    return beat.confirmed + beat.lease
-
-
-def _why(lock: JobLock) -> str:
-    """One line on why the lock is lost, for stderr."""
-    beat = lock.beat
-    if beat is None or beat.reason in ("", TAKEN) or beat.lease is None:
-        asker = _stop_asked_by(lock)
-        if asker:
-            return f"the run on {asker} asked to take over {lock.key!r} (--overlap terminate-other)"
-        return f"lost the lock {lock.key!r}: {TAKEN_TEXT}"
-    unconfirmed = beat.lost_at - beat.confirmed
-    return (
-        f"lock {lock.key!r} presumed lost: the store confirmed no renewal for {unconfirmed:.1f}s"
-        f" of its {beat.lease:g}s lease"
-    )
-
-
-def _stop_asked_by(lock: JobLock) -> str:
-    """Who asked this run to stop (``host:pid``), if that is why its renewal failed; "" if not, or unknown."""
-    try:
-        run = lock.backend.read(lock.key).run
-    except Exception:  # the store failed: the loss is said without the why
-        return ""
-    return run.stop if run is not None and run.token == lock.token else ""
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from .. import config
 from ..errors import BackendError
-from ..ops import LockRelease, Released, discard_parked, drops, release
+from ..ops import LockRelease, Released, concurrency, concurrency_key, discard_parked, drops, release
 from ..stores.base import Backend
 from . import _data
 from ._format import duration
@@ -121,7 +121,7 @@ class _Dashboard:
         return self.render(
             request,
             "home.html",
-            concurrency=_data.concurrency_totals(backend).totals,
+            concurrency=concurrency(backend, top=0).totals,
             locks=_data.uniqueness(backend, limit=0),
             drops=(kinds := drops(backend, window=_data.DROPS_WINDOW))["duplicates"],
             kinds=kinds,
@@ -133,7 +133,7 @@ class _Dashboard:
         backend = self.store()
         job_class = request.query_params.get("class") or None
         began = time.monotonic()
-        report = _data.concurrency_page(backend, top=_data.TOP)
+        report = concurrency(backend, top=_data.TOP)
         locks = _data.uniqueness(backend, job_class=job_class, limit=_data.ROWS)
         return self.render(
             request,
@@ -155,13 +155,13 @@ class _Dashboard:
         if kind == "lock":
             found = _data.lock_row(self.store(), key)
             return self.render(request, "confirm.html", action="release", kind=kind, key=key, lock=found)
-        report = _data.key_report(self.store(), key)
+        report = concurrency_key(key, self.store())
         return self.render(request, "confirm.html", action="release", kind=kind, key=key, slots=report)
 
     def confirm_discard(self, request: Request) -> Response:
         self._writable()
         kind, key = _target(dict(request.query_params), kind="concurrency")
-        report = _data.key_report(self.store(), key)
+        report = concurrency_key(key, self.store())
         return self.render(request, "confirm.html", action="discard-parked", kind=kind, key=key, slots=report)
 
     # -- actions ---------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """What the pages show, read from the store through :mod:`uniqjob.ops`, in memory bounded by the rows shown.
 
-Both readers stream the store's scan once: every key is counted, and only a
-bounded number of rows is kept (for the concurrency keys, the busiest; for the
-held locks, the orphans and unreadable records first, then the oldest).
+Each listing streams the store's scan once: every key is counted, and only a
+bounded number of rows is kept (for the concurrency keys, :func:`uniqjob.ops.concurrency`
+keeps the busiest; for the held locks, :func:`uniqjob.dashboard._data.uniqueness` keeps
+the orphans and unreadable records first, then the oldest).
 """
 
 from __future__ import annotations
@@ -13,15 +14,8 @@ from dataclasses import dataclass, field
 
 from ..errors import CorruptRecordError
 from ..locks import holder_is_dead
-from ..ops import (
-    CORRUPT,
-    ConcurrencyReport,
-    KeyReport,
-    LockRow,
-    concurrency,
-    concurrency_key,
-    iter_rows,
-)
+from ..ops import CORRUPT, KeyReport, LockRow, iter_rows
+from ..ops._locks import LockCounts, corrupt_at
 from ..stores.base import Backend
 
 __all__ = [
@@ -33,9 +27,6 @@ __all__ = [
     "LockConfirm",
     "Uniqueness",
     "blocked",
-    "concurrency_page",
-    "concurrency_totals",
-    "key_report",
     "lock_row",
     "uniqueness",
 ]
@@ -53,16 +44,9 @@ CLASSES = 100
 
 
 @dataclass
-class Uniqueness:
+class Uniqueness(LockCounts):
     """Counts over every held lock (of the class filtered on), and the rows kept to show."""
 
-    held: int = 0
-    queued: int = 0
-    running: int = 0
-    orphaned: int = 0
-    corrupt: int = 0
-    pending: int = 0  # with a pending call ("keep_last" behind a running call)
-    debouncing: int = 0  # debounced, not yet due
     rows: list[LockRow] = field(default_factory=list)
     classes: list[str] = field(default_factory=list)
 
@@ -80,16 +64,7 @@ def uniqueness(backend: Backend, *, job_class: str | None = None, limit: int = R
     classes: set[str] = set()
     order = itertools.count()
     for row in iter_rows(backend, job_class=job_class):
-        found.held += 1
-        if row.state == CORRUPT:
-            found.corrupt += 1
-        elif row.waiting:
-            found.queued += 1
-        else:
-            found.running += 1
-        found.orphaned += row.orphaned
-        found.pending += row.pending is not None
-        found.debouncing += bool(row.due_s)
+        found.add(row)
         if row.job_class is not None and len(classes) < CLASSES:
             classes.add(row.job_class)
         if not limit:
@@ -108,16 +83,6 @@ def uniqueness(backend: Backend, *, job_class: str | None = None, limit: int = R
     found.rows = (urgent + rest)[:limit]
     found.classes = sorted(classes)
     return found
-
-
-def concurrency_page(backend: Backend, *, top: int = TOP) -> ConcurrencyReport:
-    """The ``top`` busiest concurrency keys and the totals over all of them."""
-    return concurrency(backend, top=top)
-
-
-def concurrency_totals(backend: Backend) -> ConcurrencyReport:
-    """The totals over every concurrency key, listing none."""
-    return concurrency(backend, top=0)
 
 
 def blocked(row: KeyReport) -> bool:
@@ -141,13 +106,8 @@ def lock_row(backend: Backend, key: str) -> LockConfirm | None:
     except CorruptRecordError as exc:
         return LockConfirm(LockRow.from_corrupt(exc, key), live=False)
     if state.free:
-        error = next((e for e in backend.corrupt() if e.path == key), None)
-        return None if error is None else LockConfirm(LockRow.from_corrupt(error), live=False)
+        row = corrupt_at(backend, key)
+        return None if row is None else LockConfirm(row, live=False)
     # The test `uniqjob release` applies before it refuses without --force.
     live = state.run is not None and not holder_is_dead(state.run.holder)
     return LockConfirm(LockRow.from_state(state), live=live)
-
-
-def key_report(backend: Backend, key: str) -> KeyReport | None:
-    """The concurrency key ``key``, or None if it holds nothing."""
-    return concurrency_key(key, backend)

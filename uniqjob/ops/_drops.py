@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 from .. import config
-from ..locks import QUEUED, RUNNING
 from ..stores._drops import WINDOW
 from ..stores.base import Backend
 from ._figures import Totals, concurrency
-from ._locks import CORRUPT, class_matches, iter_rows
+from ._locks import LockCounts, class_matches, iter_rows
 
 __all__ = ["Stats", "drops", "duplicates", "stats"]
 
@@ -88,15 +86,11 @@ def stats(store: Backend | None = None, *, window: float = WINDOW) -> Stats:
     """Read ``store``'s figures (None: the configured store): every lock and concurrency key, streaming."""
     backend = store if store is not None else config.default_backend()
     kinds = drops(backend, window=window)  # first: a bad window fails before the scans
-    states: Counter[str] = Counter()
-    orphans = pending = debouncing = 0
+    locks = LockCounts()
     for row in iter_rows(backend):
-        states[QUEUED if row.waiting else row.state] += 1
-        orphans += row.orphaned
-        pending += row.pending is not None
-        debouncing += bool(row.due_s)
+        locks.add(row)
     totals = concurrency(backend, top=0).totals
     return Stats(
-        states[QUEUED], states[RUNNING], orphans, states[CORRUPT], totals, kinds["duplicates"], float(window),
-        kinds["coalesced"], kinds["replaced"], pending, debouncing,
+        locks.queued, locks.running, locks.orphaned, locks.corrupt, totals, kinds["duplicates"],
+        float(window), kinds["coalesced"], kinds["replaced"], locks.pending, locks.debouncing,
     )  # fmt: skip

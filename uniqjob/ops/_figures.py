@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from .. import config
 from ..concurrency import SemaphoreState, store_for
 from ..concurrency.ops import stale
 from ..stores.base import Backend
+from ._locks import class_matches, json_fields
 from ._pages import read_slots
 
 __all__ = ["ConcurrencyReport", "KeyReport", "Totals", "concurrency", "concurrency_key", "iter_keys"]
@@ -101,18 +102,11 @@ class Totals:
     stale_slots: int = 0
     keys_at_limit: int = 0
     parked: int = 0
-    oldest_wait: float | None = None
+    oldest_wait: float | None = field(default=None, metadata={"json": "oldest_wait_s"})
 
     def to_json(self) -> dict[str, object]:
         """Return the totals as a JSON-ready dict."""
-        return {
-            "keys": self.keys,
-            "slots_held": self.slots_held,
-            "stale_slots": self.stale_slots,
-            "keys_at_limit": self.keys_at_limit,
-            "parked": self.parked,
-            "oldest_wait_s": self.oldest_wait,
-        }
+        return json_fields(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,15 +123,11 @@ def _busiest(row: KeyReport) -> tuple[int, float, int, int, str]:
     return (-row.parked, -(row.oldest_wait or 0.0), -row.stale, -row.held, row.key)
 
 
-def _matches(job_class: str, wanted: str | None) -> bool:
-    return wanted is None or job_class == wanted or job_class.endswith("." + wanted)
-
-
 def iter_keys(backend: Backend | None = None, *, job_class: str | None = None) -> Iterator[KeyReport]:
     """Yield a report per concurrency key, as the store's scan finds them; emptied keys are skipped."""
     store = store_for(backend if backend is not None else config.default_backend())
     for state in read_slots(store, head=1):
-        if not state.empty and _matches(state.job_class, job_class):
+        if not state.empty and (job_class is None or class_matches(state.job_class, job_class)):
             yield KeyReport.from_state(state)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 from .. import config
 from ..concurrency import Released, release_slots
@@ -96,7 +96,37 @@ class LockRow:
 
     def to_json(self) -> dict[str, object]:
         """Return the record as the JSON object ``locks --json`` prints."""
-        return {f.metadata.get("json", f.name): getattr(self, f.name) for f in fields(self)}
+        return json_fields(self)
+
+
+def json_fields(record: Any) -> dict[str, object]:
+    """A dataclass's fields as a JSON object, in order; a field's ``json`` metadata is its name there."""
+    return {f.metadata.get("json", f.name): getattr(record, f.name) for f in fields(record)}
+
+
+@dataclass
+class LockCounts:
+    """Held locks counted by what they are, a row at a time (:meth:`add`)."""
+
+    held: int = 0
+    queued: int = 0  # in their queue, or parked for a concurrency slot
+    running: int = 0
+    orphaned: int = 0
+    corrupt: int = 0
+    pending: int = 0  # with a pending call ("keep_last" behind a running call)
+    debouncing: int = 0  # debounced, not yet due
+
+    def add(self, row: LockRow) -> None:
+        self.held += 1
+        if row.state == CORRUPT:
+            self.corrupt += 1
+        elif row.waiting:
+            self.queued += 1
+        else:
+            self.running += 1
+        self.orphaned += row.orphaned
+        self.pending += row.pending is not None
+        self.debouncing += bool(row.due_s)
 
 
 def iter_rows(backend: Backend | None = None, *, job_class: str | None = None) -> Iterator[LockRow]:
@@ -107,14 +137,10 @@ def iter_rows(backend: Backend | None = None, *, job_class: str | None = None) -
     come last, from :meth:`Backend.corrupt`.
     """
     backend = backend if backend is not None else config.default_backend()
-    seen: set[str] = set()
     parked: frozenset[str] | None = None  # read once, at the first queued lock that may be parked
-    for key, state in read_scan(backend):
-        if isinstance(state, CorruptRecordError):
-            seen.add(state.path)
-            yield LockRow.from_corrupt(state, key)
-            continue
-        if state.free:
+    for state in _held(backend):
+        if isinstance(state, LockRow):
+            yield state
             continue
         queue = state.queue
         may_park = queue is not None and queue.state == QUEUED and not queue.meta.job_id
@@ -125,9 +151,29 @@ def iter_rows(backend: Backend | None = None, *, job_class: str | None = None) -
         )
         if job_class is None or class_matches(row.job_class, job_class):
             yield row
+
+
+def _held(backend: Backend) -> Iterator[LockState | LockRow]:
+    """The state of each held key, as the scan finds it; a ``corrupt`` row for each unreadable record.
+
+    Records too damaged to name their key come last, from :meth:`Backend.corrupt`.
+    """
+    seen: set[str] = set()
+    for key, state in read_scan(backend):
+        if isinstance(state, CorruptRecordError):
+            seen.add(state.path)
+            yield LockRow.from_corrupt(state, key)
+        elif not state.free:
+            yield state
     for error in backend.corrupt():
         if error.path not in seen:
+            seen.add(error.path)
             yield LockRow.from_corrupt(error)
+
+
+def corrupt_at(backend: Backend, path: str) -> LockRow | None:
+    """The row of the unreadable record at ``path`` that names no key (:meth:`Backend.corrupt`), if any."""
+    return next((LockRow.from_corrupt(e) for e in backend.corrupt() if e.path == path), None)
 
 
 def _parked_tokens(backend: Backend) -> frozenset[str]:
@@ -230,29 +276,18 @@ def reap(
     backend = backend if backend is not None else config.default_backend()
     reclaimed: list[LockRow] = []
     corrupt: list[LockRow] = []
-    damaged: set[str] = set()
     held = 0
-
-    def found(row: LockRow, into: list[LockRow]) -> None:
+    for state in _held(backend):
+        if isinstance(state, LockRow):
+            row, into = state, corrupt
+        else:
+            held += 1
+            row, into = LockRow.from_state(state), reclaimed
+            if not row.orphaned or not (dry_run or _reclaim(backend, state)):
+                continue
         into.append(row)
         if each is not None:
             each(row)
-
-    for key, state in read_scan(backend):
-        if isinstance(state, CorruptRecordError):
-            damaged.add(state.path)
-            found(LockRow.from_corrupt(state, key), corrupt)
-            continue
-        if state.free:
-            continue
-        held += 1
-        row = LockRow.from_state(state)
-        if row.orphaned and (dry_run or _reclaim(backend, state)):
-            found(row, reclaimed)
-    for error in backend.corrupt():
-        if error.path not in damaged:
-            damaged.add(error.path)
-            found(LockRow.from_corrupt(error), corrupt)
     return Reaped(reclaimed, held, corrupt)
 
 
@@ -304,13 +339,8 @@ def release(
         slots = release_slots(key, backend, force=force)
         if slots is not None:
             return slots
-        # the path of a record too damaged to name its key
-        error = next((e for e in backend.corrupt() if e.path == key), None)
-        return (
-            None
-            if error is None
-            else _release_corrupt(backend, key, LockRow.from_corrupt(error), force=force)
-        )
+        corrupt = corrupt_at(backend, key)  # the path of a record too damaged to name its key
+        return None if corrupt is None else _release_corrupt(backend, key, corrupt, force=force)
     row = LockRow.from_state(state)
     if state.run is not None and not force and not holder_is_dead(state.run.holder):
         return LockRelease(row, "alive")
