@@ -177,3 +177,37 @@ def test_a_run_that_takes_the_key_after_the_holder_ran_for_the_runs_it_watched(s
     assert b.claim("k", "x", meta=META, run=RunClaim(ME, 10)) is None  # a run without --overlap
     assert overlap(b, "a", "follow") == "free"  # x started after a: the holder of a is done
     assert b.read("k").pending_run == "host-b:4242"  # b still waits, now behind x
+
+
+# A run whose store fails (BackendError) the first time it withdraws its pending place.
+FAILING_WITHDRAW = """\
+import sys
+from uniqjob.errors import BackendError
+from uniqjob.stores.redis import RedisBackend
+real, failed = RedisBackend.overlap, []
+def overlap(self, key, token, mode, **options):
+    if mode == "withdraw" and not failed:
+        failed.append(mode)
+        raise BackendError("connection lost while reading the reply", "redis")
+    return real(self, key, token, mode, **options)
+RedisBackend.overlap = overlap
+from uniqjob.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_run_whose_withdraw_fails_runs_and_leaves_no_place_behind(url: str, tmp_path: Path) -> None:
+    log, go = tmp_path / "log", tmp_path / "go"
+    first = run_on("host-a", url, log, go)
+    wait_for(lambda: len(lines(log)) == 1, what="the first run to start")
+    argv = ("run", "--url", url, "--key", "nightly", "--overlap", "buffer-one", "--", PY, "-c", RECORD)
+    waiting = start(*argv, str(log), str(go), prefix=(PY, "-c", FAILING_WITHDRAW))
+    wait_for(lambda: "pending_run" in uniqjob("locks", "--url", url, "--json").stdout, what="a pending run")
+    go.touch()
+    assert finish(first)[0] == 0
+    status, _, err = finish(waiting)
+    assert status == 0, err  # it took the key and ran, though its withdraw failed once
+    assert [line.split()[0] for line in lines(log)] == ["start", "end", "start", "end"]
+    assert json.loads(uniqjob("locks", "--url", url, "--json").stdout or "null") is None  # no place left
+    later = run_on("host-b", url, log, go, "--overlap", "buffer-one")  # not swallowed by a stale place
+    assert finish(later)[0] == 0 and len(lines(log)) == 6

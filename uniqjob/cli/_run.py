@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from .._ticks import MAX_SKEW, parse_period, tick_of
+from .._undo import undos
 from ..errors import BackendError, ConfigurationError
 from ..heartbeat import LOST_RECORD
 from ..joblock import JobLock
@@ -363,7 +364,14 @@ def _take_over(lock: JobLock, overlap: str, waiter: SignalWaiter, *, quiet: bool
 
     def withdraw() -> None:  # a run that waited drops its place once it has the key, or gives up
         if waited:
-            backend.overlap(key, token, "withdraw", lease=lock.lease, holder=me)
+            try:
+                backend.overlap(key, token, "withdraw", lease=lock.lease, holder=me)
+            except BackendError:  # made again until the store answers (twice changes nothing)
+
+                def again() -> bool:
+                    return bool(backend.overlap(key, token, "withdraw", lease=lock.lease, holder=me))
+
+                undos.add(again, f"the pending run of {key!r}", ())
 
     while True:
         if not buffer and lock.acquire(run=True):

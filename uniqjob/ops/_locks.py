@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
-from functools import partial
 from typing import Any, Literal
 
 from .. import config
@@ -226,27 +225,14 @@ def _resume(backend: Backend, key: str, token: str) -> bool:
     """Release a dead holder's queue lock ``token`` of ``key`` that has a pending call, and push that call.
 
     The release queues the pending call in the same step, as the holder's own would have;
-    True if it was pushed. An async queue's push (arq's) is awaited to its end on the
-    library's background event loop, as a promoted parked call's is.
+    True if it was pushed (see :func:`uniqjob._coalesce.hand_on`).
     """
-    # here: only a key with a pending call needs them
-    from .. import _coalesce, settings
+    from .. import _coalesce  # here: only a key with a pending call needs them
     from .._refs import resolve_job
-    from ..concurrency._semaphore_base import push_call
 
     pending = backend.finish(key, token, attempt=new_token())  # an attempt of no delivery: see _reclaim
     ref = _coalesce.json_ref(pending.meta.call) if pending is not None else ""
-    cls = resolve_job(ref) if ref else None
-    queue = cls.unique_queue if cls is not None else None
-    if pending is None or cls is None or queue is None:
-        return False
-    args, kwargs = _coalesce.decode(pending.meta.call)
-    lock, wait = _coalesce.follower(cls, key, pending), settings.debounce(cls)
-    if wait is not None:
-        push_call(partial(queue.push_in, cls, lock, args, kwargs, wait[0]))
-    else:
-        push_call(partial(queue.push, cls, lock, args, kwargs))
-    return True
+    return pending is not None and bool(ref) and _coalesce.hand_on(resolve_job(ref), key, pending)
 
 
 @dataclass(frozen=True, slots=True)
