@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .joblock import JobLock
     from .queues import Queue
 
-__all__ = ["enqueue", "execute", "run", "settle"]
+__all__ = ["enqueue", "execute", "next_call", "run", "settle"]
 
 
 async def enqueue(
@@ -97,10 +97,11 @@ async def _delay(
     await _joblock_async.attach(lock, store)  # the lock names its job: the one pushed now
 
 
-async def _next(cls: type[UniqueJob], lock: JobLock, store: AsyncBackend) -> None:
+async def next_call(cls: type[UniqueJob], lock: JobLock, store: AsyncBackend) -> None:
     """Push the call that waited behind ``lock``'s (policy "keep_last"), queued by its release.
 
-    Inline (no queue), it runs here, and so does each one that waits behind it in turn.
+    Inline (no queue), it runs here, and so does each one that waits behind it in turn. Also
+    called by a queue integration that releases the lock of a job it will never run (Huey, Dramatiq).
     """
     while (pending := lock.pending) is not None:
         lock.pending = None
@@ -154,7 +155,7 @@ async def run(
             # the common case in one step: both locks at once
             if await _joblock_async.acquire(lock, store, run=True):
                 result = await _perform(cls, lock, store, args, kwargs, releasing=True)
-                await _next(cls, lock, store)
+                await next_call(cls, lock, store)
                 return result
             result = await _callouts.acall_out(_conflicts.apply, cls, lock, args, kwargs)
         elif cls.unique_strategy != "while_executing" and not await _joblock_async.acquire(lock, store):
@@ -214,16 +215,16 @@ async def execute(
         args, kwargs = _coalesce.decode(lock.call)
     if settle is None:
         result = await _perform(cls, lock, store, args, kwargs, releasing=True)
-        await _next(cls, lock, store)
+        await next_call(cls, lock, store)
         return result
     try:
         result = await _perform(cls, lock, store, args, kwargs, releasing=False)
     except BaseException as exc:
         await _callouts.acall_out(settle, exc, None)
-        await _next(cls, lock, store)
+        await next_call(cls, lock, store)
         raise
     await _callouts.acall_out(settle, None, result)
-    await _next(cls, lock, store)
+    await next_call(cls, lock, store)
     return result
 
 

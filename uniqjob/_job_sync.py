@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .joblock import JobLock
     from .queues import Queue
 
-__all__ = ["enqueue", "execute", "run", "settle"]
+__all__ = ["enqueue", "execute", "next_call", "run", "settle"]
 
 
 def enqueue(
@@ -98,10 +98,11 @@ def _delay(
     _joblock_sync.attach(lock, store)  # the lock names its job: the one pushed now
 
 
-def _next(cls: type[UniqueJob], lock: JobLock, store: Backend) -> None:
+def next_call(cls: type[UniqueJob], lock: JobLock, store: Backend) -> None:
     """Push the call that waited behind ``lock``'s (policy "keep_last"), queued by its release.
 
-    Inline (no queue), it runs here, and so does each one that waits behind it in turn.
+    Inline (no queue), it runs here, and so does each one that waits behind it in turn. Also
+    called by a queue integration that releases the lock of a job it will never run (Huey, Dramatiq).
     """
     while (pending := lock.pending) is not None:
         lock.pending = None
@@ -155,7 +156,7 @@ def run(
             # the common case in one step: both locks at once
             if _joblock_sync.acquire(lock, store, run=True):
                 result = _perform(cls, lock, store, args, kwargs, releasing=True)
-                _next(cls, lock, store)
+                next_call(cls, lock, store)
                 return result
             result = _callouts.call_out(_conflicts.apply, cls, lock, args, kwargs)
         elif cls.unique_strategy != "while_executing" and not _joblock_sync.acquire(lock, store):
@@ -215,16 +216,16 @@ def execute(
         args, kwargs = _coalesce.decode(lock.call)
     if settle is None:
         result = _perform(cls, lock, store, args, kwargs, releasing=True)
-        _next(cls, lock, store)
+        next_call(cls, lock, store)
         return result
     try:
         result = _perform(cls, lock, store, args, kwargs, releasing=False)
     except BaseException as exc:
         _callouts.call_out(settle, exc, None)
-        _next(cls, lock, store)
+        next_call(cls, lock, store)
         raise
     _callouts.call_out(settle, None, result)
-    _next(cls, lock, store)
+    next_call(cls, lock, store)
     return result
 
 

@@ -139,13 +139,21 @@ class UniqueJob:
 
     @classmethod
     def autoexpire(cls) -> float | None:
-        """Return ``unique_lock_autoexpire`` in seconds (calling it if it is a classmethod)."""
+        """Return ``unique_lock_autoexpire`` in seconds (calling it if it is a classmethod).
+
+        Plus the queue's :meth:`~uniqjob.queues.Queue.pending_delay`: the lock of a job
+        pushed with a countdown (an ETA) never expires before its job is due.
+        """
         value: Any = cls.unique_lock_autoexpire
         if value is None:
             return None
         if callable(value):
             value = value()
-        return settings.seconds(value, f"{cls.__qualname__}.unique_lock_autoexpire")
+        seconds = settings.seconds(value, f"{cls.__qualname__}.unique_lock_autoexpire")
+        queue = cls.unique_queue
+        if seconds is None or queue is None:
+            return seconds
+        return seconds + queue.pending_delay()
 
     @classmethod
     def lock(cls, *args: Any, **kwargs: Any) -> JobLock:

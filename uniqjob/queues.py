@@ -130,8 +130,8 @@ class Queue:
     def pending_delay(self) -> float:
         """Seconds until the job about to be pushed may start (a countdown, an ETA); 0 if at once.
 
-        A concurrency slot taken at enqueue keeps its job's place for its lease
-        plus this delay, so a delayed job does not lose its slot while it waits.
+        The job's queue lock (its autoexpire) and a concurrency slot taken at enqueue
+        (its lease) last this much longer, so a delayed job loses neither while it waits.
         """
         return 0.0
 

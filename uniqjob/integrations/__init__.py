@@ -16,9 +16,11 @@ tells deliveries of one token apart).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from .. import _job_async, _job_sync
 from .._refs import job_ref, resolve_job
@@ -35,6 +37,7 @@ __all__ = [
     "Decision",
     "Ticket",
     "aperform",
+    "in_context",
     "job_ref",
     "perform",
     "resolve_job",
@@ -56,6 +59,18 @@ Decision = float | None | Literal["keep"]
 
 #: Given how one delivery ended (its exception, or its result), the decision.
 Decide = Callable[[BaseException | None, Any], Decision]
+
+T = TypeVar("T")
+
+
+@contextmanager
+def in_context(var: ContextVar[T], value: T) -> Iterator[None]:
+    """``var`` set to ``value`` for the block (the call being enqueued, the task being run), reset after."""
+    reset = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(reset)
 
 
 @dataclass(frozen=True, slots=True)

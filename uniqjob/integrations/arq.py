@@ -154,16 +154,8 @@ class ArqQueue(Queue):
             raise BackendError(f"arq refused job id {lock.meta.job_id!r}: it is in use", "arq")
         return job
 
-    async def push_in(
-        self,
-        job_cls: type[UniqueJob],
-        lock: JobLock,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        delay: float,
-    ) -> Job:
-        """:meth:`push`, the job deferred by ``delay`` seconds (arq's ``_defer_by``; ``unique_debounce``)."""
-        return await self.push(job_cls, lock, args, kwargs, delay=max(delay, 0.0))
+    #: :meth:`push`, the job deferred by ``delay`` seconds (arq's ``_defer_by``; ``unique_debounce``).
+    push_in = push
 
     async def remove(self, job_id: str) -> None:
         """Abort arq job ``job_id`` (policy "replace"; workers with ``allow_abort_jobs`` drop it)."""

@@ -62,7 +62,7 @@ from ..job import Queue, UniqueJob
 from ..joblock import JobLock
 from ..locks import holder_is_dead, orphaned
 from ..stores._log import get_logger
-from . import HEADER, KEEP, Decision, Ticket, perform, settle
+from . import HEADER, KEEP, Decision, Ticket, in_context, perform, settle
 
 __all__ = ["CeleryQueue", "UniqueTask"]
 
@@ -96,15 +96,6 @@ class TaskJob(UniqueJob, abstract=True):
     def job_name(cls) -> str:
         """The task class's ``module.QualName``, which starts its keys."""
         return f"{cls.__module__}.{cls.task_cls.__qualname__}"
-
-    @classmethod
-    def autoexpire(cls) -> float | None:
-        """``unique_lock_autoexpire``, plus the countdown of the call being enqueued."""
-        seconds = super().autoexpire()
-        call = _pending.get()
-        if seconds is None or call is None or call.job is not cls:
-            return seconds
-        return seconds + call.delay
 
     @classmethod
     def invoke(cls, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -152,11 +143,7 @@ class CeleryQueue(Queue):
         return call.task_id if call is not None else str(uuid.uuid4())
 
     def pending_delay(self) -> float:
-        """Seconds until the task being published is due: its ``countdown`` or ``eta`` (0 if none).
-
-        A concurrency slot taken for it keeps its place that much longer, so a
-        delayed task does not lose its slot while it waits for its time.
-        """
+        """Seconds until the task being published is due: its ``countdown`` or ``eta`` (0 if none)."""
         call = self._call()
         return call.delay if call is not None else 0.0
 
@@ -179,9 +166,8 @@ class CeleryQueue(Queue):
             self.task, args, kwargs, task_id=lock.meta.job_id or None, headers=headers, **options
         )
 
-    def push_in(self, job_cls: type[UniqueJob], lock: JobLock, args: Any, kwargs: Any, delay: float) -> Any:
-        """:meth:`push` with a ``countdown`` of ``delay`` seconds (``unique_debounce``)."""
-        return self.push(job_cls, lock, args, kwargs, delay)
+    #: :meth:`push` with a ``countdown`` of ``delay`` seconds (``unique_debounce``).
+    push_in = push
 
     def handle(self, job_id: str) -> Any:
         """The task's ``AsyncResult`` of ``job_id`` (policies "use_existing", "keep_last"; no round trip)."""
@@ -247,11 +233,8 @@ class UniqueTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         if HEADER in headers:  # a message that already holds its lock: self.retry()
             return self._resend(args, kwargs, task_id, options)
         call = _Call(job, task_id or str(uuid.uuid4()), options, _delay(options))
-        reset = _pending.set(call)
-        try:
+        with in_context(_pending, call):
             return job.enqueue(*args, **kwargs)
-        finally:
-            _pending.reset(reset)
 
     def _resend(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str | None, options: Any
@@ -277,8 +260,7 @@ class UniqueTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         request = self.request
         if request.called_directly:  # a plain function call in this process: no locks
             return super().__call__(*args, **kwargs)
-        reset = _running.set(self)
-        try:
+        with in_context(_running, self):
             data = (request.headers or {}).get(HEADER)
             if data is None:
                 # Published around uniqjob (send_task by name, another client): locked by its
@@ -292,8 +274,6 @@ class UniqueTask(Task):  # type: ignore[misc]  # celery ships no type informatio
             lock.meta = replace(lock.meta, job_id=request.id or "")
             request._uniqjob_lock = lock
             return perform(self.unique_job, lock, args, kwargs, partial(_decide, request))
-        finally:
-            _running.reset(reset)
 
     def is_locked(self, *args: Any, **kwargs: Any) -> bool:
         """True when ``delay(*args, **kwargs)`` would conflict now."""

@@ -55,7 +55,7 @@ from ..errors import ConfigurationError
 from ..functions import _CALLABLES
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
-from . import HEADER, Ticket, perform, settle
+from . import HEADER, Ticket, in_context, perform, settle
 
 __all__ = ["AGAIN", "ActorConfigurationError", "ActorJob", "DramatiqQueue", "UniqueMiddleware", "job_of"]
 
@@ -84,15 +84,6 @@ class ActorJob(UniqueJob, abstract=True):
     def job_name(cls) -> str:
         """``module.actor_name``, which starts the actor's keys."""
         return f"{cls.__module__}.{cls.actor.actor_name}"
-
-    @classmethod
-    def autoexpire(cls) -> float | None:
-        """``unique_lock_autoexpire``, plus the ``delay`` of the send being enqueued."""
-        seconds = super().autoexpire()
-        call = _calls.get()
-        if seconds is None or call is None or call.job is not cls:
-            return seconds
-        return seconds + (call.delay or 0) / 1000
 
 
 def job_of(actor: Actor[Any, Any]) -> type[ActorJob]:
@@ -151,28 +142,27 @@ class DramatiqQueue(Queue):
         lock: JobLock,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        later: float | None = None,
+        delay: float | None = None,
     ) -> Message[Any]:
         """Enqueue the actor's message, with the lock's key and token in its options; return it.
 
-        ``later``: seconds until it is due, instead of the send's ``delay`` (see :meth:`push_in`).
+        ``delay``: seconds until it is due, instead of the send's ``delay`` (see :meth:`push_in`).
         """
         call = self._call()
         options: dict[str, Any] = {}
-        delay = None
+        ms = None
         if call is not None:
             call.used = True
-            options, delay = call.options, call.delay
-        if later is not None:
-            delay = round(later * 1000) or None
+            options, ms = call.options, call.delay
+        if delay is not None:
+            ms = round(max(delay, 0.0) * 1000) or None
         message = self.actor.message_with_options(args=args, kwargs=kwargs, **options)
         ticket = {HEADER: Ticket(lock.key, lock.token).dump()}
         message = message.copy(message_id=lock.meta.job_id or message.message_id, options=ticket)
-        return self.actor.broker.enqueue(message, delay=delay)
+        return self.actor.broker.enqueue(message, delay=ms)
 
-    def push_in(self, job_cls: type[UniqueJob], lock: JobLock, args: Any, kwargs: Any, delay: float) -> Any:
-        """:meth:`push`, the message ``delay`` seconds later (``unique_debounce``; a delay queue)."""
-        return self.push(job_cls, lock, args, kwargs, later=max(delay, 0.0))
+    #: :meth:`push`, the message ``delay`` seconds later (``unique_debounce``; a delay queue).
+    push_in = push
 
     def handle(self, job_id: str) -> Message[Any]:
         """The actor's message ``job_id``, as a Message whose ``get_result()`` reads its result
@@ -277,7 +267,7 @@ class UniqueMiddleware(Middleware):
                 if delivery.state in ("running", "kept"):  # no retry came: done for good
                     lock = delivery.lock
                     settle(lock, None)
-                    _job_sync._next(delivery.job, lock, lock.backend)  # a "keep_last" call waiting behind it
+                    _job_sync.next_call(delivery.job, lock, lock.backend)  # a "keep_last" call behind it
                     _free_slot(delivery.job, lock.token, message)
                 return
         elif "eta" in message.options:
@@ -376,11 +366,8 @@ def _send(
     )
     if isinstance(delay, timedelta):
         delay = int(delay.total_seconds() * 1000)
-    reset = _calls.set(_Call(job, options, delay))
-    try:
+    with in_context(_calls, _Call(job, options, delay)):
         return job.enqueue(*args, **(kwargs or {}))
-    finally:
-        _calls.reset(reset)
 
 
 def _unique_fn(job: type[ActorJob], fn: Callable[..., Any]) -> Callable[..., Any]:

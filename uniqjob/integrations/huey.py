@@ -50,7 +50,7 @@ from ..functions import _CALLABLES
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
 from ..stores._log import get_logger
-from . import HEADER, Decision, Ticket, perform
+from . import HEADER, Decision, Ticket, in_context, perform
 
 __all__ = ["HueyJob", "HueyQueue", "UniqueHuey", "UniqueRedisHuey", "UniqueTaskWrapper"]
 
@@ -140,9 +140,8 @@ class HueyQueue(Queue):
             del task.kwargs[HEADER]  # never sent: the task is still the caller's, unlocked
             raise
 
-    def push_in(self, job_cls: type[UniqueJob], lock: JobLock, args: Any, kwargs: Any, delay: float) -> Any:
-        """:meth:`push`, the task due ``delay`` seconds from now (``unique_debounce``): Huey's schedule."""
-        return self.push(job_cls, lock, args, kwargs, delay)
+    #: :meth:`push`, the task due ``delay`` seconds from now (``unique_debounce``): Huey's schedule.
+    push_in = push
 
     def handle(self, job_id: str) -> Result | None:
         """Huey's ``Result`` of task ``job_id``, made without a round trip (policies "use_existing",
@@ -226,15 +225,8 @@ class UniqueHuey(Huey):  # type: ignore[misc]
         job: type[UniqueJob] | None = getattr(type(task), "unique_job", None)
         if job is None or HEADER in task.kwargs:
             return super().enqueue(task)
-        lock = job.lock(*task.args, **task.kwargs)
-        reset = _pending.set(task)
-        try:
-            queue = job.unique_queue
-            if lock.ttl is not None and queue is not None:  # a scheduled task's lock outlives its wait
-                lock.ttl += queue.pending_delay()
-            return _job_sync.enqueue(job, lock, lock.backend, task.args, task.kwargs)
-        finally:
-            _pending.reset(reset)
+        with in_context(_pending, task):  # (a scheduled task's lock outlives its wait: pending_delay)
+            return job.enqueue(*task.args, **task.kwargs)
 
 
 class UniqueRedisHuey(UniqueHuey, RedisHuey):  # type: ignore[misc]
@@ -300,11 +292,8 @@ def _execute(wrapper: UniqueTaskWrapper, job: type[UniqueJob], task: Task) -> An
     ticket = Ticket.load(data, f"huey task {task.id}")
     lock = job.lock_from(ticket.key, ticket.token)
     lock.meta = replace(lock.meta, job_id=task.id)
-    reset = _running.set(task)
-    try:
+    with in_context(_running, task):
         return perform(job, lock, task.args, kwargs, partial(_decide, task))
-    finally:
-        _running.reset(reset)
 
 
 def _decide(task: Task, exc: BaseException | None, result: Any) -> Decision:
@@ -335,6 +324,6 @@ def _dropped(signal: str, task: Any, *args: Any, **kwargs: Any) -> None:
     ticket = Ticket.load(data, f"{signal} huey task {task.id}")
     lock = job.lock_from(ticket.key, ticket.token)
     lock.release()
-    _job_sync._next(job, lock, lock.backend)  # a "keep_last" call that waited behind a retry
+    _job_sync.next_call(job, lock, lock.backend)  # a "keep_last" call that waited behind a retry
     call = {k: v for k, v in task.kwargs.items() if k != HEADER}
     _concurrency.free(job, ticket.token, task.args, call)

@@ -54,7 +54,7 @@ from ..errors import ConfigurationError
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
 from ..stores._log import get_logger
-from . import HEADER, Ticket, job_ref, perform, resolve_job
+from . import HEADER, Ticket, in_context, job_ref, perform, resolve_job
 
 __all__ = ["RQQueue", "enqueue_again", "enqueue_call", "run_job"]
 
@@ -200,19 +200,8 @@ class RQQueue(Queue):
             return self.queue.enqueue_in(timedelta(seconds=delay), run_job, args=args, kwargs=kwargs, **job)
         return self.queue.enqueue_call(run_job, args=args, kwargs=kwargs, at_front=at_front, **job)
 
-    def push_in(
-        self,
-        job_cls: type[UniqueJob],
-        lock: JobLock,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        delay: float,
-    ) -> Job:
-        """:meth:`push`, the job scheduled to start in ``delay`` seconds (``unique_debounce``).
-
-        RQ's scheduler, inside workers started with ``rq worker --with-scheduler``, enqueues it then.
-        """
-        return self.push(job_cls, lock, args, kwargs, delay=delay)
+    #: :meth:`push`, the job scheduled to start in ``delay`` seconds (``unique_debounce``).
+    push_in = push
 
     def push_later(
         self, job_cls: type[UniqueJob], args: tuple[Any, ...], kwargs: dict[str, Any], delay: float
@@ -305,11 +294,8 @@ def enqueue_call(
     job_cls = _percall.using(job_cls, settings, prefix="unique_", where="enqueue_call()")
     _check_options(options, CALL_OPTIONS, "enqueue_call")
     kwargs = dict(kwargs or {})
-    reset = _calls.set(_Call(job_cls, tuple(args), kwargs, options))
-    try:
+    with in_context(_calls, _Call(job_cls, tuple(args), kwargs, options)):
         return job_cls.enqueue(*args, **kwargs)
-    finally:
-        _calls.reset(reset)
 
 
 def enqueue_again(ref: str, args: Sequence[Any], kwargs: dict[str, Any]) -> str | Retry | None:
@@ -320,11 +306,8 @@ def enqueue_again(ref: str, args: Sequence[Any], kwargs: dict[str, Any]) -> str 
     """
     job_cls = resolve_job(ref)
     again = _Call(job_cls, tuple(args), dict(kwargs), again=True)
-    reset = _calls.set(again)
-    try:
+    with in_context(_calls, again):
         job = job_cls.enqueue(*args, **kwargs)
-    finally:
-        _calls.reset(reset)
     if again.again_in is not None:
         # as many tries as it takes: the first job may run for hours
         return Retry(max=2**31, interval=math.ceil(again.again_in))

@@ -50,7 +50,7 @@ from typing import Any, ClassVar, cast
 from ...errors import ConfigurationError
 from ...job import UniqueJob
 from ...joblock import JobLock
-from .. import Ticket, perform
+from .. import Ticket, in_context, perform
 from ._base import (
     BaseTaskBackend,
     ImproperlyConfigured,
@@ -295,11 +295,8 @@ class UniqueBackend(BaseTaskBackend):  # type: ignore[misc]
         self._refuse_if_misconfigured()
         if not isinstance(task, UniqueTask):
             return self.enqueue_wrapped(task, args, kwargs)
-        reset = _pending.set(task)
-        try:
+        with in_context(_pending, task):
             return _job_of(task, self).enqueue(*args, **kwargs)
-        finally:
-            _pending.reset(reset)
 
     async def aenqueue(self, task: Task, args: Any, kwargs: Any) -> Any:
         """:meth:`enqueue`, from an event loop."""

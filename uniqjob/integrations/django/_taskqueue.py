@@ -12,7 +12,7 @@ from ...errors import ConfigurationError
 from ...job import Queue, UniqueJob
 from ...joblock import JobLock
 from ...stores._log import get_logger
-from .. import Ticket
+from .. import Ticket, in_context
 from ._base import Task, TaskResult, TaskResultDoesNotExist, TaskResultStatus, timezone
 
 if TYPE_CHECKING:
@@ -66,20 +66,16 @@ class TaskQueue(Queue):
         if delay is not None:
             task = task.using(run_after=timezone.now() + timedelta(seconds=delay))
         kwargs = {**kwargs, TICKET: Ticket(lock.key, lock.token).dump()}
-        reset = _chosen.set(lock.meta.job_id)
-        try:
+        with in_context(_chosen, lock.meta.job_id):
             result = _backend(task).enqueue_wrapped(task, args, kwargs)
-        finally:
-            _chosen.reset(reset)
         if str(result.id) != lock.meta.job_id and not result.is_finished:
             # the backend chose the id: one round trip more (immediate backends have run it already)
             lock.meta = replace(lock.meta, job_id=str(result.id))
             lock.attach()
         return result
 
-    def push_in(self, job_cls: type[UniqueJob], lock: JobLock, args: Any, kwargs: Any, delay: float) -> Any:
-        """:meth:`push`, the task deferred ``delay`` seconds (``unique_debounce``: its ``run_after``)."""
-        return self.push(job_cls, lock, args, kwargs, delay)
+    #: :meth:`push`, the task deferred ``delay`` seconds (``unique_debounce``: its ``run_after``).
+    push_in = push
 
     def handle(self, job_id: str) -> TaskResult:
         """Task result ``job_id``, made without asking the backend (policies "use_existing", "keep_last"):
