@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, TypeVar
 
 from .. import _job_async, _job_sync
@@ -103,6 +103,12 @@ class Ticket:
         if job is not None and not isinstance(job, str):
             raise ConfigurationError(f"{where} carries malformed uniqjob lock data: {dict(data)!r}")
         return cls(str(fields["key"]), str(fields["token"]), job or "")
+
+    def lock(self, job_cls: type[UniqueJob], job_id: str = "") -> JobLock:
+        """The lock the ticket names, rebuilt for ``job_cls`` (worker side), recording its job's id."""
+        lock = job_cls.lock_from(self.key, self.token)
+        lock.meta = replace(lock.meta, job_id=job_id)
+        return lock
 
 
 def perform(

@@ -39,7 +39,6 @@ import contextlib
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 try:
@@ -206,8 +205,7 @@ async def run_job(ctx: dict[str, Any], data: Any, args: Sequence[Any], kwargs: d
     job_id = str(ctx.get("job_id", ""))
     ticket = Ticket.load(data.get(HEADER) if isinstance(data, dict) else None, f"arq job {job_id}")
     job_cls = resolve_job(ticket.job)
-    lock = job_cls.lock_from(ticket.key, ticket.token)
-    lock.meta = replace(lock.meta, job_id=job_id)
+    lock = ticket.lock(job_cls, job_id)
     return await aperform(job_cls, lock, list(args), dict(kwargs), decide)
 
 

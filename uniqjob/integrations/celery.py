@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from contextvars import ContextVar
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, ClassVar, Final
@@ -226,9 +226,8 @@ class UniqueTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         """
         args = tuple(args or ())
         kwargs = dict(kwargs or {})
-        job = _percall.using(
-            self.unique_job, _pop_settings(options), prefix="unique_", where=f"{self.name}.apply_async()"
-        )
+        settings = {name: options.pop(name) for name in list(options) if name.startswith("unique_")}
+        job = _percall.using(self.unique_job, settings, prefix="unique_", where=f"{self.name}.apply_async()")
         headers = options.get("headers") or {}
         if HEADER in headers:  # a message that already holds its lock: self.retry()
             return self._resend(args, kwargs, task_id, options)
@@ -260,29 +259,23 @@ class UniqueTask(Task):  # type: ignore[misc]  # celery ships no type informatio
         request = self.request
         if request.called_directly:  # a plain function call in this process: no locks
             return super().__call__(*args, **kwargs)
+        job = self.unique_job
         with in_context(_running, self):
             data = (request.headers or {}).get(HEADER)
             if data is None:
                 # Published around uniqjob (send_task by name, another client): locked by its
                 # arguments, taking over a queued lock of any token; a duplicate goes the way
                 # of any conflict at execution time (the policy: logged at INFO by default).
-                adopting = self.unique_job.lock(*args, **kwargs)
+                adopting = job.lock(*args, **kwargs)
                 adopting.adopt = True
-                return self.unique_job.execute(adopting, args, kwargs)
-            ticket = Ticket.load(data, f"task {self.name}[{request.id}]")
-            lock = self.unique_job.lock_from(ticket.key, ticket.token)
-            lock.meta = replace(lock.meta, job_id=request.id or "")
+                return job.execute(adopting, args, kwargs)
+            lock = Ticket.load(data, f"task {self.name}[{request.id}]").lock(job, request.id or "")
             request._uniqjob_lock = lock
-            return perform(self.unique_job, lock, args, kwargs, partial(_decide, request))
+            return perform(job, lock, args, kwargs, partial(_decide, request))
 
     def is_locked(self, *args: Any, **kwargs: Any) -> bool:
         """True when ``delay(*args, **kwargs)`` would conflict now."""
         return self.unique_job.is_locked(*args, **kwargs)
-
-
-def _pop_settings(options: dict[str, Any]) -> dict[str, Any]:
-    """Take the ``unique_*`` options (uniqjob settings for one call) out of ``apply_async``'s options."""
-    return {name: options.pop(name) for name in [n for n in options if n.startswith("unique_")]}
 
 
 _TASK_RUN = inspect.getattr_static(Task, "run")
@@ -384,13 +377,12 @@ def _on_revoked(sender: Any = None, request: Any = None, terminated: bool = Fals
         return
     ticket = Ticket.load(data, f"revoked task {sender.name}[{getattr(request, 'id', '?')}]")
     job = sender.unique_job
-    job.lock_from(ticket.key, ticket.token).release()
+    ticket.lock(job).release()
     if terminated:
         _release_when_dead(job, ticket.key, ticket.token)
-    if job.concurrency_limit is not None:
-        # the concurrency key comes from the arguments, as on a worker that runs the task
-        args, kwargs = getattr(request, "args", None) or (), getattr(request, "kwargs", None) or {}
-        _concurrency.free(job, ticket.token, tuple(args), dict(kwargs))
+    # the slot is found by the concurrency key of the arguments, as on a worker that runs the task
+    args, kwargs = getattr(request, "args", None) or (), getattr(request, "kwargs", None) or {}
+    _concurrency.free(job, ticket.token, tuple(args), dict(kwargs))
 
 
 #: How often the worker looks whether a terminated task's pool child has died yet.

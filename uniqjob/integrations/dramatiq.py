@@ -268,7 +268,7 @@ class UniqueMiddleware(Middleware):
                     lock = delivery.lock
                     settle(lock, None)
                     _job_sync.next_call(delivery.job, lock, lock.backend)  # a "keep_last" call behind it
-                    _free_slot(delivery.job, lock.token, message)
+                    _concurrency.free(delivery.job, lock.token, tuple(message.args), dict(message.kwargs))
                 return
         elif "eta" in message.options:
             return  # a delayed message moved to its queue: it runs later
@@ -277,8 +277,8 @@ class UniqueMiddleware(Middleware):
         data = message.options.get(HEADER)
         if job is not None and data is not None:
             ticket = Ticket.load(data, f"Dramatiq message {message.message_id}")
-            job.lock_from(ticket.key, ticket.token).release()
-            _free_slot(job, ticket.token, message)
+            ticket.lock(job).release()
+            _concurrency.free(job, ticket.token, tuple(message.args), dict(message.kwargs))
 
 
 class _Options:
@@ -395,17 +395,9 @@ def _lock_of(job: type[ActorJob], message: Any) -> JobLock:
     """The lock a message carries; a message sent around uniqjob (``broker.enqueue``, a pipeline)
     is locked by its arguments, taking over a queued lock of the same call."""
     data = message.options.get(HEADER)
-    if data is None:
-        lock = job.lock(*message.args, **message.kwargs)
-        lock.adopt = True
-    else:
-        ticket = Ticket.load(data, f"Dramatiq message {message.message_id}")
-        lock = job.lock_from(ticket.key, ticket.token)
+    if data is not None:
+        return Ticket.load(data, f"Dramatiq message {message.message_id}").lock(job, message.message_id)
+    lock = job.lock(*message.args, **message.kwargs)
+    lock.adopt = True
     lock.meta = replace(lock.meta, job_id=message.message_id)
     return lock
-
-
-def _free_slot(job: type[UniqueJob], token: str, message: Any) -> None:
-    """A message that will never run again frees its concurrency slot (and promotes a parked call)."""
-    if job.concurrency_limit is not None:
-        _concurrency.free(job, token, tuple(message.args), dict(message.kwargs))

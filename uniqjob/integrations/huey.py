@@ -26,7 +26,6 @@ import inspect
 import uuid
 from collections.abc import Sequence
 from contextvars import ContextVar
-from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, ClassVar
@@ -289,9 +288,7 @@ def _execute(wrapper: UniqueTaskWrapper, job: type[UniqueJob], task: Task) -> An
         # enqueued again, through its lock, as any new call.
         wrapper.huey.enqueue(task)
         return None
-    ticket = Ticket.load(data, f"huey task {task.id}")
-    lock = job.lock_from(ticket.key, ticket.token)
-    lock.meta = replace(lock.meta, job_id=task.id)
+    lock = Ticket.load(data, f"huey task {task.id}").lock(job, task.id)
     with in_context(_running, task):
         return perform(job, lock, task.args, kwargs, partial(_decide, task))
 
@@ -322,7 +319,7 @@ def _dropped(signal: str, task: Any, *args: Any, **kwargs: Any) -> None:
     if job is None or data is None or vars(task).pop(_RAN, False):
         return
     ticket = Ticket.load(data, f"{signal} huey task {task.id}")
-    lock = job.lock_from(ticket.key, ticket.token)
+    lock = ticket.lock(job)
     lock.release()
     _job_sync.next_call(job, lock, lock.backend)  # a "keep_last" call that waited behind a retry
     call = {k: v for k, v in task.kwargs.items() if k != HEADER}

@@ -33,7 +33,7 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -64,19 +64,10 @@ log = get_logger(__name__)
 #: purpose: ``depends_on`` (a job stuck behind a failed dependency is not provably
 #: gone, so its lock would wait for autoexpire) and ``repeat`` (a repeated run
 #: would come back after its lock was released).
-OPTIONS = frozenset(
-    {
-        "timeout",
-        "result_ttl",
-        "ttl",
-        "failure_ttl",
-        "retry",
-        "at_front",
-        "on_success",
-        "on_failure",
-        "on_stopped",
-    }
-)
+OPTIONS = frozenset({
+    "timeout", "result_ttl", "ttl", "failure_ttl", "retry", "at_front",
+    "on_success", "on_failure", "on_stopped",
+})  # fmt: skip
 
 #: What :func:`enqueue_call` takes besides :data:`OPTIONS`: the RQ job id of this one job.
 CALL_OPTIONS = OPTIONS | {"job_id"}
@@ -264,8 +255,7 @@ def run_job(*args: Any, **kwargs: Any) -> Any:
         raise ConfigurationError("uniqjob.integrations.rq.run_job runs inside an RQ worker, not directly")
     ticket = Ticket.load(job.meta.get(HEADER), f"RQ job {job.id}")
     job_cls = resolve_job(ticket.job)
-    lock = job_cls.lock_from(ticket.key, ticket.token)
-    lock.meta = replace(lock.meta, job_id=job.id)
+    lock = ticket.lock(job_cls, job.id)
     return perform(job_cls, lock, args, kwargs, lambda exc, result: retry_delay(job, exc, result))
 
 

@@ -112,9 +112,8 @@ class UniqueTask(Task):  # type: ignore[misc]
         if ticket == AGAIN:
             result = self.enqueue(*args, **kwargs)
             return None if result is None else str(result.id)
-        data = Ticket.load(ticket, f"task {self.module_path}")
         job = self.unique_job
-        lock = job.lock_from(data.key, data.token)
+        lock = Ticket.load(ticket, f"task {self.module_path}").lock(job)
         try:
             return perform(job, lock, args, kwargs, _decide)
         except Retry as retry:  # the lock is queued again: now the task may follow it
