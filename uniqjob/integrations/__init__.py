@@ -96,13 +96,11 @@ class Ticket:
                 f"{where} carries no uniqjob lock data: enqueue it through its job class"
                 " (MyJob.enqueue() / task.delay()), not with the queue's own API"
             )
-        fields = {name: data.get(name) for name in ("key", "token", "job")}
-        if not all(isinstance(fields[name], str) and fields[name] for name in ("key", "token")):
+        key, token, job = data.get("key"), data.get("token"), data.get("job")
+        job = "" if job is None else job
+        if not (isinstance(key, str) and key and isinstance(token, str) and token and isinstance(job, str)):
             raise ConfigurationError(f"{where} carries malformed uniqjob lock data: {dict(data)!r}")
-        job = fields["job"]
-        if job is not None and not isinstance(job, str):
-            raise ConfigurationError(f"{where} carries malformed uniqjob lock data: {dict(data)!r}")
-        return cls(str(fields["key"]), str(fields["token"]), job or "")
+        return cls(key, token, job)
 
     def lock(self, job_cls: type[UniqueJob], job_id: str = "") -> JobLock:
         """The lock the ticket names, rebuilt for ``job_cls`` (worker side), recording its job's id."""

@@ -1,6 +1,6 @@
-"""arq integration: unique jobs on arq queues, run by a plain arq worker.
+"""arq integration: unique jobs on arq queues, run by a plain arq worker; docs/arq.md has the rules.
 
-A job class declares its queue once; its ``perform`` is usually ``async def``::
+::
 
     class SendReport(UniqueJob):
         unique_queue = ArqQueue(RedisSettings(host="redis"))
@@ -9,27 +9,16 @@ A job class declares its queue once; its ``perform`` is usually ``async def``::
 
     await SendReport.aenqueue(42)   # takes the lock, then enqueues into arq; None for a duplicate
 
-and the arq worker runs uniqjob's functions (:data:`FUNCTIONS`)::
-
     class WorkerSettings:
         functions = [*uniqjob.integrations.arq.FUNCTIONS, ...]
 
-What arq runs is :func:`run_job`: it reads the lock key and token that travel
-with the job (never recomputed from the arguments), holds the lock while
-``perform`` is awaited, and releases it when the job is done for good. While
-arq means to run it again (``perform`` raised :class:`arq.Retry`, or the
-worker shut down mid-job: arq's "cancelled, will be run again") the lock stays
-held, ``queued``, so duplicates are still dropped. The queue lock records the
-arq job id, and :meth:`ArqQueue.job_gone` lets the next enqueue reclaim a lock
-whose job arq no longer has or has finished: expired before it started, out of
-tries, aborted, timed out, or with its result kept and done.
-
-Concurrency limits go through arq's queue: ``aenqueue`` over the limit parks
-the call (a :class:`~uniqjob.concurrency.Parked`, no arq job yet); the worker
-whose job ends promotes the oldest parked call and enqueues it into arq,
-awaited in its own loop (a promotion found on a sync path, by the heartbeat's
-courier thread, is enqueued on uniqjob's background loop). A retry keeps the
-job's slot as it keeps its lock.
+arq runs :func:`run_job`, which reads the lock's key and token from the job
+(never recomputed from the arguments) and keeps the lock, queued, while arq
+means to run the job again (:class:`arq.Retry`, a worker shut down mid-job).
+The queue lock records the arq job id, so a later enqueue reclaims a lock
+whose job arq has finished or will never run (:meth:`ArqQueue.job_gone`).
+A call parked behind a concurrency limit is enqueued into arq by the worker
+that frees its slot.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Celery integration: unique tasks with ``@app.task(base=UniqueTask)``.
+"""Celery integration: unique tasks with ``@app.task(base=UniqueTask)``; docs/celery.md has the rules.
 
 ::
 
@@ -7,28 +7,12 @@
 
     export.delay(42)   # takes the queue lock, then publishes; None for a duplicate
 
-``delay`` / ``apply_async`` go through ``UniqueJob.enqueue``: the queue lock is
-taken before the message is published and released if publishing fails. The
-lock's key and token travel in a message header; the worker rebuilds the lock
-from it and runs the task under it. ``self.retry()`` keeps the lock, and a
-concurrency slot (both are put back to waiting before the retry is
-published); success, final failure and ``revoke`` (or ``expires``) release
-them (a revoke at once, on a worker that already holds the message). An
-``acks_late`` task redelivered after a worker crash (and, with
-``reject_on_worker_lost=True``, after its pool child alone died) carries the
-same token and re-takes its own lock.
-
-The ``unique_*`` and ``concurrency_*`` settings are given as task options
-(``@app.task(base=UniqueTask, unique_on_conflict="raise")``) or class
-attributes; they live on a :class:`UniqueJob` made for each task class,
-``task.unique_job``, which is also where keys and locks come from
-(``task.unique_job.lock_key(42)``).
-
-Celery cannot prove that a queued task is gone (a purged queue, a lost
-message): such a lock is kept until ``unique_lock_autoexpire``, which Celery
-tasks should therefore set. ``countdown`` / ``eta`` add to it (and to a
-concurrency slot's lease), so a delayed task's lock never expires before the
-task is due.
+The lock's key and token travel in a message header; the worker runs the task
+under that lock. ``self.retry()`` keeps it (and a concurrency slot) for the
+retry; success, final failure and ``revoke`` release them. The settings live
+on ``task.unique_job``, a :class:`UniqueJob` made for each task class. Celery
+cannot prove a queued task gone (a purged queue): its lock is kept until
+``unique_lock_autoexpire``, which Celery tasks should therefore set.
 """
 
 from __future__ import annotations

@@ -1,30 +1,20 @@
-"""Dramatiq integration: unique actors with ``@dramatiq.actor(unique=True)``.
+"""Dramatiq integration: unique actors with ``@dramatiq.actor(unique=True)``; docs/dramatiq.md has the rules.
 
 ::
 
-    broker = RedisBroker(url="redis://localhost:6379/0")
     broker.add_middleware(UniqueMiddleware())
-    dramatiq.set_broker(broker)
 
     @dramatiq.actor(unique=True, unique_lock_autoexpire=3600)
     def export(account_id: int) -> None: ...
 
     export.send(42)   # takes the queue lock, then enqueues; None for a duplicate
 
-The middleware makes each actor declared with ``unique=True`` unique: its
-``send`` / ``send_with_options`` go through ``UniqueJob.enqueue`` (the queue
-lock is taken before the message is enqueued, and released if that fails),
-and its function runs, in the worker, under the lock whose key and token
-travel in the message's options. The ``unique_*`` and ``concurrency_*``
-settings are actor options, checked when the actor is declared; they live on a
-:class:`UniqueJob` made for the actor, :func:`job_of` ``(actor)``.
-
-A retry (Dramatiq's ``Retries``) keeps the lock, queued, and a concurrency
-slot; success, and a message that will never run again (dead-lettered: out of
-retries, ``throws``, past its ``max_age``; skipped by a middleware) release
-them. Dramatiq cannot prove that a queued message is gone (a flushed queue):
-such a lock is kept until ``unique_lock_autoexpire``, which unique actors
-should therefore set; a ``delay`` adds to it.
+The lock's key and token travel in the message's options; the worker runs the
+actor's function under that lock. A retry keeps it (and a concurrency slot);
+success, and a message that will never run again (dead-lettered, skipped),
+release them. The settings live on :func:`job_of` ``(actor)``. Dramatiq cannot
+prove a queued message gone (a flushed queue): its lock is kept until
+``unique_lock_autoexpire``, which unique actors should therefore set.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Huey integration: unique tasks and periodic tasks with ``@huey.task(unique=True)``.
+"""Huey integration: unique tasks and periodic tasks with ``@huey.task(unique=True)``; see docs/huey.md.
 
 ::
 
@@ -9,15 +9,13 @@
 
     export(42)   # takes the queue lock, then enqueues; a huey Result, or None for a duplicate
 
-:class:`UniqueHuey` (mixed into any Huey; :class:`UniqueRedisHuey` is ``RedisHuey``'s)
-takes a unique task's queue lock in ``enqueue``, which every way in goes through
-(a call, ``schedule()``, ``map()``, pipelines, the periodic scheduler). The lock's key
-and token travel in the task's kwargs under ``uniqjob``; the consumer runs the task
-under that lock, keeps it while Huey means to retry the task, and releases it when the
-task is done for good, revoked, expired or cancelled. A periodic task's key names the
-minute Huey's scheduler matched, and its lock outlives the minute: the schedulers of
-several consumers enqueue it once per tick. The ``unique_*`` and ``concurrency_*``
-task options live on ``task.unique_job``. See docs/huey.md.
+:class:`UniqueHuey` takes a unique task's lock in ``enqueue``, which every way in
+goes through (a call, ``schedule()``, pipelines, the periodic scheduler). The
+lock's key and token travel in the task's kwargs; the consumer runs the task
+under it, keeps it while Huey means to retry the task, and releases it when
+the task is done for good, revoked, expired or cancelled. A periodic task's
+key names the minute its scheduler matched: several consumers enqueue it once
+per tick.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""RQ integration: unique jobs on RQ queues, run by a plain ``rq worker``.
+"""RQ integration: unique jobs on RQ queues, run by a plain ``rq worker``; docs/rq.md has the rules.
 
-A job class declares its queue once::
+::
 
     class SendReport(UniqueJob):
         unique_queue = RQQueue(Queue("reports", connection=Redis()), retry=Retry(max=3))
@@ -8,21 +8,13 @@ A job class declares its queue once::
         def perform(self, account_id: int) -> None: ...
 
     SendReport.enqueue(42)   # takes the lock, then enqueues into RQ; None for a duplicate
+    enqueue_call(SendReport, args=(42,), timeout=600, job_id="report-42")  # RQ options for one job
 
-What RQ runs is :func:`run_job`: it reads the lock key and token from the job's
-meta (never recomputed from arguments RQ may have transformed), holds the lock
-while ``perform`` runs, and releases it when the job is done for good: finished,
-failed with no retries left, or dropped by the conflict policy. While RQ still
-means to retry it, the lock stays held, ``queued``. The queue lock records the
-RQ job id (chosen before the lock is claimed, and recorded by the claim), and
-:meth:`RQQueue.job_gone` lets a later enqueue reclaim a lock whose job RQ no
-longer has (deleted, cancelled, emptied from its queue, expired, failed or
-stopped), once the lock is :attr:`RQQueue.suspect_after` seconds old.
-
-RQ options for one job, apart from the job's own arguments, go through
-:func:`enqueue_call`, as they do through RQ's ``Queue.enqueue_call``::
-
-    enqueue_call(SendReport, args=(42,), timeout=600, at_front=True, job_id="report-42")
+RQ runs :func:`run_job`, which reads the lock's key and token from the job's
+meta (never recomputed from arguments RQ may have transformed) and keeps the
+lock, queued, while RQ still means to retry the job. The queue lock records
+the RQ job id, so a later enqueue reclaims a lock whose job RQ no longer has
+(:meth:`RQQueue.job_gone`).
 """
 
 from __future__ import annotations

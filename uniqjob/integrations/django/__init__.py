@@ -1,7 +1,7 @@
-"""Django integration: unique tasks of Django's tasks framework, on whichever task backend runs them.
+"""Django integration: unique tasks of Django's tasks framework, on whichever backend runs them.
 
-``django.tasks`` (Django 6+) or, before it, the ``django-tasks`` backport: one
-import path serves both. The project wraps its task backend in ``TASKS``::
+``django.tasks`` (Django 6+) or, before it, the ``django-tasks`` backport. The project
+wraps its task backend in ``TASKS``, and every ``@task`` of it is unique::
 
     TASKS = {
         "default": {
@@ -15,26 +15,16 @@ import path serves both. The project wraps its task backend in ``TASKS``::
         }
     }
 
-and every ``@task`` of that backend is unique; a task's own ``unique_*``
-settings are task options::
-
     @task(unique_args=("account_id",), unique_on_conflict="raise")
     def send_report(account_id: int, note: str = "") -> str: ...
 
     send_report.enqueue(42)  # takes the lock, then enqueues; None for a duplicate the policy drops
 
-The lock's key and token travel in the task's keyword arguments (under
-:data:`TICKET`); the worker (``db_worker``, ``rqworker``, any) calls the task,
-which takes them out, runs the function under the lock and releases it when it
-returns or raises. Django's tasks have no retries: a task that raises
-:class:`Retry` is enqueued again, deferred, its lock kept for it. The queue
-lock records the task result's id; a later enqueue reclaims a lock whose task
-the backend no longer has or has finished, once the lock is
-:attr:`TaskQueue.suspect_after` seconds old. Misconfigurations are system check
-errors (``manage.py check``). A ``concurrency_limit`` parks the calls over
-it; the worker that frees a slot enqueues the oldest (django-tasks-db only:
-see :func:`._checks.park_refusal`). ``manage.py uniqjob_locks`` lists the locks
-(with ``"uniqjob.integrations.django"`` in INSTALLED_APPS).
+The lock's key and token travel in the task's keyword arguments (:data:`TICKET`);
+the task, called by any worker, runs its function under that lock. Django's tasks
+have no retries: a task that raises :class:`Retry` is enqueued again, deferred, its
+lock kept for it. Misconfigurations are system check errors (``manage.py check``).
+docs/django.md has the rules.
 """
 
 from __future__ import annotations
