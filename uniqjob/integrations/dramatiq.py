@@ -242,14 +242,8 @@ class UniqueMiddleware(Middleware):
             delivery.state = "retried"
 
     def after_ack(self, broker: Broker, message: Any) -> None:
-        """Done with the message: release its lock unless a retry holds it."""
-        self._end(broker, message)
-
-    def after_nack(self, broker: Broker, message: Any) -> None:
-        """Dead-lettered (out of retries, ``throws``, ``max_age``, ...): it never runs again."""
-        self._end(broker, message)
-
-    def _end(self, broker: Broker, message: Any) -> None:
+        """Done with the message (or, as ``after_nack``, dead-lettered: out of retries, ``throws``,
+        ``max_age``...; it never runs again): release its lock unless a retry holds it."""
         delivery = _current.get()
         if delivery is not None and _same(delivery, message):
             _current.set(None)
@@ -269,6 +263,8 @@ class UniqueMiddleware(Middleware):
             ticket = Ticket.load(data, f"Dramatiq message {message.message_id}")
             ticket.lock(job).release()
             _concurrency.free(job, ticket.token, tuple(message.args), dict(message.kwargs))
+
+    after_nack = after_ack
 
 
 class _Options:

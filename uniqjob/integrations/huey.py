@@ -316,9 +316,8 @@ def _dropped(signal: str, task: Any, *args: Any, **kwargs: Any) -> None:
     data = task.kwargs.get(HEADER) if job is not None else None
     if job is None or data is None or vars(task).pop(_RAN, False):
         return
-    ticket = Ticket.load(data, f"{signal} huey task {task.id}")
-    lock = ticket.lock(job)
+    lock = Ticket.load(data, f"{signal} huey task {task.id}").lock(job)
     lock.release()
     _job_sync.next_call(job, lock, lock.backend)  # a "keep_last" call that waited behind a retry
     call = {k: v for k, v in task.kwargs.items() if k != HEADER}
-    _concurrency.free(job, ticket.token, task.args, call)
+    _concurrency.free(job, lock.token, task.args, call)

@@ -304,12 +304,7 @@ def retry_delay(job: Job, exc: BaseException | None, result: Any) -> float | Non
         if not job.retries_left or job.retries_left <= 0:
             return None
         return float(job.get_retry_interval())
-    get_interval = getattr(Retry, "get_interval", None)
-    if isinstance(result, Retry) and get_interval is not None:
-        # Returning a Retry (RQ 2.1+, which added Retry.get_interval with it) asks for
-        # another run, until ``max`` of them.
+    if _RETURNED_RETRY and isinstance(result, Retry):  # another run, until ``max`` of them
         done = job.number_of_retries or 0
-        if done >= result.max:
-            return None
-        return float(get_interval(done, result.intervals))
+        return None if done >= result.max else float(Retry.get_interval(done, result.intervals))
     return None
