@@ -33,6 +33,7 @@ from ..stores.aio import async_backend
 __all__ = [
     "HEADER",
     "KEEP",
+    "SETTING_PREFIXES",
     "Decide",
     "Decision",
     "Ticket",
@@ -48,6 +49,9 @@ log = get_logger(__name__)
 
 #: The name under which lock data travels with a job (RQ job meta, Celery message header).
 HEADER = "uniqjob"
+
+#: How the names of uniqjob's settings start, as task, actor and backend options.
+SETTING_PREFIXES: Final = ("unique_", "concurrency_")
 
 #: A decision that the lock was already settled (kept for a retry) while the job ran.
 KEEP: Final = "keep"

@@ -10,15 +10,11 @@ clock, on whichever host fires first, and never beside a run of itself::
     @once_per_tick("5m")
     def sync_accounts() -> None: ...
 
-The function becomes a ``@unique`` function (its key: its name and the job's
-arguments) with the ``until_expired`` strategy, whose queue lock expires when
-the tick ends. A tick is ``once_per``'s (:mod:`uniqjob._ticks`): ``floor((now +
-skew) / period)`` of the store's clock. So one call holds the key for the rest of
-its tick, whatever becomes of its run, and every other call of that tick, on any
-host, is a dropped duplicate (one round trip, counted). While a run lasts, its
-run lock (kept by the heartbeat) refuses the calls of the ticks that follow;
-a killed host's run lock lapses with its lease, and the next tick runs
-elsewhere. docs/apscheduler.md has the rule, misfires and coalescing.
+The function becomes a ``@unique`` function with the ``until_expired`` strategy,
+whose queue lock expires when the tick (:mod:`uniqjob._ticks`) ends: every other
+call of that tick, on any host, is a dropped duplicate, and a run's run lock
+refuses the ticks that follow while it lasts. docs/apscheduler.md has the rule,
+misfires and coalescing.
 """
 
 from __future__ import annotations

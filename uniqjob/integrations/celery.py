@@ -46,7 +46,7 @@ from ..job import Queue, UniqueJob
 from ..joblock import JobLock
 from ..locks import holder_is_dead, orphaned
 from ..stores._log import get_logger
-from . import HEADER, KEEP, Decision, Ticket, in_context, perform, settle
+from . import HEADER, KEEP, SETTING_PREFIXES, Decision, Ticket, in_context, perform, settle
 
 __all__ = ["CeleryQueue", "UniqueTask"]
 
@@ -264,7 +264,6 @@ class UniqueTask(Task):  # type: ignore[misc]  # celery ships no type informatio
 
 _TASK_RUN = inspect.getattr_static(Task, "run")
 _BASE_NAMES = frozenset(vars(UniqueTask)) | {"unique_job"}
-_SETTING_PREFIXES = ("unique_", "concurrency_")
 
 
 def _job_for(task_cls: type[UniqueTask]) -> type[TaskJob]:
@@ -276,7 +275,7 @@ def _job_for(task_cls: type[UniqueTask]) -> type[TaskJob]:
         namespace.update(
             (name, _setting(klass, name, value))
             for name, value in vars(klass).items()
-            if name.startswith(_SETTING_PREFIXES) and name not in _BASE_NAMES
+            if name.startswith(SETTING_PREFIXES) and name not in _BASE_NAMES
         )
     if "unique_queue" in namespace:
         raise ConfigurationError(

@@ -45,13 +45,12 @@ from ..errors import ConfigurationError
 from ..functions import _CALLABLES
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
-from . import HEADER, Ticket, in_context, perform, settle
+from . import HEADER, SETTING_PREFIXES, Ticket, in_context, perform, settle
 
 __all__ = ["AGAIN", "ActorConfigurationError", "ActorJob", "DramatiqQueue", "UniqueMiddleware", "job_of"]
 
 #: The message option of a rescheduled call's next try (policy "reschedule"): enqueue it again.
 AGAIN = "uniqjob_again"
-_PREFIXES = ("unique_", "concurrency_")
 #: Why an actor takes no "replace" (docs/dramatiq.md, "Conflict policies").
 NO_REPLACE = (
     "unique_on_conflict 'replace' takes the queued message out of its queue, and Dramatiq cannot remove"
@@ -285,13 +284,13 @@ class _Settings(set[str]):
     """A broker's ``actor_options`` that does not count ``unique_*`` / ``concurrency_*`` names as unknown."""
 
     def __rsub__(self, given: Iterable[str]) -> set[str]:  # Dramatiq: set(options) - actor_options
-        return {name for name in given if name not in self and not name.startswith(_PREFIXES)}
+        return {name for name in given if name not in self and not name.startswith(SETTING_PREFIXES)}
 
 
 def _job_for(actor: Actor[Any, Any]) -> type[ActorJob] | None:
     """The UniqueJob of an actor declared with ``unique=True`` (None for another actor)."""
     options = actor.options
-    names = sorted(name for name in options if name.startswith(_PREFIXES))
+    names = sorted(name for name in options if name.startswith(SETTING_PREFIXES))
     unique = options.get("unique", False)
     if not isinstance(unique, bool):
         raise ConfigurationError(f"unique must be True or False, got {unique!r}")
@@ -344,7 +343,7 @@ def _send(
     put in the message; any other ``unique_*`` or ``concurrency_*`` one is a
     ConfigurationError naming it. Over a concurrency limit under "block": a ``Parked``.
     """
-    settings = {name: options.pop(name) for name in [n for n in options if n.startswith(_PREFIXES)]}
+    settings = {name: options.pop(name) for name in list(options) if name.startswith(SETTING_PREFIXES)}
     if settings.get("unique_on_conflict") == "replace":
         raise ConfigurationError(f"{actor.actor_name}.send_with_options(): {NO_REPLACE}")
     job = _percall.using(

@@ -47,7 +47,7 @@ from ..functions import _CALLABLES
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
 from ..stores._log import get_logger
-from . import HEADER, Decision, Ticket, in_context, perform
+from . import HEADER, SETTING_PREFIXES, Decision, Ticket, in_context, perform
 
 __all__ = ["HueyJob", "HueyQueue", "UniqueHuey", "UniqueRedisHuey", "UniqueTaskWrapper"]
 
@@ -57,7 +57,6 @@ log = get_logger(__name__)
 #: the other consumers' clocks' skew (their schedulers fire anywhere in the minute).
 PERIODIC_AUTOEXPIRE = 120.0
 
-_PREFIXES = ("unique_", "concurrency_")
 # The task being enqueued through UniqueHuey.enqueue, for HueyQueue.push to send.
 _pending: ContextVar[Task | None] = ContextVar("uniqjob_huey_task", default=None)
 # The task a consumer is running in this context (given to a context=True task's function).
@@ -186,7 +185,7 @@ class UniqueTaskWrapper(TaskWrapper):  # type: ignore[misc]  # huey ships no typ
     ) -> type[Task]:
         """Huey's task class; for a unique task, one whose ``execute`` runs under the task's lock."""
         unique = settings.pop("unique", False)
-        options = {key: settings.pop(key) for key in list(settings) if key.startswith(_PREFIXES)}
+        options = {key: settings.pop(key) for key in list(settings) if key.startswith(SETTING_PREFIXES)}
         task_class: type[Task] = super().create_task(func, context, name, **settings)
         if not unique:
             if options:

@@ -272,7 +272,7 @@ def enqueue_call(
     queue = job_cls.unique_queue
     if not isinstance(queue, RQQueue):
         raise ConfigurationError(f"{job_cls.job_name()}.unique_queue is {queue!r}, not an RQQueue")
-    settings = {name: options.pop(name) for name in [n for n in options if n.startswith("unique_")]}
+    settings = {name: options.pop(name) for name in list(options) if name.startswith("unique_")}
     job_cls = _percall.using(job_cls, settings, prefix="unique_", where="enqueue_call()")
     _check_options(options, CALL_OPTIONS, "enqueue_call")
     kwargs = dict(kwargs or {})

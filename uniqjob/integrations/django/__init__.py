@@ -40,7 +40,7 @@ from typing import Any, ClassVar, cast
 from ...errors import ConfigurationError
 from ...job import UniqueJob
 from ...joblock import JobLock
-from .. import Ticket, in_context, perform
+from .. import SETTING_PREFIXES, Ticket, in_context, perform
 from ._base import (
     BaseTaskBackend,
     ImproperlyConfigured,
@@ -52,7 +52,7 @@ from ._base import (
     task_backends,
     timezone,
 )  # fmt: skip
-from ._checks import _PREFIXES, park_refusal, refusal, settings_problems
+from ._checks import park_refusal, refusal, settings_problems
 from ._taskqueue import AGAIN, TICKET, TaskQueue, _backend, _chosen, _pending
 
 __all__ = ["AGAIN", "TICKET", "Retry", "TaskJob", "TaskQueue", "UniqueBackend", "UniqueTask", "task_backends"]
@@ -162,7 +162,7 @@ class TaskJob(UniqueJob, abstract=True):
 
 
 # The task settings, and the backend's unique_* options, that a TaskJob takes.
-_TASK_SETTINGS = tuple(name for name in UniqueTask.__dataclass_fields__ if name.startswith(_PREFIXES))
+_TASK_SETTINGS = tuple(name for name in UniqueTask.__dataclass_fields__ if name.startswith(SETTING_PREFIXES))
 _jobs: dict[tuple[Any, ...], type[TaskJob]] = {}
 
 
@@ -221,7 +221,7 @@ class UniqueBackend(BaseTaskBackend):  # type: ignore[misc]
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         options = dict(params.get("OPTIONS") or {})
         options.pop("backend", None)
-        settings = {name: options.pop(name) for name in list(options) if name.startswith(_PREFIXES)}
+        settings = {name: options.pop(name) for name in list(options) if name.startswith(SETTING_PREFIXES)}
         self.unique_settings = {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()}
         self.problems: list[checks.CheckMessage] = []
         where = f"TASKS[{alias!r}]"

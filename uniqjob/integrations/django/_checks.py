@@ -9,9 +9,6 @@ from ...errors import ConfigurationError
 from ...job import UniqueJob
 from ._base import BaseTaskBackend, checks
 
-#: The settings a task takes as ``@task`` options, and its backend as ``OPTIONS``.
-_PREFIXES = ("unique_", "concurrency_")
-
 
 def park_refusal(backend: BaseTaskBackend) -> str:
     """Why the wrapped backend cannot give a task a concurrency limit; "" if it can."""
