@@ -21,6 +21,7 @@ from uniqjob.integrations import (
     resolve_job,
 )
 from uniqjob.locks import Holder, QueueMeta, RunClaim, local_holder
+from uniqjob.queues import Queue
 from uniqjob.stores.base import Backend
 
 NOT_A_JOB = "a module attribute that is no job class"
@@ -205,3 +206,24 @@ def _pstart(pid: int) -> int:
     with open(f"/proc/{pid}/stat", "rb") as f:
         stat = f.read()
     return int(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
+def test_a_queues_pending_delay_lengthens_the_lock_autoexpire() -> None:
+    """A queue whose job waits (a countdown, an ETA) says so in pending_delay: the lock waits as long."""
+
+    class Later(Queue):
+        def pending_delay(self) -> float:
+            return 3600.0
+
+    class Delayed(UniqueJob):
+        unique_queue = Later()
+        unique_lock_autoexpire: ClassVar[float | None] = 60
+
+        def perform(self, n: int) -> None:
+            pass
+
+    class Unexpiring(Delayed):
+        unique_lock_autoexpire = None
+
+    assert Delayed.autoexpire() == 3660.0 and Delayed.lock(1).ttl == 3660.0
+    assert Unexpiring.autoexpire() is None and Unexpiring.lock(1).ttl is None
