@@ -150,7 +150,7 @@ def run(
         )
     _concurrency.mark_inline(lock)  # a concurrency "block" waits in this process
     if lock.coalesce == "keep_last":
-        lock.ttl = None  # see _next
+        lock.ttl = None  # see next_call
     while True:
         if lock.strategy == "until_executed" and cls.concurrency_limit is None:
             # the common case in one step: both locks at once
