@@ -601,6 +601,22 @@ def test_keep_last_runs_once_more_with_the_last_of_50_triggers(workers: Workers,
 
 
 @pytest.mark.slow
+def test_a_terminated_keep_last_task_hands_on_the_call_that_waited_behind_it(
+    workers: Workers, broker: redis.Redis
+) -> None:
+    start_worker(workers)
+    first = latest.delay("k", 0)
+    assert isinstance(first, AsyncResult)
+    wait_until(lambda: count(broker, "started", "k") == 1, "the first run to start")
+    assert isinstance(latest.delay("k", 1), Pending)
+    app.control.revoke(first.id, terminate=True, signal="SIGKILL")
+    wait_until(lambda: count(broker, "started", "k") == 2, "the pending call to run", timeout=10)
+    open_gate(broker, "k")
+    wait_until(lambda: count(broker, "done", "k") == 1 and state(latest, "k", 0).free, "its run to end")
+    assert versions(broker, "k") == [0, 1]
+
+
+@pytest.mark.slow
 def test_replace_never_runs_the_replaced_task(workers: Workers, broker: redis.Redis) -> None:
     first = replaced.delay("r", 0)
     handles = [replaced.delay("r", v) for v in range(1, 4)]

@@ -38,13 +38,14 @@ except ModuleNotFoundError as exc:  # the optional extra
         name=exc.name,
     ) from exc
 
-from .. import _percall
+from .. import _job_sync, _percall
 from ..concurrency import _job as _concurrency
 from ..errors import ConfigurationError
 from ..functions import _CALLABLES
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
 from ..locks import holder_is_dead, orphaned
+from ..ops._locks import reclaim
 from ..stores._log import get_logger
 from . import HEADER, KEEP, SETTING_PREFIXES, Decision, Ticket, in_context, perform, settle
 
@@ -360,9 +361,11 @@ def _on_revoked(sender: Any = None, request: Any = None, terminated: bool = Fals
         return
     ticket = Ticket.load(data, f"revoked task {sender.name}[{getattr(request, 'id', '?')}]")
     job = sender.unique_job
-    ticket.lock(job).release()
+    lock = ticket.lock(job)
+    lock.release()
+    _job_sync.next_call(job, lock, lock.backend)  # a "keep_last" call its release queued
     if terminated:
-        _release_when_dead(job, ticket.key, ticket.token)
+        _release_when_dead(job, lock.key, lock.token)
     # the slot is found by the concurrency key of the arguments, as on a worker that runs the task
     args, kwargs = getattr(request, "args", None) or (), getattr(request, "kwargs", None) or {}
     _concurrency.free(job, ticket.token, tuple(args), dict(kwargs))
@@ -373,7 +376,8 @@ _DEATH_POLL = 0.01
 
 
 def _release_when_dead(job: type[UniqueJob], key: str, token: str) -> None:
-    """Release ``token``'s locks of ``key`` once their holder is proved dead (a terminated task's child).
+    """Release ``token``'s locks of ``key`` once their holder is proved dead (a terminated task's child)
+    as ``uniqjob reap`` does: a "keep_last" call that waited behind it is pushed.
 
     The child's run lock records another attempt than this process's, so its
     release alone leaves it; and the child may not be dead yet when the signal
@@ -391,10 +395,10 @@ def _release_when_dead(job: type[UniqueJob], key: str, token: str) -> None:
                 run = state.run
                 if run is None or run.token != token:  # released meanwhile, lapsed, or another's
                     if state.queue is not None and state.queue.token == token and orphaned(state):
-                        backend.reclaim(key, token, None)
+                        reclaim(backend, state)
                     return
                 if holder_is_dead(run.holder):
-                    backend.reclaim(key, token, token)
+                    reclaim(backend, state)
                     return
                 if time.monotonic() > deadline:  # alive: it kept its task, and releases it itself
                     return

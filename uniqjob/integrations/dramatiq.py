@@ -259,9 +259,10 @@ class UniqueMiddleware(Middleware):
         job = _job_of(broker, message)
         data = message.options.get(HEADER)
         if job is not None and data is not None:
-            ticket = Ticket.load(data, f"Dramatiq message {message.message_id}")
-            ticket.lock(job).release()
-            _concurrency.free(job, ticket.token, tuple(message.args), dict(message.kwargs))
+            lock = Ticket.load(data, f"Dramatiq message {message.message_id}").lock(job)
+            lock.release()
+            _job_sync.next_call(job, lock, lock.backend)  # a "keep_last" call that waited behind a retry
+            _concurrency.free(job, lock.token, tuple(message.args), dict(message.kwargs))
 
     after_nack = after_ack
 

@@ -13,7 +13,7 @@ from ..locks import QUEUED, RUNNING, LockState, holder_is_dead, new_token, orpha
 from ..stores.base import Backend
 from ._pages import read_scan, read_slots
 
-__all__ = ["CORRUPT", "PARKED", "LockRelease", "LockRow", "Reaped", "iter_rows", "reap", "release"]
+__all__ = ["CORRUPT", "PARKED", "LockRelease", "LockRow", "Reaped", "iter_rows", "reap", "reclaim", "release"]
 
 #: The state of a row whose record cannot be read: it blocks its key until removed.
 CORRUPT = "corrupt"
@@ -192,7 +192,7 @@ def class_matches(cls: str | None, wanted: str) -> bool:
     return cls is not None and (cls == wanted or cls.endswith("." + wanted))
 
 
-def _reclaim(backend: Backend, state: LockState) -> bool:
+def reclaim(backend: Backend, state: LockState) -> bool:
     """Delete the locks ``state`` shows, token-checked: a lock taken again meanwhile stays.
 
     A queue lock with a pending call ("keep_last") is released as its holder would have:
@@ -230,7 +230,7 @@ def _resume(backend: Backend, key: str, token: str) -> bool:
     from .. import _coalesce  # here: only a key with a pending call needs them
     from .._refs import resolve_job
 
-    pending = backend.finish(key, token, attempt=new_token())  # an attempt of no delivery: see _reclaim
+    pending = backend.finish(key, token, attempt=new_token())  # an attempt of no delivery: see reclaim
     ref = _coalesce.json_ref(pending.meta.call) if pending is not None else ""
     return pending is not None and bool(ref) and _coalesce.hand_on(resolve_job(ref), key, pending)
 
@@ -269,7 +269,7 @@ def reap(
         else:
             held += 1
             row, into = LockRow.from_state(state), reclaimed
-            if not row.orphaned or not (dry_run or _reclaim(backend, state)):
+            if not row.orphaned or not (dry_run or reclaim(backend, state)):
                 continue
         into.append(row)
         if each is not None:
@@ -330,7 +330,7 @@ def release(
     row = LockRow.from_state(state)
     if state.run is not None and not force and not holder_is_dead(state.run.holder):
         return LockRelease(row, "alive")
-    return LockRelease(row, "released" if _reclaim(backend, state) else "changed")
+    return LockRelease(row, "released" if reclaim(backend, state) else "changed")
 
 
 def _release_corrupt(backend: Backend, target: str, row: LockRow, *, force: bool) -> LockRelease:
