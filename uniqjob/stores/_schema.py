@@ -106,61 +106,15 @@ def lock_problem(record: Record) -> str:
     a bad one is a :class:`~uniqjob.errors.CorruptRecordError`, never a
     TypeError half-way through a transition.
     """
-    q, r, o = record.get("q"), record.get("r"), record.get("o")
-    if o is not None and (problem := fields_problem(o, "its pending run", _PENDING_FIELDS)):
-        return problem
-    if (q is None or _sound_queue(q)) and (r is None or _sound_run(r)):
-        return ""
-    if q is not None and (problem := fields_problem(q, "its queue lock", _QUEUE_FIELDS)):
-        return problem
-    return "" if r is None else fields_problem(r, "its run lock", _RUN_FIELDS)
-
-
-# The two checks below say the same as the tables above, of a sound lock, in one
-# expression each (a read checks every lock it reads, so this is the hot path);
-# only a lock that fails is walked field by field, to say what is wrong.
-
-
-def _sound_queue(q: Any) -> bool:
-    if type(q) is not dict:
-        return False
-    expires = q.get("expires")
-    return (
-        type(q.get("token")) is str
-        and q.get("state") in (QUEUED, RUNNING)
-        and _is_number(q.get("since"))
-        and (expires is None or _is_number(expires))
-        and type(q.get("cls", "")) is str
-        and type(q.get("args", "")) is str
-        and type(q.get("job_id", "")) is str
-        and all(type(q.get(name, "")) is str for name in _COALESCED)
-        and _is_number(q.get("due", 0))
-    )
-
-
-_COALESCED = ("call", "p_token", "p_job_id", "p_args", "p_call")
-
-
-def _sound_run(r: Any) -> bool:
-    if type(r) is not dict:
-        return False
-    pid, pstart, fence = r.get("pid"), r.get("pstart"), r.get("f", 0)
-    return (
-        type(r.get("token")) is str
-        and type(r.get("host")) is str
-        and type(r.get("node")) is str
-        and type(pid) is int
-        and pid >= 0
-        and type(pstart) is int
-        and pstart >= 0
-        and type(fence) is int
-        and fence >= 0
-        and _is_number(r.get("started"))
-        and _is_number(r.get("lease"))
-        and _is_number(r.get("until"))
-        and type(r.get("attempt", "")) is str
-        and type(r.get("stop", "")) is str
-    )
+    for name, what, fields in (
+        ("o", "its pending run", _PENDING_FIELDS),
+        ("q", "its queue lock", _QUEUE_FIELDS),
+        ("r", "its run lock", _RUN_FIELDS),
+    ):
+        value = record.get(name)
+        if value is not None and (problem := fields_problem(value, what, fields)):
+            return problem
+    return ""
 
 
 # -- semaphore records ------------------------------------------------------------

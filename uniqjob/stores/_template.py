@@ -14,7 +14,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._machine import Machine
 from ._records import Drops, Fences, LockMachine
@@ -24,7 +24,7 @@ __all__ = ["Held", "RecordStore"]
 Record = dict[str, Any]
 
 
-class Held:
+class Held(NamedTuple):
     """One key's record (None: there is none) as of ``now``, read under the key's mutual exclusion.
 
     ``put`` stores the record's next version (None: the key holds nothing), while that
@@ -32,21 +32,11 @@ class Held:
     ``drops`` counts a refused duplicate (see ``Backend.duplicates``; None: the store keeps no counts).
     """
 
-    __slots__ = ("drops", "fences", "now", "put", "record")
-
-    def __init__(
-        self,
-        record: Record | None,
-        now: float,
-        put: Callable[[Record | None], None],
-        fences: Fences,
-        drops: Drops | None = None,
-    ) -> None:
-        self.record = record
-        self.now = now
-        self.put = put
-        self.fences = fences
-        self.drops = drops
+    record: Record | None
+    now: float
+    put: Callable[[Record | None], None]
+    fences: Fences
+    drops: Drops | None = None
 
 
 class RecordStore:
