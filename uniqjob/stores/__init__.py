@@ -21,8 +21,7 @@ from collections.abc import Callable
 from importlib import import_module
 
 from ..errors import ConfigurationError
-from ._machine import Machine
-from ._machine_store import MachineStore
+from ._machine import Machine, MachineStore
 from ._records import LockMachine, LockMachineBackend
 from ._urls import REDIS_SCHEMES, scheme_of, shown  # the Redis schemes' names: not its store, nor redis-py
 from .base import Backend

@@ -16,10 +16,7 @@ from functools import partial
 from ..errors import ConfigurationError
 from ..locks import QUEUED, RUNNING, Holder, LockState, PendingCall, QueueMeta, RunClaim
 from ._drops import kind_of
-from ._record_parts import FOLLOWS, Record
-from ._record_parts import PENDING as _PENDING
-from ._record_parts import parts as _parts
-from ._record_parts import pending as _pending
+from ._schema import FOLLOWS, PENDING, Record, parts, pending
 from .base import Backend, Coalesce, Debounce, Overlap, OverlapMode, QueueMode
 
 #: Issues a run lock's fence, given the store's clock in whole microseconds (see Backend.start).
@@ -69,7 +66,7 @@ class LockMachine:
     def state(self) -> LockState:
         pending = self._pending()
         return LockState(
-            self.key, *_parts(self.q, self.r, self.now), pending["h"] if pending is not None else ""
+            self.key, *parts(self.q, self.r, self.now), pending["h"] if pending is not None else ""
         )
 
     def _pending(self) -> Record | None:
@@ -86,7 +83,7 @@ class LockMachine:
         """
         q = self.q
         if self.r is None and q is not None and q["state"] == QUEUED and not q.get("job_id"):
-            return LockState.unread(self.key, partial(_parts, q, None, self.now), nothing_to_reclaim=True)
+            return LockState.unread(self.key, partial(parts, q, None, self.now), nothing_to_reclaim=True)
         return self.state()
 
     def record(self) -> Record | None:
@@ -215,7 +212,7 @@ class LockMachine:
         state = self.state()
         if q["state"] == QUEUED:
             if coalesce == "keep_last":
-                kept = {k: v for k, v in q.items() if k not in _PENDING}
+                kept = {k: v for k, v in q.items() if k not in PENDING}
                 self.q = {**kept, "args": meta.args, "call": meta.call}
                 self.q.pop("due", None)
                 if debounce is not None:  # pushed back, but never past the longest wait
@@ -330,15 +327,17 @@ class LockMachine:
         if q["token"] != token:  # a retry after a lost reply: the pending call it queued, again
             return self._queued_by(token)
         self.q, self.changed = None, True
-        pending = _pending(q)
-        if pending is not None:  # the call that waited behind this one: queued now, for the caller to push
-            # under a token of its own (its claim's, marked): an undo of that claim (its reply lost)
-            # leaves this lock, whose job its caller pushes, alone
-            pending = PendingCall(pending.token + FOLLOWS, pending.meta)
-            self._set_queue(pending.token, QUEUED, replace(pending.meta, cls=q.get("cls", "")), None)
-            assert self.q is not None
-            self.q.update(call=pending.meta.call, by=token)  # (see _queued_by)
-        return pending
+        waited = pending(q)
+        if waited is None:
+            return None
+        # The call that waited behind this one: queued now, for the caller to push, under a token
+        # of its own (its claim's, marked): an undo of that claim (its reply lost) leaves this
+        # lock, whose job its caller pushes, alone.
+        call = PendingCall(waited.token + FOLLOWS, waited.meta)
+        self._set_queue(call.token, QUEUED, replace(call.meta, cls=q.get("cls", "")), None)
+        assert self.q is not None
+        self.q.update(call=call.meta.call, by=token)  # (see _queued_by)
+        return call
 
     def _queued_by(self, token: str) -> PendingCall | None:
         """The pending call that ``token``'s finish queued, while it waits in its queue; else None."""

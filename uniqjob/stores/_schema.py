@@ -4,6 +4,8 @@
 ``_records.py``) and :func:`semaphore_problem` a semaphore record (see
 ``_machine.py``), once, on read: a transition then never meets a field of the
 wrong type half-way (a TypeError, never the :class:`~uniqjob.errors.CorruptRecordError` it is).
+:func:`parts` and :func:`pending` read a lock record's queue lock, run lock and
+pending call as the library's objects.
 """
 
 from __future__ import annotations
@@ -12,11 +14,17 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..locks import QUEUED, RUNNING
+from ..locks import QUEUED, RUNNING, Holder, Parts, PendingCall, QueueMeta, QueueRecord, RunRecord
 
-__all__ = ["lock_problem", "semaphore_problem"]
+__all__ = ["FOLLOWS", "PENDING", "Record", "lock_problem", "parts", "pending", "semaphore_problem"]
 
 Record = dict[str, Any]
+
+#: Marks the token of a pending call's queued lock (see LockMachine.finish; _lua_settle.FINISH too).
+FOLLOWS = "+"
+
+#: A queue lock record's fields of a pending call.
+PENDING = ("p_token", "p_args", "p_job_id", "p_call")
 
 #: What a field must be: a description for the error, and the test.
 Kind = tuple[str, Callable[[object], bool]]
@@ -58,7 +66,7 @@ _QUEUE_FIELDS: Fields = {
     "job_id": (TEXT, True),
     "expires": (NUMBER_OR_NULL, True),
     # coalescing (Backend.claim): the latest call's arguments, and a pending call's fields
-    **{name: (TEXT, True) for name in ("call", "p_token", "p_job_id", "p_args", "p_call")},
+    **{name: (TEXT, True) for name in ("call", *PENDING)},
     "due": (NUMBER, True),
 }
 _RUN_FIELDS: Fields = {
@@ -115,6 +123,42 @@ def lock_problem(record: Record) -> str:
         if value is not None and (problem := fields_problem(value, what, fields)):
             return problem
     return ""
+
+
+def parts(q: Record | None, r: Record | None, now: float) -> Parts:
+    """The queue lock, run lock and clock of a key whose records are ``q`` and ``r`` at ``now``."""
+    queue = run = None
+    if q is not None:
+        expires = q.get("expires")
+        cls = q.get("cls", "")
+        queue = QueueRecord(
+            token=q["token"],
+            state=q["state"],
+            since=q["since"],
+            meta=QueueMeta(cls, q.get("args", ""), q.get("job_id", ""), q.get("call", "")),
+            ttl=None if expires is None else expires - now,
+            pending=pending(q),
+            due=q.get("due"),
+        )
+    if r is not None:
+        run = RunRecord(
+            token=r["token"],
+            holder=Holder(r["host"], r["node"], r["pid"], r["pstart"]),
+            started=r["started"],
+            lease=r["lease"],
+            lease_left=r["until"] - now,
+            fence=r.get("f", 0),
+            stop=r.get("stop", ""),
+        )
+    return queue, run, now
+
+
+def pending(q: Record) -> PendingCall | None:
+    """The pending call a queue lock record holds (see Backend.claim's coalescing), or None."""
+    token = q.get("p_token")
+    if not token:
+        return None
+    return PendingCall(token, QueueMeta("", q.get("p_args", ""), q.get("p_job_id", ""), q.get("p_call", "")))
 
 
 # -- semaphore records ------------------------------------------------------------

@@ -20,7 +20,7 @@ from . import _drops
 from ._droplog import DropLog
 from ._files import RecordFiles
 from ._log import get_logger
-from ._machine_store import MachineStore
+from ._machine import MachineStore
 from ._records import LockMachineBackend
 from ._schema import lock_problem, semaphore_problem
 from ._stripes import STRIPES, Stripes, describe_error
