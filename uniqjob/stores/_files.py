@@ -14,16 +14,14 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import suppress
-from typing import Any
 
 from ..errors import BackendError, CorruptRecordError
+from ._schema import Record
 from ._stripes import FILE_MODE, OPEN_FLAGS, Stripes, describe_error, file_problem, os_reason
 
 __all__ = ["RECORD_NAME", "RecordFiles", "read_all", "write_all"]
 
 RECORD_NAME = re.compile(r"[0-9a-f]{32}\.json")  # what Stripes.of names a key's record
-
-Record = dict[str, Any]
 
 
 class RecordFiles:

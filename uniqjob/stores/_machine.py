@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from ..locks import Holder
+from ._schema import Record
 from .semaphores import (
     HANDOFF,
     TOMBSTONE,
@@ -35,8 +36,6 @@ from .semaphores import (
     decode_holder,
     encode_holder,
 )
-
-Record = dict[str, Any]
 
 
 class Machine:

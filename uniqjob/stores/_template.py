@@ -14,14 +14,13 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from ._machine import Machine
 from ._records import Drops, Fences, LockMachine
+from ._schema import Record
 
 __all__ = ["Held", "RecordStore"]
-
-Record = dict[str, Any]
 
 
 class Held(NamedTuple):
