@@ -19,12 +19,9 @@ from ..errors import BackendError, ConfigurationError, CorruptRecordError
 from . import _drops
 from ._droplog import DropLog
 from ._files import RecordFiles
-from ._log import get_logger
-from ._machine import MachineStore
-from ._records import LockMachineBackend
 from ._schema import Record, lock_problem, semaphore_problem
 from ._stripes import STRIPES, Stripes, describe_error
-from ._template import Held, RecordStore
+from ._template import Held, LockMachineBackend, MachineStore, RecordStore
 from ._urls import Invalid, bad, options, seconds, split
 from .semaphores import SemaphoreStore
 
@@ -34,8 +31,6 @@ __all__ = ["FILE_URL_OPTIONS", "FileBackend", "FileSemaphores", "from_url"]
 FILE_URL_OPTIONS: dict[str, str] = {
     "timeout": "seconds to wait for the file lock of a key's stripe (default 30)",
 }
-
-log = get_logger(__name__)
 
 
 class _FileRecords(RecordStore):

@@ -11,10 +11,8 @@ from collections.abc import Callable, Iterator
 from typing import cast
 
 from . import _drops
-from ._machine import MachineStore
-from ._records import LockMachineBackend
 from ._schema import Record
-from ._template import Held, RecordStore
+from ._template import Held, LockMachineBackend, MachineStore, RecordStore
 from ._urls import Invalid, bad, options, split
 from .semaphores import SemaphoreStore
 
