@@ -44,14 +44,11 @@ class LockMachine:
         self.now = now
         self.fences = fences
         self.drops = drops
-        self.q: Record | None = None
-        self.r: Record | None = None
-        self.o: Record | None = None  # the pending run of `uniqjob run --overlap buffer-one`: see overlap()
+        record = record or {}
+        self.q: Record | None = record.get("q")
+        self.r: Record | None = record.get("r")
+        self.o: Record | None = record.get("o")  # the pending run of `uniqjob run --overlap`: see overlap()
         self.changed = False
-        if record:
-            self.q = record.get("q")
-            self.r = record.get("r")
-            self.o = record.get("o")
         if self.q is not None and self.q.get("expires") is not None and self.q["expires"] <= now:
             self.q, self.changed = None, True
         if self.r is not None and self.r["until"] <= now:
