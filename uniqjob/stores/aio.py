@@ -17,6 +17,7 @@ heartbeat's own threads: a busy event loop cannot starve them.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
@@ -53,7 +54,6 @@ class ThreadAsync(AsyncBackend):
 # A store class's async face (a subclass first: the most derived registered class wins).
 _FACES: list[tuple[type[Backend], type[AsyncBackend]]] = []
 _MADE: weakref.WeakKeyDictionary[Backend, AsyncBackend] = weakref.WeakKeyDictionary()
-_loaded: list[bool] = []  # the built-in faces are registered (on first use: no import cycle)
 
 
 def register(store: type[Backend], face: type[AsyncBackend]) -> None:
@@ -71,11 +71,9 @@ def async_backend(backend: Backend) -> AsyncBackend:
     return made
 
 
+@functools.cache
 def _load() -> None:
-    """Register the faces of the stores that have one of their own (once)."""
-    if _loaded:
-        return
-    _loaded.append(True)
+    """Register the faces of the stores that have one of their own (once, on first use: no import cycle)."""
     from .memory import MemoryBackend
 
     _FACES.append((MemoryBackend, DirectAsync))
