@@ -100,17 +100,10 @@ class Machine:
         promos = []
         while len(self.slots) < self.limit and self.parked:
             e = self.parked.pop(0)
-            if e["via"] == "inline":
-                # The waiter keeps holding it, by the lease it kept its place with.
-                slot = self._slot(
-                    "promoted", "inline", e["h"], deadline=e["dl"], lease=e["ls"], args=e["args"]
-                )
-            else:
-                deadline = self.now + handoff
-                slot = self._slot(
-                    "promoted", "queue", caller, deadline=deadline, lease=e["ls"], args=e["args"]
-                )
-                slot["p"] = e["p"]
+            inline = e["via"] == "inline"  # the waiter keeps holding it, by the lease it kept its place with
+            holder, deadline = (e["h"], e["dl"]) if inline else (caller, self.now + handoff)
+            slot = self._slot("promoted", e["via"], holder, deadline=deadline, lease=e["ls"], args=e["args"])
+            slot["p"] = "" if inline else e["p"]
             self.slots[e["token"]] = slot
             promos.append(Promotion(e["token"], e["via"], slot["p"], 0))
             self.changed = True
@@ -162,10 +155,9 @@ class Machine:
         if park is not None:
             entry = {
                 "token": token, "via": park.via, "h": encode_holder(park.holder), "ls": lease,
-                "since": self.now, "args": args, "p": park.payload, "dl": None,
+                "since": self.now, "args": args, "p": park.payload,
+                "dl": self.now + park.lease if park.via == "inline" else None,
             }  # fmt: skip
-            if park.via == "inline":
-                entry["dl"] = self.now + park.lease
             self.parked.append(entry)
             self.changed = True
             return Outcome("parked", promos, position=len(self.parked), slots=self.slot_infos())

@@ -1,16 +1,10 @@
-"""The record-machine templates: a store that keeps one record per key, written once for both contracts.
+"""The record-machine templates: the bases of a store that keeps one record per key.
 
-:class:`LockMachineBackend` is the lock contract over one hook, ``_lock_machine(key)``:
-each primitive one :class:`~._records.LockMachine` transition on the key's record.
-:class:`MachineStore` is the semaphore contract over one hook, ``_machine(key)``: each
-primitive one :class:`~._machine.Machine` transition (holders encoded as the record keeps
-them). A store written in Python (README "Writing a store") implements those hooks.
-
-A store built on :class:`RecordStore` writes one hook instead, :meth:`RecordStore._held`:
-hold the key's mutual exclusion and yield a :class:`Held`, the key's record as read with
-the store's clock and a way to store its next version. The template turns it into both
-hooks, so the memory and file stores each keep their records in one place for their
-locks and their semaphores alike.
+:class:`LockMachineBackend` (locks, :class:`~._records.LockMachine` transitions) and
+:class:`MachineStore` (semaphores, :class:`~._machine.Machine` transitions) are each a
+contract over one hook, which a store written in Python implements (README "Writing a
+store"). :class:`RecordStore` turns one hook of its own, ``_held``, into both, so the memory
+and file stores keep their records in one place for their locks and their semaphores alike.
 """
 
 from __future__ import annotations
