@@ -108,12 +108,7 @@ def shown(value: object) -> str:
 
 
 def lock_problem(record: Record) -> str:
-    """Return what is wrong with a lock record whose key was read; "" if every field has its type and shape.
-
-    The transitions index fields freely, so a record is checked once, on read:
-    a bad one is a :class:`~uniqjob.errors.CorruptRecordError`, never a
-    TypeError half-way through a transition.
-    """
+    """Return what is wrong with a lock record whose key was read; "" if every field is sound."""
     for name, what, fields in (
         ("o", "its pending run", _PENDING_FIELDS),
         ("q", "its queue lock", _QUEUE_FIELDS),
@@ -215,11 +210,7 @@ _ENTRY_FIELDS: Fields = {
 
 
 def semaphore_problem(record: Record) -> str:
-    """Return what is wrong with a concurrency record whose key was read; "" if every field is sound.
-
-    Checked once, on read, so that no transition meets a field of the wrong
-    type half-way (a TypeError then, never the :class:`CorruptRecordError` it is).
-    """
+    """Return what is wrong with a concurrency record whose key was read; "" if every field is sound."""
     problem = fields_problem(record, "the record", _RECORD_FIELDS)
     if problem:
         return problem
