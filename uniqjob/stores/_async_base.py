@@ -25,7 +25,7 @@ class AsyncBackend:
 
     One ``async def`` per primitive, with the sync one's name and parameters. Here each runs the
     sync primitive through :meth:`run`, in a worker thread (:func:`in_thread`): right for any
-    store whose calls may wait; a store's own face (memory's, Redis's) overrides it or them.
+    store whose calls may wait; a store's own face (memory's, Redis's) overrides them.
     """
 
     def __init__(self, sync: Backend) -> None:

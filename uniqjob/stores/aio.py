@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any
 
 from ._async_base import AsyncBackend, completed, in_thread
 from .base import Backend
@@ -35,15 +34,43 @@ __all__ = [
     "register",
 ]
 
-T = TypeVar("T")
-P = ParamSpec("P")
-
 
 class DirectAsync(AsyncBackend):
-    """A store whose primitives never wait (memory): called in the event loop itself."""
+    """A store whose primitives never wait (memory): called in the event loop itself.
 
-    async def run(self, primitive: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        return primitive(*args, **kwargs)
+    Each primitive takes and returns what :class:`AsyncBackend`'s does (the sync one's), and
+    calls it directly: a traceback reads the face's primitive, then the store's.
+    """
+
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.claim(*args, **kwargs)
+
+    async def start(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.start(*args, **kwargs)
+
+    async def attach(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.attach(*args, **kwargs)
+
+    async def requeue(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.requeue(*args, **kwargs)
+
+    async def renew(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.renew(*args, **kwargs)
+
+    async def finish(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.finish(*args, **kwargs)
+
+    async def dequeue(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.dequeue(*args, **kwargs)
+
+    async def reclaim(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.reclaim(*args, **kwargs)
+
+    async def read(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.read(*args, **kwargs)
+
+    async def read_many(self, *args: Any, **kwargs: Any) -> Any:
+        return self.sync.read_many(*args, **kwargs)
 
 
 class ThreadAsync(AsyncBackend):
