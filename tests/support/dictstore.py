@@ -1,7 +1,7 @@
 """A store written inside the tests, as a user would write one: the proof that a new store is one module.
 
-Locks are a :class:`~uniqjob.stores._records.LockMachineBackend` and semaphores a
-:class:`~uniqjob.stores._machine_store.MachineStore`, each over a plain dict under
+Locks are a :class:`~uniqjob.stores.LockMachineBackend` and semaphores a
+:class:`~uniqjob.stores.MachineStore`, each over a plain dict under
 one mutex. Each writes its hook (``_lock_machine``, ``_machine``) and what the hooks
 cannot give: ``scan`` (the contracts' one streaming read), ``purge`` (an
 operator's forced release; optional, the contract suite holds it) and a
@@ -21,10 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from uniqjob.stores import _drops
-from uniqjob.stores._machine import Machine
-from uniqjob.stores._machine_store import MachineStore
-from uniqjob.stores._records import LockMachine, LockMachineBackend
+from uniqjob.stores import LockMachine, LockMachineBackend, Machine, MachineStore, _drops
 from uniqjob.stores.semaphores import SemaphoreStore
 
 __all__ = ["DictBackend", "DictSemaphores", "from_url"]

@@ -22,8 +22,8 @@ from importlib import import_module
 
 from ..errors import ConfigurationError
 from ._machine import Machine
-from ._machine_store import MachineStore
-from ._records import LockMachine, LockMachineBackend
+from ._records import LockMachine
+from ._template import LockMachineBackend, MachineStore
 from ._urls import REDIS_SCHEMES, scheme_of, shown  # the Redis schemes' names: not its store, nor redis-py
 from .base import Backend
 from .semaphores import SemaphoreStore

@@ -7,8 +7,8 @@ imports it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 from ..errors import CorruptRecordError
 from ..locks import LockState, PendingCall, QueueMeta, RunClaim
@@ -17,19 +17,24 @@ from .base import Backend, Coalesce, Debounce, QueueMode
 __all__ = ["AsyncBackend", "completed", "in_thread"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class AsyncBackend:
     """Awaits the primitives of ``sync`` (see :class:`~uniqjob.stores.base.Backend` for each).
 
     One ``async def`` per primitive, with the sync one's name and parameters. Here each runs the
-    sync primitive in a worker thread (:func:`in_thread`): right for any store whose calls may
-    wait; a store's own face (memory's, Redis's) overrides them.
+    sync primitive through :meth:`run`, in a worker thread (:func:`in_thread`): right for any
+    store whose calls may wait; a store's own face (memory's, Redis's) overrides them.
     """
 
     def __init__(self, sync: Backend) -> None:
         #: The sync backend this one acts on: the same store and records.
         self.sync = sync
+
+    async def run(self, primitive: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Await ``primitive`` (a bound method of ``sync``) with these arguments: here, in a thread."""
+        return await in_thread(primitive, *args, **kwargs)  # type: ignore[no-any-return]
 
     async def claim(
         self,
@@ -44,12 +49,10 @@ class AsyncBackend:
         coalesce: Coalesce = "",
         debounce: Debounce | None = None,
     ) -> LockState | None:
-        """:meth:`Backend.claim <uniqjob.stores.base.Backend.claim>`, awaited."""
-        answer: LockState | None = await in_thread(
+        return await self.run(
             self.sync.claim, key, token, meta=meta, ttl=ttl, run=run, count=count, counted=counted,
             coalesce=coalesce, debounce=debounce,
         )  # fmt: skip
-        return answer
 
     async def start(
         self,
@@ -64,61 +67,38 @@ class AsyncBackend:
         count: bool = False,
         counted: float | None = None,
     ) -> LockState | None:
-        """:meth:`Backend.start <uniqjob.stores.base.Backend.start>`, awaited."""
-        answer: LockState | None = await in_thread(
-            self.sync.start,
-            key,
-            token,
-            run=run,
-            meta=meta,
-            ttl=ttl,
-            adopt=adopt,
-            queue_lock=queue_lock,
-            count=count,
-            counted=counted,
-        )
-        return answer
+        return await self.run(
+            self.sync.start, key, token, run=run, meta=meta, ttl=ttl, adopt=adopt, queue_lock=queue_lock,
+            count=count, counted=counted,
+        )  # fmt: skip
 
     async def attach(self, key: str, token: str, job_id: str) -> bool:
-        """:meth:`Backend.attach <uniqjob.stores.base.Backend.attach>`, awaited."""
-        return bool(await in_thread(self.sync.attach, key, token, job_id))
+        return bool(await self.run(self.sync.attach, key, token, job_id))
 
     async def requeue(
         self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = ""
     ) -> bool:
-        """:meth:`Backend.requeue <uniqjob.stores.base.Backend.requeue>`, awaited."""
-        return bool(await in_thread(self.sync.requeue, key, token, meta=meta, ttl=ttl, attempt=attempt))
+        return bool(await self.run(self.sync.requeue, key, token, meta=meta, ttl=ttl, attempt=attempt))
 
     async def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
-        """:meth:`Backend.renew <uniqjob.stores.base.Backend.renew>`, awaited."""
-        return bool(await in_thread(self.sync.renew, key, token, lease, attempt))
+        return bool(await self.run(self.sync.renew, key, token, lease, attempt))
 
     async def finish(
         self, key: str, token: str, *, keep_queue: bool = False, attempt: str = ""
     ) -> PendingCall | None:
-        """:meth:`Backend.finish <uniqjob.stores.base.Backend.finish>`, awaited."""
-        answer: PendingCall | None = await in_thread(
-            self.sync.finish, key, token, keep_queue=keep_queue, attempt=attempt
-        )
-        return answer
+        return await self.run(self.sync.finish, key, token, keep_queue=keep_queue, attempt=attempt)
 
     async def dequeue(self, key: str, token: str | None = None) -> bool:
-        """:meth:`Backend.dequeue <uniqjob.stores.base.Backend.dequeue>`, awaited."""
-        return bool(await in_thread(self.sync.dequeue, key, token))
+        return bool(await self.run(self.sync.dequeue, key, token))
 
     async def reclaim(self, key: str, queue_token: str | None, run_token: str | None) -> bool:
-        """:meth:`Backend.reclaim <uniqjob.stores.base.Backend.reclaim>`, awaited."""
-        return bool(await in_thread(self.sync.reclaim, key, queue_token, run_token))
+        return bool(await self.run(self.sync.reclaim, key, queue_token, run_token))
 
     async def read(self, key: str) -> LockState:
-        """:meth:`Backend.read <uniqjob.stores.base.Backend.read>`, awaited."""
-        answer: LockState = await in_thread(self.sync.read, key)
-        return answer
+        return await self.run(self.sync.read, key)
 
     async def read_many(self, keys: Sequence[str]) -> list[LockState | CorruptRecordError]:
-        """:meth:`Backend.read_many <uniqjob.stores.base.Backend.read_many>`, awaited."""
-        answer: list[LockState | CorruptRecordError] = await in_thread(self.sync.read_many, keys)
-        return answer
+        return await self.run(self.sync.read_many, keys)
 
     async def aclose(self) -> None:
         """Close what this object holds of its own (the sync backend is closed on its own)."""

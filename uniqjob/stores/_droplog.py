@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterator
 
 from ._drops import BUCKET, KEEP, KINDS, Counts, add, bucket_minute, minute
+from ._files import read_all
 from ._log import get_logger
 from ._stripes import FILE_MODE, OPEN_FLAGS, describe_error, file_problem
 
@@ -44,8 +45,7 @@ class DropLog:
             return
         path = self.path(stripe)
         # The newline first: a line cut short by a crash mid-append then ends where this one starts.
-        fields: list[int | str] = [minute(now), n, cls, kind] if kind else [minute(now), n, cls]
-        line = "\n" + json.dumps(fields, separators=(",", ":"))
+        line = "\n" + _line(minute(now), n, cls, kind)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | OPEN_FLAGS, FILE_MODE)
             try:
@@ -65,14 +65,11 @@ class DropLog:
 
     def _compact(self, path: str, now: float) -> None:
         """Rewrite the log at ``path`` as one line per class and minute still kept."""
-        counts = self.read(path, now)
         lines = ""
-        for cls, buckets in counts.items():
+        for cls, buckets in self.read(path, now).items():
             for b, c in buckets.items():
                 m = bucket_minute(b) or 0
-                kind = b[len(str(m)) :]
-                fields: list[int | str] = [m, c, cls, kind] if kind else [m, c, cls]
-                lines += json.dumps(fields, separators=(",", ":")) + "\n"
+                lines += _line(m, c, cls, b[len(str(m)) :]) + "\n"
         fresh = path + ".new"
         fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | OPEN_FLAGS, FILE_MODE)
         try:
@@ -103,8 +100,7 @@ class DropLog:
             if problem:
                 log.warning("skipping dropped-duplicate counts %s: it is %s", path, problem)
                 return
-            with os.fdopen(os.dup(fd), "rb") as f:
-                raw = f.read()
+            raw = read_all(fd)
         finally:
             os.close(fd)
         bad = 0
@@ -123,3 +119,8 @@ class DropLog:
                 bad += 1
         if bad:  # a line cut short by a crash mid-append, or a damaged file
             log.warning("skipped %d unreadable line(s) of dropped-duplicate counts in %s", bad, path)
+
+
+def _line(m: int, n: int, cls: str, kind: str) -> str:
+    """A log line: ``[minute, n, class]``, with the kind's letter after them if it has one."""
+    return json.dumps([m, n, cls, kind] if kind else [m, n, cls], separators=(",", ":"))

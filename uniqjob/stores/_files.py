@@ -14,16 +14,14 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import suppress
-from typing import Any
 
 from ..errors import BackendError, CorruptRecordError
+from ._schema import Record
 from ._stripes import FILE_MODE, OPEN_FLAGS, Stripes, describe_error, file_problem, os_reason
 
 __all__ = ["RECORD_NAME", "RecordFiles", "read_all", "write_all"]
 
 RECORD_NAME = re.compile(r"[0-9a-f]{32}\.json")  # what Stripes.of names a key's record
-
-Record = dict[str, Any]
 
 
 class RecordFiles:
@@ -188,17 +186,13 @@ class RecordFiles:
 
     def records(self) -> Iterator[Record]:
         """Yield each record that can be read as far as its key (its fields not checked)."""
-        for record, _ in self._each():
-            if record is not None:
-                yield record
+        return (record for record in self._each() if not isinstance(record, CorruptRecordError))
 
     def corrupt(self) -> Iterator[CorruptRecordError]:
         """Yield the error of each record file that cannot be read as far as its key."""
-        for _, error in self._each():
-            if error is not None:
-                yield error
+        return (error for error in self._each() if isinstance(error, CorruptRecordError))
 
-    def _each(self) -> Iterator[tuple[Record | None, CorruptRecordError | None]]:
+    def _each(self) -> Iterator[Record | CorruptRecordError]:
         """Yield each record file's record (key read, fields not checked), or why it cannot be read."""
         try:
             entries = os.scandir(self.stripes.directory)
@@ -217,10 +211,10 @@ class RecordFiles:
                         # Not where its key's record goes: purged by its path, never by that key.
                         raise CorruptRecordError(entry.path, f"holds key {record['key']!r} of another file")
                 except CorruptRecordError as exc:
-                    yield None, exc
+                    yield exc
                     continue
                 if record is not None:
-                    yield record, None
+                    yield record
 
     def purge(self, key_or_path: str) -> list[str]:
         """Remove the record file of a key, or at a path in this directory, whatever it holds.

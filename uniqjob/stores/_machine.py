@@ -1,9 +1,9 @@
 """The semaphore state machine over one plain, JSON-ready record per key.
 
 The memory and file stores run these transitions under their own mutual
-exclusion (through :class:`~._machine_store.MachineStore`, the semaphore
-contract over one hook); the Redis store runs the same ones as Lua scripts (``redis/_semaphores.py``),
-and the shared contract suite holds them to one meaning.
+exclusion (through :class:`~._template.MachineStore`, the semaphore contract
+over one hook); the Redis store runs the same ones as Lua scripts
+(``redis/_semaphores.py``), and the shared contract suite holds them to one meaning.
 
 Record: ``{"key", "limit", "cls", "slots": {token: slot}, "parked": [entry, ...],
 "done": {token: expires}}``. A slot: ``st`` (reserved/promoted/running), ``via``,
@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ._schema import Record
 from .semaphores import (
     TOMBSTONE,
     Outcome,
@@ -28,8 +29,6 @@ from .semaphores import (
     decode_holder,
     encode_holder,
 )
-
-Record = dict[str, Any]
 
 
 class Machine:
@@ -101,17 +100,10 @@ class Machine:
         promos = []
         while len(self.slots) < self.limit and self.parked:
             e = self.parked.pop(0)
-            if e["via"] == "inline":
-                # The waiter keeps holding it, by the lease it kept its place with.
-                slot = self._slot(
-                    "promoted", "inline", e["h"], deadline=e["dl"], lease=e["ls"], args=e["args"]
-                )
-            else:
-                deadline = self.now + handoff
-                slot = self._slot(
-                    "promoted", "queue", caller, deadline=deadline, lease=e["ls"], args=e["args"]
-                )
-                slot["p"] = e["p"]
+            inline = e["via"] == "inline"  # the waiter keeps holding it, by the lease it kept its place with
+            holder, deadline = (e["h"], e["dl"]) if inline else (caller, self.now + handoff)
+            slot = self._slot("promoted", e["via"], holder, deadline=deadline, lease=e["ls"], args=e["args"])
+            slot["p"] = "" if inline else e["p"]
             self.slots[e["token"]] = slot
             promos.append(Promotion(e["token"], e["via"], slot["p"], 0))
             self.changed = True
@@ -163,10 +155,9 @@ class Machine:
         if park is not None:
             entry = {
                 "token": token, "via": park.via, "h": encode_holder(park.holder), "ls": lease,
-                "since": self.now, "args": args, "p": park.payload, "dl": None,
+                "since": self.now, "args": args, "p": park.payload,
+                "dl": self.now + park.lease if park.via == "inline" else None,
             }  # fmt: skip
-            if park.via == "inline":
-                entry["dl"] = self.now + park.lease
             self.parked.append(entry)
             self.changed = True
             return Outcome("parked", promos, position=len(self.parked), slots=self.slot_infos())

@@ -7,20 +7,15 @@ transitions as Lua scripts. The shared contract suite holds them to one meaning.
 
 from __future__ import annotations
 
-from abc import abstractmethod
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import replace
 from functools import partial
 
 from ..errors import ConfigurationError
-from ..locks import QUEUED, RUNNING, Holder, LockState, PendingCall, QueueMeta, RunClaim
+from ..locks import QUEUED, RUNNING, LockState, PendingCall, QueueMeta, RunClaim
 from ._drops import kind_of
-from ._record_parts import FOLLOWS, Record
-from ._record_parts import PENDING as _PENDING
-from ._record_parts import parts as _parts
-from ._record_parts import pending as _pending
-from .base import Backend, Coalesce, Debounce, Overlap, OverlapMode, QueueMode
+from ._schema import FOLLOWS, PENDING, Record, parts, pending
+from .base import Coalesce, Debounce, Overlap, OverlapMode, QueueMode
 
 #: Issues a run lock's fence, given the store's clock in whole microseconds (see Backend.start).
 Fences = Callable[[int], int]
@@ -49,14 +44,11 @@ class LockMachine:
         self.now = now
         self.fences = fences
         self.drops = drops
-        self.q: Record | None = None
-        self.r: Record | None = None
-        self.o: Record | None = None  # the pending run of `uniqjob run --overlap buffer-one`: see overlap()
+        record = record or {}
+        self.q: Record | None = record.get("q")
+        self.r: Record | None = record.get("r")
+        self.o: Record | None = record.get("o")  # the pending run of `uniqjob run --overlap`: see overlap()
         self.changed = False
-        if record:
-            self.q = record.get("q")
-            self.r = record.get("r")
-            self.o = record.get("o")
         if self.q is not None and self.q.get("expires") is not None and self.q["expires"] <= now:
             self.q, self.changed = None, True
         if self.r is not None and self.r["until"] <= now:
@@ -69,7 +61,7 @@ class LockMachine:
     def state(self) -> LockState:
         pending = self._pending()
         return LockState(
-            self.key, *_parts(self.q, self.r, self.now), pending["h"] if pending is not None else ""
+            self.key, *parts(self.q, self.r, self.now), pending["h"] if pending is not None else ""
         )
 
     def _pending(self) -> Record | None:
@@ -86,7 +78,7 @@ class LockMachine:
         """
         q = self.q
         if self.r is None and q is not None and q["state"] == QUEUED and not q.get("job_id"):
-            return LockState.unread(self.key, partial(_parts, q, None, self.now), nothing_to_reclaim=True)
+            return LockState.unread(self.key, partial(parts, q, None, self.now), nothing_to_reclaim=True)
         return self.state()
 
     def record(self) -> Record | None:
@@ -215,7 +207,7 @@ class LockMachine:
         state = self.state()
         if q["state"] == QUEUED:
             if coalesce == "keep_last":
-                kept = {k: v for k, v in q.items() if k not in _PENDING}
+                kept = {k: v for k, v in q.items() if k not in PENDING}
                 self.q = {**kept, "args": meta.args, "call": meta.call}
                 self.q.pop("due", None)
                 if debounce is not None:  # pushed back, but never past the longest wait
@@ -330,15 +322,17 @@ class LockMachine:
         if q["token"] != token:  # a retry after a lost reply: the pending call it queued, again
             return self._queued_by(token)
         self.q, self.changed = None, True
-        pending = _pending(q)
-        if pending is not None:  # the call that waited behind this one: queued now, for the caller to push
-            # under a token of its own (its claim's, marked): an undo of that claim (its reply lost)
-            # leaves this lock, whose job its caller pushes, alone
-            pending = PendingCall(pending.token + FOLLOWS, pending.meta)
-            self._set_queue(pending.token, QUEUED, replace(pending.meta, cls=q.get("cls", "")), None)
-            assert self.q is not None
-            self.q.update(call=pending.meta.call, by=token)  # (see _queued_by)
-        return pending
+        waited = pending(q)
+        if waited is None:
+            return None
+        # The call that waited behind this one: queued now, for the caller to push, under a token
+        # of its own (its claim's, marked): an undo of that claim (its reply lost) leaves this
+        # lock, whose job its caller pushes, alone.
+        call = PendingCall(waited.token + FOLLOWS, waited.meta)
+        self._set_queue(call.token, QUEUED, replace(call.meta, cls=q.get("cls", "")), None)
+        assert self.q is not None
+        self.q.update(call=call.meta.call, by=token)  # (see _queued_by)
+        return call
 
     def _queued_by(self, token: str) -> PendingCall | None:
         """The pending call that ``token``'s finish queued, while it waits in its queue; else None."""
@@ -363,10 +357,59 @@ class LockMachine:
             self.q = {**{k: v for k, v in q.items() if k != "was"}, **q["was"]}
 
     def overlap(self, token: str, mode: OverlapMode, lease: float, holder: str) -> Overlap:
-        """See :meth:`Backend.overlap`; ``holder`` is the caller as ``host:pid``."""
-        from . import _pending  # here: only `uniqjob run --overlap` and its holders need it
+        """See :meth:`Backend.overlap`; ``holder`` is the caller as ``host:pid``.
 
-        return _pending.overlap(self, token, mode, lease, holder)
+        The key's pending run is the record's ``o``: ``p`` its token ("" once it took the key while
+        a run watched it: ``w`` then tells that run), ``h`` its holder, ``u`` until when its place
+        holds, ``w`` the token of the run whose holder watches it take the key (``"follow"``). On
+        the run lock: ``stop``, who asked it to stop; ``owed``, set when a run coalesced into the
+        pending run while it held the key. The Redis store's OVERLAP script (redis/_overlap.py)
+        is the same machine.
+        """
+        q, r, o = self.q, self.r, self.o
+        p, w = ("", "") if o is None else (o["p"], o.get("w", ""))
+        if mode == "withdraw":
+            if o is not None and p == token:
+                ran = w and r is not None and r["token"] == token  # it took the key: tell who waits for that
+                self.o = {"p": "", "h": "", "u": self.now + lease, "w": w} if ran else None
+                self.changed = True
+            return "free"
+        if mode == "follow":
+            return self._follow(token)
+        orphan = q is not None and q["state"] == RUNNING and r is None
+        theirs = r is not None and r["token"] != token
+        busy = (q is not None and not orphan and q["token"] != token) or theirs
+        if mode == "terminate":
+            if r is not None and r["token"] != token:
+                if not r.get("stop"):
+                    self.r, self.changed = {**r, "stop": holder}, True
+                return "stopping"
+            return "busy" if busy else "free"
+        if p and p != token and (r is None or r["token"] != p):  # another run is pending
+            if r is not None:  # its holder runs once more if need be (see _follow)
+                self.r, self.changed = {**r, "owed": holder}, True
+            return "coalesced"
+        if not busy:
+            return "free"
+        self.o, self.changed = {**(o or {}), "p": token, "h": holder, "u": self.now + lease}, True
+        return "pending"
+
+    def _follow(self, token: str) -> Overlap:
+        """``"follow"``: does the run of ``token``, which ends, owe the runs coalesced behind it a run?"""
+        r, o = self.r, self.o
+        p, w = ("", "") if o is None else (o["p"], o.get("w", ""))
+        if r is not None and r["token"] == token:  # it still holds the key: a run waits, or runs coalesced?
+            if o is not None and p and p != token:
+                self.o, self.changed = {**o, "w": token}, True  # watch the pending run take the key
+                return "coalesced"
+            return "pending" if r.get("owed") else "free"
+        if w != token or o is None:
+            return "pending"  # the pending run it watched is gone: the run is the caller's to give
+        if p and r is None:
+            return "coalesced"  # it still waits
+        # a run holds the key (started after ours: the pending run, or another), or the pending run ran
+        self.o, self.changed = ({k: v for k, v in o.items() if k != "w"} if p else None), True
+        return "free"
 
     def reclaim(self, queue_token: str | None, run_token: str | None) -> bool:
         gone = False
@@ -377,84 +420,3 @@ class LockMachine:
             self.r, gone = None, True
         self.changed |= gone
         return gone
-
-
-class LockMachineBackend(Backend):
-    """A backend that keeps each key as one record and runs :class:`LockMachine` transitions on it.
-
-    Subclasses provide :meth:`_lock_machine`: a context manager that holds the
-    key's mutual exclusion, yields its machine and stores the record if it changed.
-    """
-
-    @abstractmethod
-    def _lock_machine(self, key: str) -> AbstractContextManager[LockMachine]: ...
-
-    def claim(
-        self,
-        key: str,
-        token: str,
-        *,
-        meta: QueueMeta,
-        ttl: float | None = None,
-        run: RunClaim | None = None,
-        count: bool = False,
-        counted: float | None = None,
-        coalesce: Coalesce = "",
-        debounce: Debounce | None = None,
-    ) -> LockState | None:
-        with self._lock_machine(key) as m:
-            state = m.claim(token, meta, ttl, run, coalesce=coalesce, debounce=debounce)
-            m.tally(token, meta.cls, state, count, counted)
-            return state
-
-    def start(
-        self,
-        key: str,
-        token: str,
-        *,
-        run: RunClaim,
-        meta: QueueMeta,
-        ttl: float | None = None,
-        adopt: bool = False,
-        queue_lock: QueueMode = "run",
-        count: bool = False,
-        counted: float | None = None,
-    ) -> LockState | None:
-        with self._lock_machine(key) as m:
-            state = m.start(token, run, meta, ttl, adopt=adopt, queue_lock=queue_lock)
-            m.tally(token, meta.cls, state, count, counted)
-            return state
-
-    def attach(self, key: str, token: str, job_id: str) -> bool:
-        with self._lock_machine(key) as m:
-            return m.attach(token, job_id)
-
-    def requeue(self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = "") -> bool:
-        with self._lock_machine(key) as m:
-            return m.requeue(token, meta, ttl, attempt)
-
-    def renew(self, key: str, token: str, lease: float, attempt: str = "") -> bool:
-        with self._lock_machine(key) as m:
-            return m.renew(token, lease, attempt)
-
-    def finish(
-        self, key: str, token: str, *, keep_queue: bool = False, attempt: str = ""
-    ) -> PendingCall | None:
-        with self._lock_machine(key) as m:
-            return m.finish(token, keep_queue, attempt)
-
-    def dequeue(self, key: str, token: str | None = None) -> bool:
-        with self._lock_machine(key) as m:
-            return m.dequeue(token)
-
-    def overlap(self, key: str, token: str, mode: OverlapMode, *, lease: float, holder: Holder) -> Overlap:
-        with self._lock_machine(key) as m:
-            return m.overlap(token, mode, lease, f"{holder.host}:{holder.pid}")
-
-    def reclaim(self, key: str, queue_token: str | None, run_token: str | None) -> bool:
-        with self._lock_machine(key) as m:
-            return m.reclaim(queue_token, run_token)
-
-    def read(self, key: str) -> LockState:
-        with self._lock_machine(key) as m:
-            return m.state()

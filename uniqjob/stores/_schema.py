@@ -4,6 +4,8 @@
 ``_records.py``) and :func:`semaphore_problem` a semaphore record (see
 ``_machine.py``), once, on read: a transition then never meets a field of the
 wrong type half-way (a TypeError, never the :class:`~uniqjob.errors.CorruptRecordError` it is).
+:func:`parts` and :func:`pending` read a lock record's queue lock, run lock and
+pending call as the library's objects.
 """
 
 from __future__ import annotations
@@ -12,11 +14,17 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..locks import QUEUED, RUNNING
+from ..locks import QUEUED, RUNNING, Holder, Parts, PendingCall, QueueMeta, QueueRecord, RunRecord
 
-__all__ = ["lock_problem", "semaphore_problem"]
+__all__ = ["FOLLOWS", "PENDING", "Record", "lock_problem", "parts", "pending", "semaphore_problem"]
 
 Record = dict[str, Any]
+
+#: Marks the token of a pending call's queued lock (see LockMachine.finish; _lua_settle.FINISH too).
+FOLLOWS = "+"
+
+#: A queue lock record's fields of a pending call.
+PENDING = ("p_token", "p_args", "p_job_id", "p_call")
 
 #: What a field must be: a description for the error, and the test.
 Kind = tuple[str, Callable[[object], bool]]
@@ -58,7 +66,7 @@ _QUEUE_FIELDS: Fields = {
     "job_id": (TEXT, True),
     "expires": (NUMBER_OR_NULL, True),
     # coalescing (Backend.claim): the latest call's arguments, and a pending call's fields
-    **{name: (TEXT, True) for name in ("call", "p_token", "p_job_id", "p_args", "p_call")},
+    **{name: (TEXT, True) for name in ("call", *PENDING)},
     "due": (NUMBER, True),
 }
 _RUN_FIELDS: Fields = {
@@ -100,67 +108,52 @@ def shown(value: object) -> str:
 
 
 def lock_problem(record: Record) -> str:
-    """Return what is wrong with a lock record whose key was read; "" if every field has its type and shape.
-
-    The transitions index fields freely, so a record is checked once, on read:
-    a bad one is a :class:`~uniqjob.errors.CorruptRecordError`, never a
-    TypeError half-way through a transition.
-    """
-    q, r, o = record.get("q"), record.get("r"), record.get("o")
-    if o is not None and (problem := fields_problem(o, "its pending run", _PENDING_FIELDS)):
-        return problem
-    if (q is None or _sound_queue(q)) and (r is None or _sound_run(r)):
-        return ""
-    if q is not None and (problem := fields_problem(q, "its queue lock", _QUEUE_FIELDS)):
-        return problem
-    return "" if r is None else fields_problem(r, "its run lock", _RUN_FIELDS)
+    """Return what is wrong with a lock record whose key was read; "" if every field is sound."""
+    for name, what, fields in (
+        ("o", "its pending run", _PENDING_FIELDS),
+        ("q", "its queue lock", _QUEUE_FIELDS),
+        ("r", "its run lock", _RUN_FIELDS),
+    ):
+        value = record.get(name)
+        if value is not None and (problem := fields_problem(value, what, fields)):
+            return problem
+    return ""
 
 
-# The two checks below say the same as the tables above, of a sound lock, in one
-# expression each (a read checks every lock it reads, so this is the hot path);
-# only a lock that fails is walked field by field, to say what is wrong.
+def parts(q: Record | None, r: Record | None, now: float) -> Parts:
+    """The queue lock, run lock and clock of a key whose records are ``q`` and ``r`` at ``now``."""
+    queue = run = None
+    if q is not None:
+        expires = q.get("expires")
+        cls = q.get("cls", "")
+        queue = QueueRecord(
+            token=q["token"],
+            state=q["state"],
+            since=q["since"],
+            meta=QueueMeta(cls, q.get("args", ""), q.get("job_id", ""), q.get("call", "")),
+            ttl=None if expires is None else expires - now,
+            pending=pending(q),
+            due=q.get("due"),
+        )
+    if r is not None:
+        run = RunRecord(
+            token=r["token"],
+            holder=Holder(r["host"], r["node"], r["pid"], r["pstart"]),
+            started=r["started"],
+            lease=r["lease"],
+            lease_left=r["until"] - now,
+            fence=r.get("f", 0),
+            stop=r.get("stop", ""),
+        )
+    return queue, run, now
 
 
-def _sound_queue(q: Any) -> bool:
-    if type(q) is not dict:
-        return False
-    expires = q.get("expires")
-    return (
-        type(q.get("token")) is str
-        and q.get("state") in (QUEUED, RUNNING)
-        and _is_number(q.get("since"))
-        and (expires is None or _is_number(expires))
-        and type(q.get("cls", "")) is str
-        and type(q.get("args", "")) is str
-        and type(q.get("job_id", "")) is str
-        and all(type(q.get(name, "")) is str for name in _COALESCED)
-        and _is_number(q.get("due", 0))
-    )
-
-
-_COALESCED = ("call", "p_token", "p_job_id", "p_args", "p_call")
-
-
-def _sound_run(r: Any) -> bool:
-    if type(r) is not dict:
-        return False
-    pid, pstart, fence = r.get("pid"), r.get("pstart"), r.get("f", 0)
-    return (
-        type(r.get("token")) is str
-        and type(r.get("host")) is str
-        and type(r.get("node")) is str
-        and type(pid) is int
-        and pid >= 0
-        and type(pstart) is int
-        and pstart >= 0
-        and type(fence) is int
-        and fence >= 0
-        and _is_number(r.get("started"))
-        and _is_number(r.get("lease"))
-        and _is_number(r.get("until"))
-        and type(r.get("attempt", "")) is str
-        and type(r.get("stop", "")) is str
-    )
+def pending(q: Record) -> PendingCall | None:
+    """The pending call a queue lock record holds (see Backend.claim's coalescing), or None."""
+    token = q.get("p_token")
+    if not token:
+        return None
+    return PendingCall(token, QueueMeta("", q.get("p_args", ""), q.get("p_job_id", ""), q.get("p_call", "")))
 
 
 # -- semaphore records ------------------------------------------------------------
@@ -217,11 +210,7 @@ _ENTRY_FIELDS: Fields = {
 
 
 def semaphore_problem(record: Record) -> str:
-    """Return what is wrong with a concurrency record whose key was read; "" if every field is sound.
-
-    Checked once, on read, so that no transition meets a field of the wrong
-    type half-way (a TypeError then, never the :class:`CorruptRecordError` it is).
-    """
+    """Return what is wrong with a concurrency record whose key was read; "" if every field is sound."""
     problem = fields_problem(record, "the record", _RECORD_FIELDS)
     if problem:
         return problem

@@ -17,22 +17,9 @@ from urllib.parse import SplitResult, unquote, unquote_plus, urlencode, urlsplit
 from ..errors import ConfigurationError
 
 __all__ = [
-    "REDIS_SCHEMES",
-    "Invalid",
-    "Topology",
-    "bad",
-    "flag",
-    "nodes",
-    "options",
-    "plain_text",
-    "scheme_of",
-    "seconds",
-    "shown",
-    "split",
-    "split_hosts",
-    "whole",
-    "with_option",
-]
+    "REDIS_SCHEMES", "Invalid", "Topology", "bad", "flag", "nodes", "options", "plain_text", "scheme_of",
+    "seconds", "shown", "split", "split_hosts", "whole", "with_option",
+]  # fmt: skip
 
 Topology = Literal["server", "cluster", "sentinel"]
 

@@ -17,6 +17,7 @@ heartbeat's own threads: a busy event loop cannot starve them.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any
 
@@ -37,7 +38,8 @@ __all__ = [
 class DirectAsync(AsyncBackend):
     """A store whose primitives never wait (memory): called in the event loop itself.
 
-    (Each primitive takes and returns what :class:`AsyncBackend`'s does: the sync one's.)
+    Each primitive takes and returns what :class:`AsyncBackend`'s does (the sync one's), and
+    calls it directly: a traceback reads the face's primitive, then the store's.
     """
 
     async def claim(self, *args: Any, **kwargs: Any) -> Any:
@@ -79,7 +81,6 @@ class ThreadAsync(AsyncBackend):
 # A store class's async face (a subclass first: the most derived registered class wins).
 _FACES: list[tuple[type[Backend], type[AsyncBackend]]] = []
 _MADE: weakref.WeakKeyDictionary[Backend, AsyncBackend] = weakref.WeakKeyDictionary()
-_loaded: list[bool] = []  # the built-in faces are registered (on first use: no import cycle)
 
 
 def register(store: type[Backend], face: type[AsyncBackend]) -> None:
@@ -97,11 +98,9 @@ def async_backend(backend: Backend) -> AsyncBackend:
     return made
 
 
+@functools.cache
 def _load() -> None:
-    """Register the faces of the stores that have one of their own (once)."""
-    if _loaded:
-        return
-    _loaded.append(True)
+    """Register the faces of the stores that have one of their own (once, on first use: no import cycle)."""
     from .memory import MemoryBackend
 
     _FACES.append((MemoryBackend, DirectAsync))

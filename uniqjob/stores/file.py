@@ -12,19 +12,16 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 from urllib.parse import unquote
 
 from ..errors import BackendError, ConfigurationError, CorruptRecordError
 from . import _drops
 from ._droplog import DropLog
 from ._files import RecordFiles
-from ._log import get_logger
-from ._machine_store import MachineStore
-from ._records import LockMachineBackend
-from ._schema import lock_problem, semaphore_problem
+from ._schema import Record, lock_problem, semaphore_problem
 from ._stripes import STRIPES, Stripes, describe_error
-from ._template import Held, RecordStore
+from ._template import Held, LockMachineBackend, MachineStore, RecordStore
 from ._urls import Invalid, bad, options, seconds, split
 from .semaphores import SemaphoreStore
 
@@ -34,10 +31,6 @@ __all__ = ["FILE_URL_OPTIONS", "FileBackend", "FileSemaphores", "from_url"]
 FILE_URL_OPTIONS: dict[str, str] = {
     "timeout": "seconds to wait for the file lock of a key's stripe (default 30)",
 }
-
-log = get_logger(__name__)
-
-Record = dict[str, Any]
 
 
 class _FileRecords(RecordStore):
@@ -199,21 +192,16 @@ def from_url(url: str) -> FileBackend:
     try:
         parts = split(url)
         given = options(parts, FILE_URL_OPTIONS)
-    except Invalid as exc:
-        raise bad("file", url, exc) from None
-    if parts.netloc not in ("", "localhost") or not parts.path:
-        raise bad("file", url, "use file:///absolute/path/to/directory")
-    path = unquote(parts.path)
-    if "\x00" in path:
-        raise bad("file", url, "the path holds a NUL byte (%00)")
-    if os.path.normpath(path).strip("/") == "":
-        raise bad(
-            "file",
-            url,
-            "refusing / as a lock store (its .locks directory would go into the root directory); "
-            "name a directory of its own, e.g. file:///var/lib/myapp/locks",
-        )
-    try:
+        if parts.netloc not in ("", "localhost") or not parts.path:
+            raise Invalid("use file:///absolute/path/to/directory")
+        path = unquote(parts.path)
+        if "\x00" in path:
+            raise Invalid("the path holds a NUL byte (%00)")
+        if os.path.normpath(path).strip("/") == "":
+            raise Invalid(
+                "refusing / as a lock store (its .locks directory would go into the root directory); "
+                "name a directory of its own, e.g. file:///var/lib/myapp/locks"
+            )
         timeout = seconds("timeout", given["timeout"]) if "timeout" in given else None
     except Invalid as exc:
         raise bad("file", url, exc) from None

@@ -11,10 +11,8 @@ from collections.abc import Callable, Iterator
 from typing import cast
 
 from . import _drops
-from ._machine_store import MachineStore
-from ._record_parts import Record
-from ._records import LockMachineBackend
-from ._template import Held, RecordStore
+from ._schema import Record
+from ._template import Held, LockMachineBackend, MachineStore, RecordStore
 from ._urls import Invalid, bad, options, split
 from .semaphores import SemaphoreStore
 
@@ -24,23 +22,12 @@ __all__ = ["MEMORY_URL_OPTIONS", "MemoryBackend", "MemorySemaphores", "from_url"
 MEMORY_URL_OPTIONS: dict[str, str] = {}
 
 
-def _same(record: Record) -> Record:
-    return record
-
-
-def _copied(record: Record) -> Record:
-    return cast(Record, json.loads(json.dumps(record)))
-
-
 class _MemoryRecords(RecordStore):
     """One record per key in a dict under one mutex, on an injectable clock (seconds).
 
     Fences come from one counter for the whole store, never forgotten: a fence
     is then greater than every earlier one of any key, so of its own key too.
     """
-
-    #: What a transition is handed of a stored record: a lock's are replaced, never changed in place.
-    _fresh: Callable[[Record], Record] = staticmethod(_same)
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
@@ -51,6 +38,10 @@ class _MemoryRecords(RecordStore):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(<{len(self._records)} keys>)"
+
+    def _fresh(self, record: Record) -> Record:
+        """What a transition is handed of a stored record: a lock's are replaced, never changed in place."""
+        return record
 
     def _fence(self, now_us: int) -> int:
         """Issue a fence: the clock in microseconds, or one past the last fence if that is not more."""
@@ -132,8 +123,10 @@ class MemorySemaphores(_MemoryRecords, MachineStore):
     """Semaphores in a dict, for one process; ``clock`` is injectable so tests never sleep."""
 
     name = "memory"
-    # A deep copy, so a transition that raises half-way (they change records in place) leaves it untouched.
-    _fresh = staticmethod(_copied)
+
+    def _fresh(self, record: Record) -> Record:
+        """A deep copy: the stored record stays whole if a transition (in place) raises half-way."""
+        return cast(Record, json.loads(json.dumps(record)))
 
     def scan(self) -> Iterator[str]:
         with self._mutex:
@@ -146,8 +139,8 @@ def from_url(url: str) -> MemoryBackend:
     try:
         parts = split(url)
         options(parts, MEMORY_URL_OPTIONS)
+        if parts.netloc or parts.path:
+            raise Invalid("memory:// takes no host or path")
     except Invalid as exc:
         raise bad("memory", url, exc) from None
-    if parts.netloc or parts.path:
-        raise bad("memory", url, "memory:// takes no host or path")
     return MemoryBackend()
