@@ -96,8 +96,7 @@ class AsyncWire:
         """``script`` once per entry of ``batch``, in one pipeline: as ``_wire.Wire.many`` does."""
         if not batch:
             return []
-        replies = await self._piped(script, numkeys, batch)
-        return [r if isinstance(r, Exception) else plain(r) for r in replies]
+        return [plain(reply) for reply in await self._piped(script, numkeys, batch)]
 
     async def acked(
         self, script: Script, numkeys: int, items: Sequence[Any], wait: tuple[int, int]
@@ -136,10 +135,6 @@ class RedisAsync(AsyncBackend):
                 check_wait(made, self.sync.replica_timeout)
             mine = self._loops[loop] = AsyncWire(made)
         return mine
-
-    def client(self) -> Any:
-        """The async client of the running event loop (made on its first call)."""
-        return self.wire().client
 
     # -- the primitives: each the sync store's call, awaited -------------------------------------
 
@@ -254,7 +249,7 @@ class RedisAsync(AsyncBackend):
 
     async def ping(self) -> Any:
         """PING through this loop's client (the benchmarks' yardstick)."""
-        return await self.client().ping()
+        return await self.wire().client.ping()
 
     async def aclose(self) -> None:
         """Close the running loop's client."""

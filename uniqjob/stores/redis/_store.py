@@ -120,17 +120,18 @@ class RedisBackend(Backend):
         try:
             client.execute_command  # noqa: B018  (not a client at all: a ConfigurationError now)
             self._wire = Wire(client)
-            self._claim = self._script(lua.CLAIM)
-            self._start = self._script(lua.START)
-            self._renew = self._script(settle.RENEW)
-            self._attach = self._script(settle.ATTACH)
-            self._requeue = self._script(settle.REQUEUE)
-            self._finish = self._script(settle.FINISH)
-            self._dequeue = self._script(settle.DEQUEUE)
-            self._reclaim = self._script(settle.RECLAIM)
-            self._read = self._script(_overlap.READ)
-            self._purge = self._script(settle.PURGE)
-            self._overlap = self._script(_overlap.OVERLAP)
+            script = client.register_script
+            self._claim = script(lua.CLAIM)
+            self._start = script(lua.START)
+            self._renew = script(settle.RENEW)
+            self._attach = script(settle.ATTACH)
+            self._requeue = script(settle.REQUEUE)
+            self._finish = script(settle.FINISH)
+            self._dequeue = script(settle.DEQUEUE)
+            self._reclaim = script(settle.RECLAIM)
+            self._read = script(_overlap.READ)
+            self._purge = script(settle.PURGE)
+            self._overlap = script(_overlap.OVERLAP)
             self._acks = Acks(self._wire, replicas, self.replica_timeout) if replicas else None
         except Exception as exc:
             raise ConfigurationError(f"cannot use {where(client)} as a Redis client: {exc!r}") from exc
@@ -146,9 +147,6 @@ class RedisBackend(Backend):
 
     def __repr__(self) -> str:
         return f"RedisBackend({where(self.client)})"
-
-    def _script(self, source: str) -> Script:
-        return self.client.register_script(source)
 
     def _keys(self, key: str) -> list[str]:
         return names(self._prefix, key, _PARTS)
@@ -469,10 +467,7 @@ class RedisBackend(Backend):
         return _listing.namespaces(self.client, self._call, limit)
 
     def close(self) -> None:
-        try:
-            self.client.close()
-        except Exception as exc:
-            raise self._fail(exc) from exc
+        self._call(self.client.close)
 
 
 def _drop(count: bool, counted: float | None) -> str:
