@@ -12,7 +12,7 @@ must go on the connection to the slot's primary, which the async cluster
 client does not hand out).
 
 The async client is made from the sync client's settings, one per event loop
-(an asyncio connection belongs to the loop that opened it): ``_clients.maker``.
+(an asyncio connection belongs to the loop that opened it): ``_client.maker``.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from ...locks import LockState, PendingCall, QueueMeta, RunClaim
 from .._async_base import AsyncBackend, in_thread
 from ..base import Backend, Coalesce, Debounce, QueueMode
 from ._acks import check_wait
-from ._clients import POOL_SIZE, maker
+from ._client import POOL_SIZE, is_cluster, maker
 from ._store import Call, RedisBackend
-from ._wire import is_cluster, is_noscript, judged, plain
+from ._wire import is_noscript, judged, plain
 
 __all__ = ["POOL_SIZE", "AsyncWire", "RedisAsync"]
 

@@ -35,8 +35,7 @@ from . import _listing, _overlap
 from . import _lua as lua
 from . import _lua_settle as settle
 from ._acks import Acks, check_wait, claimed, if_one, started
-from ._client import backend_error, key_of, names, where
-from ._clients import client_for, redis_client_from_url
+from ._client import backend_error, client_for, key_of, names, redis_client_from_url, where
 from ._replies import COALESCED, latest, parts, pending_call
 from ._semaphores import RedisSemaphores
 from ._url import check_store_options, parse

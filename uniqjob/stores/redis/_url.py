@@ -2,7 +2,7 @@
 
 :func:`parse` reads every form (one server, a Redis Cluster, a service behind
 Sentinel; Redis or Valkey; plain or TLS) into a :class:`RedisURL`, and
-``_clients`` builds the client it describes. Nothing here imports redis-py,
+``_client`` builds the client it describes. Nothing here imports redis-py,
 so the options and the checks are readable from a process that never talks
 to Redis.
 """
@@ -182,7 +182,7 @@ def _read(url: str, spec: RedisURL) -> None:
         elif name != "timeout":
             kwargs.update(_option(spec, name, value, kwargs))
     if spec.tls and spec.topology != "server":
-        kwargs["ssl"] = True  # one server's TLS is its connection class (_clients)
+        kwargs["ssl"] = True  # one server's TLS is its connection class (_client)
     if spec.topology == "sentinel":
         _sentinel_kwargs(spec)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from redis.commands.core import Script
 
-from ._client import _classes
+from ._client import _classes, is_cluster
 
 __all__ = ["Wire", "is_noscript", "node_client", "plain", "text"]
 
@@ -58,10 +58,6 @@ def node_client(node: Any) -> Any:
     if client is None:
         raise AttributeError(f"cluster node {getattr(node, 'name', node)!r} has no client")
     return client
-
-
-def is_cluster(client: Any) -> bool:
-    return callable(getattr(client, "get_node_from_key", None))
 
 
 class Wire:
