@@ -52,7 +52,7 @@ _QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k", "
 _COALESCE = {"keep_last": "l", "replace": "p"}  # CLAIM's coalesce argument
 _QUIET = "Q"  # the mark of a snapshot that need not be read: see _lua's snapshot()
 _PARTS = ("q", "r", "f")  # queue lock, run lock, last fence
-_TALLIED = (*_PARTS, "d")  # and the dropped duplicates
+_TALLIED = (*_PARTS, "d")  # and the dropped duplicates (_lua.count_drop), in the same slot
 
 
 class Call(NamedTuple, Generic[T]):
@@ -150,10 +150,6 @@ class RedisBackend(Backend):
     def _keys(self, key: str) -> list[str]:
         return names(self._prefix, key, _PARTS)
 
-    def _tallied(self, key: str) -> list[str]:
-        """``key``'s Redis keys and, in its slot too, its dropped duplicates (``_lua.count_drop``)."""
-        return names(self._prefix, key, _TALLIED)
-
     def _fail(self, exc: Exception) -> BackendError:
         """The BackendError a caller sees for ``exc``, naming the server (raise it ``from exc``)."""
         return backend_error(exc, self, self.name)
@@ -195,16 +191,16 @@ class RedisBackend(Backend):
         *,
         flag: str,
         run: RunClaim | None,
-        keys: list[str] | None = None,
+        parts: tuple[str, ...],
     ) -> list[Any]:
-        """``keys`` (all three of ``key``'s by default), then ARGV by name: _lua.QUEUE_ARGV, ``flag``
+        """The Redis names of ``key``'s ``parts``, then ARGV by name: _lua.QUEUE_ARGV, ``flag``
         (CLAIM's mode, START's flags or REQUEUE's attempt), then with ``run`` _lua.RUN_ARGV (see
-        CLAIM_ARGV, START_ARGV, REQUEUE_ARGV). (benchmarks/redis_bench.py calls it too.)"""
+        CLAIM_ARGV, START_ARGV, REQUEUE_ARGV)."""
         cls, cls_len = meta.cls, ""
         if cls and key.startswith(cls):
             cls, cls_len = "", str(len(cls))  # the key already holds it
         ttl_ms = str(_ms(ttl)) if ttl else "0"  # text: the encoder's quickest case
-        items = [*(keys or self._keys(key)), token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
+        items = [*names(self._prefix, key, parts), token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
         if run is not None:
             holder = run.holder
             said = self._holder
@@ -277,7 +273,7 @@ class RedisBackend(Backend):
         debounce: Debounce | None = None,
     ) -> Call[LockState | None]:
         flag = ("q" if run is None else "r") + _drop(count, counted)
-        items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
+        items = self._items(key, token, meta, ttl, flag=flag, run=run, parts=_TALLIED)
         if meta.call or coalesce or debounce:  # CLAIM_ARGV's tail (none on the usual path)
             wait, longest = debounce or (0.0, None)
             items += [meta.call, _COALESCE.get(coalesce, ""),
@@ -302,7 +298,7 @@ class RedisBackend(Backend):
         counted: float | None = None,
     ) -> Call[LockState | None]:
         flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock] + _drop(count, counted)
-        items = self._items(key, token, meta, ttl, flag=flags, run=run, keys=self._tallied(key))
+        items = self._items(key, token, meta, ttl, flag=flags, run=run, parts=_TALLIED)
         decode = partial(self._granted, key, run, meta)
         if self._acks is None:
             return Call(self._start, 4, items, decode)
@@ -318,7 +314,7 @@ class RedisBackend(Backend):
         self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = ""
     ) -> Call[bool]:
         # REQUEUE touches no fence: its keys are the two locks only; its ARGV ends with the attempt.
-        items = self._items(key, token, meta, ttl, flag=attempt, run=None, keys=self._keys(key)[:2])
+        items = self._items(key, token, meta, ttl, flag=attempt, run=None, parts=_PARTS[:2])
         return Call(self._requeue, 2, items, bool)
 
     def _renew_call(self, key: str, token: str, lease: float, attempt: str = "") -> Call[bool]:
@@ -344,17 +340,15 @@ class RedisBackend(Backend):
         return Call(self._read, 3, names(self._prefix, key, _overlap.KEYS), partial(self._read_state, key))
 
     def _read_state(self, key: str, reply: Any) -> LockState:
-        snapshot, pending = _overlap.read_reply(text(reply))
+        snapshot, _, pending = text(reply).partition("\n")  # and the pending run's host:pid, if any
         state = self._snapshot(key, snapshot)
         state.pending_run = pending
         return state
 
     def overlap(self, key: str, token: str, mode: OverlapMode, *, lease: float, holder: Holder) -> Overlap:
-        items = [
-            *names(self._prefix, key, _overlap.KEYS),
-            *_overlap.overlap_args(token, mode, _ms(lease), holder),
-        ]
-        return _overlap.overlap_reply(self._eval(self._overlap, 3, items))
+        caller = f"{holder.host}:{holder.pid}"  # OVERLAP's ARGV: see _overlap
+        items = [*names(self._prefix, key, _overlap.KEYS), token, mode[0], str(_ms(lease)), caller]
+        return _overlap.REPLIES[int(self._eval(self._overlap, 3, items))]
 
     def claim(
         self,
