@@ -176,8 +176,6 @@ def _library(client: Any) -> _Library:
     import redis.asyncio.cluster
     import redis.asyncio.retry
     import redis.asyncio.sentinel
-    import redis.backoff
-    import redis.sentinel
 
     return _Library(redis, redis.asyncio, redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)
 
