@@ -170,17 +170,13 @@ class RedisBackend(Backend):
         key = key_of(self._prefix, name, name[-1:]) or name
         return CorruptRecordError(name, found[1], key=key, backend=self.name)
 
-    def _state(self, key: str, reply: str) -> LockState:
-        """The state a script's snapshot reply describes; the usual duplicate's ("Q"), unread until used."""
-        if reply[:1] == _QUIET:
-            return LockState.unread(
-                key, partial(parts, key, reply, self._keys(key), self.name), nothing_to_reclaim=True
-            )
-        return self._snapshot(key, reply)
-
-    def _snapshot(self, key: str, reply: str) -> LockState:
-        """The state a snapshot reply describes, read at once, each field checked (``_replies``)."""
-        return LockState(key, *parts(key, reply, self._keys(key), self.name))
+    def _state(self, key: str, reply: str, *, now: bool = False) -> LockState:
+        """The state a snapshot reply describes, each field checked (``_replies``); the usual
+        duplicate's ("Q") unread until used, unless read ``now``."""
+        read = partial(parts, key, reply, self._keys(key), self.name)
+        if reply[:1] == _QUIET and not now:
+            return LockState.unread(key, read, nothing_to_reclaim=True)
+        return LockState(key, *read())
 
     def _items(
         self,
@@ -341,7 +337,7 @@ class RedisBackend(Backend):
 
     def _read_state(self, key: str, reply: Any) -> LockState:
         snapshot, _, pending = text(reply).partition("\n")  # and the pending run's host:pid, if any
-        state = self._snapshot(key, snapshot)
+        state = self._state(key, snapshot, now=True)
         state.pending_run = pending
         return state
 
