@@ -476,7 +476,6 @@ def from_url(url: str) -> RedisBackend:
     backend = RedisBackend(
         client_for(spec),  # RedisBackend takes a cluster client too
         namespace=spec.namespace,
-        timeout=spec.connection["socket_timeout"],
         replicas=spec.replicas,
         replica_timeout=spec.replica_timeout,
     )
