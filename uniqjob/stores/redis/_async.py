@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any, TypeVar
 
 from redis.commands.core import Script
@@ -51,28 +51,21 @@ class AsyncWire:
         self.client = client
         self.cluster = is_cluster(client)
         pool = getattr(client, "connection_pool", None)
-        waits = type(pool).__name__ == "BlockingConnectionPool"
-        self._gate = None if waits else asyncio.Semaphore(POOL_SIZE)
-
-    async def _gated(self, send: Callable[[], Awaitable[T]]) -> T:
-        if self._gate is None:
-            return await send()
-        async with self._gate:
-            return await send()
+        self._gate: AbstractAsyncContextManager[Any] = nullcontext()
+        if type(pool).__name__ != "BlockingConnectionPool":  # (which waits for a connection itself)
+            self._gate = asyncio.Semaphore(POOL_SIZE)
 
     async def call(self, script: Script, numkeys: int, items: Sequence[Any]) -> Any:
         """Run ``script`` with ``items`` (its ``numkeys`` keys, then its arguments); its reply (``plain``)."""
-        return await self._gated(partial(self._call, script, numkeys, items))
-
-    async def _call(self, script: Script, numkeys: int, items: Sequence[Any]) -> Any:
         client = self.client
-        try:
+        async with self._gate:
+            try:
+                return plain(await client.evalsha(script.sha, numkeys, *items))
+            except Exception as exc:
+                if not is_noscript(exc):
+                    raise
+            script.sha = await client.script_load(script.script)
             return plain(await client.evalsha(script.sha, numkeys, *items))
-        except Exception as exc:
-            if not is_noscript(exc):
-                raise
-        script.sha = await client.script_load(script.script)
-        return plain(await client.evalsha(script.sha, numkeys, *items))
 
     async def _piped(
         self, script: Script, numkeys: int, batch: Sequence[Sequence[Any]], *tail: Any
@@ -86,7 +79,8 @@ class AsyncWire:
                 pipe.execute_command("EVALSHA", script.sha, numkeys, *items)
             if tail:
                 pipe.execute_command(*tail)
-            replies: list[Any] = await self._gated(partial(pipe.execute, raise_on_error=False))
+            async with self._gate:
+                replies: list[Any] = await pipe.execute(raise_on_error=False)
             if attempt or not any(isinstance(r, Exception) and is_noscript(r) for r in replies):
                 return replies
             script.sha = await self.client.script_load(script.script)
