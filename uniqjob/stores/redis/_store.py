@@ -187,16 +187,16 @@ class RedisBackend(Backend):
         *,
         flag: str,
         run: RunClaim | None,
-        parts: tuple[str, ...],
+        keys: tuple[str, ...],
     ) -> list[Any]:
-        """The Redis names of ``key``'s ``parts``, then ARGV by name: _lua.QUEUE_ARGV, ``flag``
+        """The Redis names of ``key``'s ``keys`` (its parts), then ARGV by name: _lua.QUEUE_ARGV, ``flag``
         (CLAIM's mode, START's flags or REQUEUE's attempt), then with ``run`` _lua.RUN_ARGV (see
         CLAIM_ARGV, START_ARGV, REQUEUE_ARGV)."""
         cls, cls_len = meta.cls, ""
         if cls and key.startswith(cls):
             cls, cls_len = "", str(len(cls))  # the key already holds it
         ttl_ms = str(_ms(ttl)) if ttl else "0"  # text: the encoder's quickest case
-        items = [*names(self._prefix, key, parts), token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
+        items = [*names(self._prefix, key, keys), token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
         if run is not None:
             holder = run.holder
             said = self._holder
@@ -269,7 +269,7 @@ class RedisBackend(Backend):
         debounce: Debounce | None = None,
     ) -> Call[LockState | None]:
         flag = ("q" if run is None else "r") + _drop(count, counted)
-        items = self._items(key, token, meta, ttl, flag=flag, run=run, parts=_TALLIED)
+        items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=_TALLIED)
         if meta.call or coalesce or debounce:  # CLAIM_ARGV's tail (none on the usual path)
             wait, longest = debounce or (0.0, None)
             items += [meta.call, _COALESCE.get(coalesce, ""),
@@ -294,7 +294,7 @@ class RedisBackend(Backend):
         counted: float | None = None,
     ) -> Call[LockState | None]:
         flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock] + _drop(count, counted)
-        items = self._items(key, token, meta, ttl, flag=flags, run=run, parts=_TALLIED)
+        items = self._items(key, token, meta, ttl, flag=flags, run=run, keys=_TALLIED)
         decode = partial(self._granted, key, run, meta)
         if self._acks is None:
             return Call(self._start, 4, items, decode)
@@ -310,7 +310,7 @@ class RedisBackend(Backend):
         self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = ""
     ) -> Call[bool]:
         # REQUEUE touches no fence: its keys are the two locks only; its ARGV ends with the attempt.
-        items = self._items(key, token, meta, ttl, flag=attempt, run=None, parts=_PARTS[:2])
+        items = self._items(key, token, meta, ttl, flag=attempt, run=None, keys=_PARTS[:2])
         return Call(self._requeue, 2, items, bool)
 
     def _renew_call(self, key: str, token: str, lease: float, attempt: str = "") -> Call[bool]:

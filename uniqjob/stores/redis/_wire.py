@@ -103,8 +103,9 @@ class Wire:
         cluster = self.client
         if not is_cluster(cluster):
             return waited(cluster)
+        node = cluster.get_node_from_key(items[0])
         try:
-            return waited(node_client(cluster.get_node_from_key(items[0])))
+            return waited(node_client(node))
         except _classes("AskError") as exc:  # MovedError too: the slot map this client holds is out of date
             if isinstance(exc, _classes("MovedError")):
                 cluster.nodes_manager.initialize()
