@@ -345,7 +345,7 @@ _calls = itertools.count()
 def _roundtrip(backend: RedisBackend, key: str) -> None:
     """One script call through the backend's own path; its reply must be its own."""
     value = f"{key}:{next(_calls)}"
-    reply = backend._eval(backend._script(_ECHO), 1, [f"heal:{key}", value])
+    reply = backend._eval(backend.client.register_script(_ECHO), 1, [f"heal:{key}", value])
     assert reply == value
 
 
@@ -423,7 +423,7 @@ def test_a_connect_through_a_paused_proxy_heals(proxy: FaultProxy, path: str) ->
 def test_a_reply_lost_mid_call_never_reaches_the_next_call(proxy: FaultProxy, path: str) -> None:
     backend = _backend(proxy.url, path, f"held-{path}")
     _open(backend)
-    echo = backend._script(_ECHO)
+    echo = backend.client.register_script(_ECHO)
     proxy.hold_replies()
     with pytest.raises(BackendError, match="Timeout"):
         backend._eval(echo, 1, ["heal:held", "late"])  # applied on the server; its reply withheld
@@ -438,7 +438,7 @@ def test_an_interrupted_call_leaves_no_reply_behind(proxy: FaultProxy, path: str
     # reply, arriving later on a connection given up, must never be taken for the next call's.
     backend = _backend(proxy.url, path, f"interrupted-{path}")
     _open(backend)
-    echo = backend._script(_ECHO)
+    echo = backend.client.register_script(_ECHO)
 
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt

@@ -86,19 +86,19 @@ class Acks:
         owner: object,
         store: str,
         *,
-        name: Any = None,
+        name: Any,
     ) -> None:
         """Raise BackendError (naming ``owner``, the store) if fewer than ``replicas`` acknowledged ``what``.
 
         Before it is raised, ``undo`` (if any) removes, token-checked, only what the call
         granted; if it fails too, the error says so: what was granted then stays on the
-        master until it is undone later or lapses. With ``name`` (the first Redis key the
-        script touched), a count too low also says how many replicas its master has connected.
+        master until it is undone later or lapses. A count too low also says how many replicas
+        the master of ``name`` (the first Redis key the script touched) has connected.
         """
         if not self.short(acked):
             return
-        counted = name is not None and not isinstance(acked, Exception)
-        told = self.told(acked, what, self.wire.connected_replicas(name) if counted else None)
+        connected = None if isinstance(acked, Exception) else self.wire.connected_replicas(name)
+        told = self.told(acked, what, connected)
         if undo is None:
             raise self.refused(told, owner, store, undone=False)
         try:

@@ -12,15 +12,15 @@ must go on the connection to the slot's primary, which the async cluster
 client does not hand out).
 
 The async client is made from the sync client's settings, one per event loop
-(an asyncio connection belongs to the loop that opened it): ``_clients.maker``.
+(an asyncio connection belongs to the loop that opened it): ``_client.maker``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any, TypeVar
 
 from redis.commands.core import Script
@@ -30,9 +30,9 @@ from ...locks import LockState, PendingCall, QueueMeta, RunClaim
 from .._async_base import AsyncBackend, in_thread
 from ..base import Backend, Coalesce, Debounce, QueueMode
 from ._acks import check_wait
-from ._clients import POOL_SIZE, maker
+from ._client import POOL_SIZE, is_cluster, maker
 from ._store import Call, RedisBackend
-from ._wire import is_cluster, is_noscript, judged, plain
+from ._wire import is_noscript, judged, plain
 
 __all__ = ["POOL_SIZE", "AsyncWire", "RedisAsync"]
 
@@ -51,28 +51,21 @@ class AsyncWire:
         self.client = client
         self.cluster = is_cluster(client)
         pool = getattr(client, "connection_pool", None)
-        waits = type(pool).__name__ == "BlockingConnectionPool"
-        self._gate = None if waits else asyncio.Semaphore(POOL_SIZE)
-
-    async def _gated(self, send: Callable[[], Awaitable[T]]) -> T:
-        if self._gate is None:
-            return await send()
-        async with self._gate:
-            return await send()
+        self._gate: AbstractAsyncContextManager[Any] = nullcontext()
+        if type(pool).__name__ != "BlockingConnectionPool":  # (which waits for a connection itself)
+            self._gate = asyncio.Semaphore(POOL_SIZE)
 
     async def call(self, script: Script, numkeys: int, items: Sequence[Any]) -> Any:
         """Run ``script`` with ``items`` (its ``numkeys`` keys, then its arguments); its reply (``plain``)."""
-        return await self._gated(partial(self._call, script, numkeys, items))
-
-    async def _call(self, script: Script, numkeys: int, items: Sequence[Any]) -> Any:
         client = self.client
-        try:
+        async with self._gate:
+            try:
+                return plain(await client.evalsha(script.sha, numkeys, *items))
+            except Exception as exc:
+                if not is_noscript(exc):
+                    raise
+            script.sha = await client.script_load(script.script)
             return plain(await client.evalsha(script.sha, numkeys, *items))
-        except Exception as exc:
-            if not is_noscript(exc):
-                raise
-        script.sha = await client.script_load(script.script)
-        return plain(await client.evalsha(script.sha, numkeys, *items))
 
     async def _piped(
         self, script: Script, numkeys: int, batch: Sequence[Sequence[Any]], *tail: Any
@@ -86,7 +79,8 @@ class AsyncWire:
                 pipe.execute_command("EVALSHA", script.sha, numkeys, *items)
             if tail:
                 pipe.execute_command(*tail)
-            replies: list[Any] = await self._gated(partial(pipe.execute, raise_on_error=False))
+            async with self._gate:
+                replies: list[Any] = await pipe.execute(raise_on_error=False)
             if attempt or not any(isinstance(r, Exception) and is_noscript(r) for r in replies):
                 return replies
             script.sha = await self.client.script_load(script.script)
@@ -96,8 +90,7 @@ class AsyncWire:
         """``script`` once per entry of ``batch``, in one pipeline: as ``_wire.Wire.many`` does."""
         if not batch:
             return []
-        replies = await self._piped(script, numkeys, batch)
-        return [r if isinstance(r, Exception) else plain(r) for r in replies]
+        return [plain(reply) for reply in await self._piped(script, numkeys, batch)]
 
     async def acked(
         self, script: Script, numkeys: int, items: Sequence[Any], wait: tuple[int, int]
@@ -136,10 +129,6 @@ class RedisAsync(AsyncBackend):
                 check_wait(made, self.sync.replica_timeout)
             mine = self._loops[loop] = AsyncWire(made)
         return mine
-
-    def client(self) -> Any:
-        """The async client of the running event loop (made on its first call)."""
-        return self.wire().client
 
     # -- the primitives: each the sync store's call, awaited -------------------------------------
 
@@ -254,7 +243,7 @@ class RedisAsync(AsyncBackend):
 
     async def ping(self) -> Any:
         """PING through this loop's client (the benchmarks' yardstick)."""
-        return await self.client().ping()
+        return await self.wire().client.ping()
 
     async def aclose(self) -> None:
         """Close the running loop's client."""

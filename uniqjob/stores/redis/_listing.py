@@ -29,33 +29,29 @@ _SCAN_PAGE = 1000
 _QUEUE = ("q",)
 
 
-def scan_pages(client: Any, pattern: str, count: int = _SCAN_PAGE) -> Iterator[list[str]]:
+def scan_pages(client: Any, pattern: str) -> Iterator[list[str]]:
     """The names matching ``pattern``, a SCAN page at a time, from every primary of a cluster.
 
     A name may come twice (SCAN's own promise, and a key that moved between
     primaries during the scan); callers drop repeats of what they yield.
     """
+    targets: list[dict[str, Any]] = [{}]
     get_primaries = getattr(client, "get_primaries", None)
-    if not callable(get_primaries):
-        yield from _node_pages(client, pattern, count, {})
-        return
-    primaries = get_primaries()
-    if not primaries:  # redis-py 5 forgets every node when the cluster cannot be reached
-        client.nodes_manager.initialize()  # finds them again, or raises what it cannot reach
+    if callable(get_primaries):
         primaries = get_primaries()
-    for node in primaries:
-        yield from _node_pages(client, pattern, count, {"target_nodes": node})
-
-
-def _node_pages(client: Any, pattern: str, count: int, target: dict[str, Any]) -> Iterator[list[str]]:
-    cursor: Any = 0
-    while True:
-        cursor, page = client.scan(cursor, match=pattern, count=count, **target)
-        if isinstance(cursor, dict):  # a cluster client's reply: a cursor per node asked
-            cursor = next(iter(cursor.values()), 0)
-        yield [text(name) for name in page]
-        if int(cursor) == 0:
-            return
+        if not primaries:  # redis-py 5 forgets every node when the cluster cannot be reached
+            client.nodes_manager.initialize()  # finds them again, or raises what it cannot reach
+            primaries = get_primaries()
+        targets = [{"target_nodes": node} for node in primaries]
+    for target in targets:
+        cursor: Any = 0
+        while True:
+            cursor, page = client.scan(cursor, match=pattern, count=_SCAN_PAGE, **target)
+            if isinstance(cursor, dict):  # a cluster client's reply: a cursor per node asked
+                cursor = next(iter(cursor.values()), 0)
+            yield [text(name) for name in page]
+            if int(cursor) == 0:
+                break
 
 
 def match(prefix: str, part: str) -> str:
@@ -95,7 +91,7 @@ def lock_keys(client: Any, prefix: str, call: Call) -> Iterator[str]:
         # A run lock whose queue lock autoexpired is still a held key.
         lone = [key for key, part in held if part == "r" and key not in queued and key not in seen]
         if lone:
-            exists = call(partial(_exist, client, [names(prefix, key, _QUEUE)[0] for key in lone]))
+            exists = call(partial(_each, client, "exists", [names(prefix, key, _QUEUE)[0] for key in lone]))
             queued.update(key for key, e in zip(lone, exists, strict=True) if not e)
         for key in queued - seen:
             seen.add(key)
@@ -114,7 +110,8 @@ def drops(client: Any, prefix: str, call: Call, window: float) -> Tally:
         if first is None:  # the window ends at the server's clock, as the counts began on it
             seconds, micros = call(client.time)
             first = first_minute(seconds + micros / 1_000_000, window)
-        for name, fields in zip(page, call(partial(_hashes, client, page)), strict=True):
+        hashes = call(partial(_each, client, "hgetall", page, raise_on_error=False))
+        for name, fields in zip(page, hashes, strict=True):
             key = key_of(prefix, name, "d")
             if key is None:
                 continue
@@ -144,16 +141,9 @@ def namespaces(client: Any, call: Call, limit: int) -> list[str]:
     return sorted(found)
 
 
-def _hashes(client: Any, found: list[str]) -> list[Any]:
+def _each(client: Any, command: str, found: list[str], *, raise_on_error: bool = True) -> list[Any]:
+    """``command`` of each name in ``found``, in one pipeline (a cluster's sends each to its slot's node)."""
     pipe = client.pipeline(transaction=False)
     for name in found:
-        pipe.hgetall(name)
-    return list(pipe.execute(raise_on_error=False))
-
-
-def _exist(client: Any, found: list[str]) -> list[Any]:
-    # One EXISTS per name: a cluster pipeline sends each to the node of its slot.
-    pipe = client.pipeline(transaction=False)
-    for name in found:
-        pipe.exists(name)
-    return list(pipe.execute())
+        getattr(pipe, command)(name)
+    return list(pipe.execute(raise_on_error=raise_on_error))

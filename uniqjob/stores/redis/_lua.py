@@ -16,14 +16,7 @@ scripts' too (``_semaphore_lua``): every script reads the time through ``clock()
 
 from __future__ import annotations
 
-__all__ = [
-    "CHECKS",
-    "CLAIM",
-    "CLOCK",
-    "CORRUPT",
-    "START",
-    "corrupt_reply",
-]
+__all__ = ["CHECKS", "CLAIM", "CLOCK", "CORRUPT", "START", "corrupt_reply"]
 
 #: The start of the error reply a script gives for a damaged record: then the index of its key
 #: (1-based, as in KEYS), a space, and why (a raised one ends its reason with a tab; see ``halt``).

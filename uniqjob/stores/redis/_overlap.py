@@ -11,13 +11,10 @@ coalesced into the pending run marks the run lock's field ``w`` (``"follow"`` re
 
 from __future__ import annotations
 
-from typing import Any
-
-from ...locks import Holder
-from ..base import Overlap, OverlapMode
+from ..base import Overlap
 from ._lua import _CHECKS, _PRELUDE
 
-__all__ = ["KEYS", "OVERLAP", "READ", "overlap_args", "overlap_reply", "read_reply"]
+__all__ = ["KEYS", "OVERLAP", "READ", "REPLIES"]
 
 #: A key's Redis names that READ and OVERLAP take: its queue lock, run lock and pending run.
 KEYS = ("q", "r", "o")
@@ -96,20 +93,5 @@ return 1
 """
 )
 
-_REPLIES: tuple[Overlap, ...] = ("free", "pending", "coalesced", "stopping", "busy")
-
-
-def overlap_args(token: str, mode: OverlapMode, lease_ms: int, holder: Holder) -> list[str]:
-    """OVERLAP's ARGV."""
-    return [token, mode[0], str(lease_ms), f"{holder.host}:{holder.pid}"]
-
-
-def overlap_reply(reply: Any) -> Overlap:
-    """What OVERLAP's integer reply decided."""
-    return _REPLIES[int(reply)]
-
-
-def read_reply(reply: str) -> tuple[str, str]:
-    """A READ reply (text): its snapshot, and the pending run's ``host:pid`` ("" if none)."""
-    snapshot, _, pending = reply.partition("\n")
-    return snapshot, pending
+#: What OVERLAP's integer reply decided.
+REPLIES: tuple[Overlap, ...] = ("free", "pending", "coalesced", "stopping", "busy")

@@ -35,8 +35,7 @@ from . import _listing, _overlap
 from . import _lua as lua
 from . import _lua_settle as settle
 from ._acks import Acks, check_wait, claimed, if_one, started
-from ._client import backend_error, key_of, names, where
-from ._clients import client_for, redis_client_from_url
+from ._client import backend_error, client_for, key_of, names, redis_client_from_url, where
 from ._replies import COALESCED, latest, parts, pending_call
 from ._semaphores import RedisSemaphores
 from ._url import check_store_options, parse
@@ -53,7 +52,7 @@ _QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k", "
 _COALESCE = {"keep_last": "l", "replace": "p"}  # CLAIM's coalesce argument
 _QUIET = "Q"  # the mark of a snapshot that need not be read: see _lua's snapshot()
 _PARTS = ("q", "r", "f")  # queue lock, run lock, last fence
-_TALLIED = (*_PARTS, "d")  # and the dropped duplicates
+_TALLIED = (*_PARTS, "d")  # and the dropped duplicates (_lua.count_drop), in the same slot
 
 
 class Call(NamedTuple, Generic[T]):
@@ -120,17 +119,18 @@ class RedisBackend(Backend):
         try:
             client.execute_command  # noqa: B018  (not a client at all: a ConfigurationError now)
             self._wire = Wire(client)
-            self._claim = self._script(lua.CLAIM)
-            self._start = self._script(lua.START)
-            self._renew = self._script(settle.RENEW)
-            self._attach = self._script(settle.ATTACH)
-            self._requeue = self._script(settle.REQUEUE)
-            self._finish = self._script(settle.FINISH)
-            self._dequeue = self._script(settle.DEQUEUE)
-            self._reclaim = self._script(settle.RECLAIM)
-            self._read = self._script(_overlap.READ)
-            self._purge = self._script(settle.PURGE)
-            self._overlap = self._script(_overlap.OVERLAP)
+            script = client.register_script
+            self._claim = script(lua.CLAIM)
+            self._start = script(lua.START)
+            self._renew = script(settle.RENEW)
+            self._attach = script(settle.ATTACH)
+            self._requeue = script(settle.REQUEUE)
+            self._finish = script(settle.FINISH)
+            self._dequeue = script(settle.DEQUEUE)
+            self._reclaim = script(settle.RECLAIM)
+            self._read = script(_overlap.READ)
+            self._purge = script(settle.PURGE)
+            self._overlap = script(_overlap.OVERLAP)
             self._acks = Acks(self._wire, replicas, self.replica_timeout) if replicas else None
         except Exception as exc:
             raise ConfigurationError(f"cannot use {where(client)} as a Redis client: {exc!r}") from exc
@@ -147,15 +147,8 @@ class RedisBackend(Backend):
     def __repr__(self) -> str:
         return f"RedisBackend({where(self.client)})"
 
-    def _script(self, source: str) -> Script:
-        return self.client.register_script(source)
-
     def _keys(self, key: str) -> list[str]:
         return names(self._prefix, key, _PARTS)
-
-    def _tallied(self, key: str) -> list[str]:
-        """``key``'s Redis keys and, in its slot too, its dropped duplicates (``_lua.count_drop``)."""
-        return names(self._prefix, key, _TALLIED)
 
     def _fail(self, exc: Exception) -> BackendError:
         """The BackendError a caller sees for ``exc``, naming the server (raise it ``from exc``)."""
@@ -177,17 +170,13 @@ class RedisBackend(Backend):
         key = key_of(self._prefix, name, name[-1:]) or name
         return CorruptRecordError(name, found[1], key=key, backend=self.name)
 
-    def _state(self, key: str, reply: str) -> LockState:
-        """The state a script's snapshot reply describes; the usual duplicate's ("Q"), unread until used."""
-        if reply[:1] == _QUIET:
-            return LockState.unread(
-                key, partial(parts, key, reply, self._keys(key), self.name), nothing_to_reclaim=True
-            )
-        return self._snapshot(key, reply)
-
-    def _snapshot(self, key: str, reply: str) -> LockState:
-        """The state a snapshot reply describes, read at once, each field checked (``_replies``)."""
-        return LockState(key, *parts(key, reply, self._keys(key), self.name))
+    def _state(self, key: str, reply: str, *, now: bool = False) -> LockState:
+        """The state a snapshot reply describes, each field checked (``_replies``); the usual
+        duplicate's ("Q") unread until used, unless read ``now``."""
+        read = partial(parts, key, reply, self._keys(key), self.name)
+        if reply[:1] == _QUIET and not now:
+            return LockState.unread(key, read, nothing_to_reclaim=True)
+        return LockState(key, *read())
 
     def _items(
         self,
@@ -198,16 +187,16 @@ class RedisBackend(Backend):
         *,
         flag: str,
         run: RunClaim | None,
-        keys: list[str] | None = None,
+        keys: tuple[str, ...],
     ) -> list[Any]:
-        """``keys`` (all three of ``key``'s by default), then ARGV by name: _lua.QUEUE_ARGV, ``flag``
+        """The Redis names of ``key``'s ``keys`` (its parts), then ARGV by name: _lua.QUEUE_ARGV, ``flag``
         (CLAIM's mode, START's flags or REQUEUE's attempt), then with ``run`` _lua.RUN_ARGV (see
-        CLAIM_ARGV, START_ARGV, REQUEUE_ARGV). (benchmarks/redis_bench.py calls it too.)"""
+        CLAIM_ARGV, START_ARGV, REQUEUE_ARGV)."""
         cls, cls_len = meta.cls, ""
         if cls and key.startswith(cls):
             cls, cls_len = "", str(len(cls))  # the key already holds it
         ttl_ms = str(_ms(ttl)) if ttl else "0"  # text: the encoder's quickest case
-        items = [*(keys or self._keys(key)), token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
+        items = [*names(self._prefix, key, keys), token, ttl_ms, cls, cls_len, meta.args, meta.job_id, flag]
         if run is not None:
             holder = run.holder
             said = self._holder
@@ -280,7 +269,7 @@ class RedisBackend(Backend):
         debounce: Debounce | None = None,
     ) -> Call[LockState | None]:
         flag = ("q" if run is None else "r") + _drop(count, counted)
-        items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=self._tallied(key))
+        items = self._items(key, token, meta, ttl, flag=flag, run=run, keys=_TALLIED)
         if meta.call or coalesce or debounce:  # CLAIM_ARGV's tail (none on the usual path)
             wait, longest = debounce or (0.0, None)
             items += [meta.call, _COALESCE.get(coalesce, ""),
@@ -305,7 +294,7 @@ class RedisBackend(Backend):
         counted: float | None = None,
     ) -> Call[LockState | None]:
         flags = ("a" if adopt else "-") + _QUEUE_MODES[queue_lock] + _drop(count, counted)
-        items = self._items(key, token, meta, ttl, flag=flags, run=run, keys=self._tallied(key))
+        items = self._items(key, token, meta, ttl, flag=flags, run=run, keys=_TALLIED)
         decode = partial(self._granted, key, run, meta)
         if self._acks is None:
             return Call(self._start, 4, items, decode)
@@ -321,7 +310,7 @@ class RedisBackend(Backend):
         self, key: str, token: str, *, meta: QueueMeta, ttl: float | None, attempt: str = ""
     ) -> Call[bool]:
         # REQUEUE touches no fence: its keys are the two locks only; its ARGV ends with the attempt.
-        items = self._items(key, token, meta, ttl, flag=attempt, run=None, keys=self._keys(key)[:2])
+        items = self._items(key, token, meta, ttl, flag=attempt, run=None, keys=_PARTS[:2])
         return Call(self._requeue, 2, items, bool)
 
     def _renew_call(self, key: str, token: str, lease: float, attempt: str = "") -> Call[bool]:
@@ -347,17 +336,15 @@ class RedisBackend(Backend):
         return Call(self._read, 3, names(self._prefix, key, _overlap.KEYS), partial(self._read_state, key))
 
     def _read_state(self, key: str, reply: Any) -> LockState:
-        snapshot, pending = _overlap.read_reply(text(reply))
-        state = self._snapshot(key, snapshot)
+        snapshot, _, pending = text(reply).partition("\n")  # and the pending run's host:pid, if any
+        state = self._state(key, snapshot, now=True)
         state.pending_run = pending
         return state
 
     def overlap(self, key: str, token: str, mode: OverlapMode, *, lease: float, holder: Holder) -> Overlap:
-        items = [
-            *names(self._prefix, key, _overlap.KEYS),
-            *_overlap.overlap_args(token, mode, _ms(lease), holder),
-        ]
-        return _overlap.overlap_reply(self._eval(self._overlap, 3, items))
+        caller = f"{holder.host}:{holder.pid}"  # OVERLAP's ARGV: see _overlap
+        items = [*names(self._prefix, key, _overlap.KEYS), token, mode[0], str(_ms(lease)), caller]
+        return _overlap.REPLIES[int(self._eval(self._overlap, 3, items))]
 
     def claim(
         self,
@@ -469,10 +456,7 @@ class RedisBackend(Backend):
         return _listing.namespaces(self.client, self._call, limit)
 
     def close(self) -> None:
-        try:
-            self.client.close()
-        except Exception as exc:
-            raise self._fail(exc) from exc
+        self._call(self.client.close)
 
 
 def _drop(count: bool, counted: float | None) -> str:
@@ -492,7 +476,6 @@ def from_url(url: str) -> RedisBackend:
     backend = RedisBackend(
         client_for(spec),  # RedisBackend takes a cluster client too
         namespace=spec.namespace,
-        timeout=spec.connection["socket_timeout"],
         replicas=spec.replicas,
         replica_timeout=spec.replica_timeout,
     )

@@ -2,7 +2,7 @@
 
 :func:`parse` reads every form (one server, a Redis Cluster, a service behind
 Sentinel; Redis or Valkey; plain or TLS) into a :class:`RedisURL`, and
-``_clients`` builds the client it describes. Nothing here imports redis-py,
+``_client`` builds the client it describes. Nothing here imports redis-py,
 so the options and the checks are readable from a process that never talks
 to Redis.
 """
@@ -180,9 +180,9 @@ def _read(url: str, spec: RedisURL) -> None:
         if name in _STORE_OPTIONS:
             _store_option(spec, name, value)
         elif name != "timeout":
-            kwargs.update(_option(spec, name, value, kwargs))
+            kwargs.update(_option(spec, name, value))
     if spec.tls and spec.topology != "server":
-        kwargs["ssl"] = True  # one server's TLS is its connection class (_clients)
+        kwargs["ssl"] = True  # one server's TLS is its connection class (_client)
     if spec.topology == "sentinel":
         _sentinel_kwargs(spec)
 
@@ -263,7 +263,7 @@ def _store_option(spec: RedisURL, name: str, value: str) -> None:
         spec.replica_timeout = seconds(name, value)
 
 
-def _option(spec: RedisURL, name: str, value: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def _option(spec: RedisURL, name: str, value: str) -> dict[str, Any]:
     """The connection keyword arguments one query option sets."""
     if name.startswith("ssl_") and not spec.tls:
         flavor, _, suffix = spec.scheme.partition("+")
@@ -271,7 +271,7 @@ def _option(spec: RedisURL, name: str, value: str, kwargs: Mapping[str, Any]) ->
         raise Invalid(f"option {name!r} needs a {tls_scheme}:// URL")
     if name.startswith("sentinel_") and spec.topology != "sentinel":
         raise Invalid(f"option {name!r} needs a Sentinel URL ({spec.flavor}+sentinel://...)")
-    if name in ("username", "password") and name in kwargs:
+    if name in ("username", "password") and name in spec.connection:
         raise Invalid(f"the {name} is given twice: before the host and as ?{name}=")
     if name == "db":
         if spec.topology == "cluster":

@@ -23,7 +23,7 @@ from typing import Any
 
 from redis.commands.core import Script
 
-from ._client import _classes
+from ._client import _classes, is_cluster
 
 __all__ = ["Wire", "is_noscript", "node_client", "plain", "text"]
 
@@ -60,10 +60,6 @@ def node_client(node: Any) -> Any:
     return client
 
 
-def is_cluster(client: Any) -> bool:
-    return callable(getattr(client, "get_node_from_key", None))
-
-
 class Wire:
     """Calls scripts on ``client`` (see the module's docstring); every reply through :func:`plain`."""
 
@@ -86,8 +82,7 @@ class Wire:
         together (:func:`piped`); the replies in order, each through :func:`plain`, errors in place."""
         if not batch:
             return []
-        replies = piped(self.client, script, numkeys, batch)
-        return [r if isinstance(r, Exception) else plain(r) for r in replies]
+        return [plain(reply) for reply in piped(self.client, script, numkeys, batch)]
 
     def acked(
         self, script: Script, numkeys: int, items: Sequence[Any], wait: tuple[int, int]
@@ -101,22 +96,25 @@ class Wire:
         primary that owns the first key's slot (its slot map read again and the call sent
         again once, should that node redirect it).
         """
-        if not is_cluster(self.client):
-            return waited(self.client, script, numkeys, items, wait)
+
+        def waited(client: Any, asking: bool = False) -> tuple[Any, int | Exception]:
+            return judged(*piped(client, script, numkeys, [items], "WAIT", *wait, asking=asking))
+
         cluster = self.client
+        if not is_cluster(cluster):
+            return waited(cluster)
         node = cluster.get_node_from_key(items[0])
         try:
-            return waited(node_client(node), script, numkeys, items, wait)
+            return waited(node_client(node))
         except _classes("AskError") as exc:  # MovedError too: the slot map this client holds is out of date
             if isinstance(exc, _classes("MovedError")):
                 cluster.nodes_manager.initialize()
-                node = cluster.get_node_from_key(items[0])
-                return waited(node_client(node), script, numkeys, items, wait)
+                return waited(node_client(cluster.get_node_from_key(items[0])))
             # ASK: the slot is moving and the key is not on this node: ask the one it names (ASKING first)
             target = cluster.get_node(host=exc.host, port=exc.port)  # type: ignore[attr-defined]
             if target is None:
                 raise
-            return waited(node_client(target), script, numkeys, items, wait, asking=True)
+            return waited(node_client(target), asking=True)
         except _classes("ConnectionError") + _classes("TimeoutError") + (OSError,):
             # a node that cannot be reached (a master killed): the next call finds the slot's new owner
             with contextlib.suppress(Exception):
@@ -167,19 +165,6 @@ def piped(
             return replies[1:] if asking else replies
         script.sha = client.script_load(script.script)
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def waited(
-    client: Any,
-    script: Script,
-    numkeys: int,
-    items: Sequence[Any],
-    wait: tuple[int, int],
-    *,
-    asking: bool = False,
-) -> tuple[Any, int | Exception]:
-    """``EVALSHA`` then ``WAIT`` through ``client``'s pipeline (:func:`piped`); see :func:`judged`."""
-    return judged(*piped(client, script, numkeys, [items], "WAIT", *wait, asking=asking))
 
 
 def judged(reply: Any, acked: Any) -> tuple[Any, int | Exception]:
