@@ -10,6 +10,7 @@ its own below (each was first a strict xfail; all are fixed since).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from typing import Any
 
@@ -19,7 +20,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
 from uniqjob.errors import BackendError
-from uniqjob.locks import Holder, LockState, PendingCall, QueueMeta, RunClaim
+from uniqjob.locks import Holder, LockState, PendingCall, QueueMeta, RunClaim, local_holder
+from uniqjob.stores.aio import async_backend
 from uniqjob.stores.base import Backend
 from uniqjob.stores.memory import MemoryBackend
 from uniqjob.stores.redis import RedisBackend
@@ -201,3 +203,29 @@ def test_a_replace_claim_waits_for_replicas_like_any_grant(redis_client: Any) ->
     assert alone.claim("k", "t1", meta=meta) is None  # a call waits in its queue
     with pytest.raises(BackendError):
         waiting.claim("k", "t2", meta=QueueMeta("review.Job", "2", "j2"), coalesce="replace")
+
+
+@pytest.mark.parametrize("face", ["sync", "asyncio"])
+def test_a_keep_last_call_coalesced_waits_for_replicas_like_any_grant(redis_client: Any, face: str) -> None:
+    # Its arguments are what the queued (or pending) call will run with: a promoted replica without
+    # them would run an older call's, its caller told it succeeded.
+    namespace = f"review-acks-keep-{face}"
+    alone = RedisBackend(redis_client, namespace=namespace)  # this server has no replica
+    waiting = RedisBackend(redis_client, namespace=namespace, replicas=1, replica_timeout=0.1)
+
+    def claim(key: str, token: str, version: str) -> Any:
+        meta = QueueMeta("review.Job", version, f"j{version}", f'{{"a":[{version}],"k":{{}}}}')
+        if face == "sync":
+            return waiting.claim(key, token, meta=meta, coalesce="keep_last")
+        return asyncio.run(async_backend(waiting).claim(key, token, meta=meta, coalesce="keep_last"))
+
+    first = QueueMeta("review.Job", "1", "j1", '{"a":[1],"k":{}}')
+    assert alone.claim("queued", "t1", meta=first, coalesce="keep_last") is None  # a call waits in its queue
+    with pytest.raises(BackendError, match="kept"):
+        claim("queued", "t2", "2")  # coalesced into it: its arguments are the queued call's now
+    run = RunClaim(local_holder(), 60.0, "a1")
+    assert alone.claim("running", "t3", meta=first, run=run, coalesce="keep_last") is None  # one runs
+    with pytest.raises(BackendError, match="kept"):
+        claim("running", "t4", "2")  # the pending call behind it
+    queued = alone.read("running").queue
+    assert queued is not None and queued.pending is not None  # on the master: not undone, said so

@@ -37,7 +37,7 @@ from typing import Any
 from ...errors import BackendError, ConfigurationError
 from ._wire import Wire
 
-__all__ = ["WAIT_HEADROOM", "Acks", "check_wait", "claimed", "if_one", "started"]
+__all__ = ["WAIT_HEADROOM", "Acks", "check_wait", "claimed", "coalesced", "if_one", "started"]
 
 
 class Acks:
@@ -135,13 +135,23 @@ def check_wait(client: Any, replica_timeout: float) -> None:
 
 
 def claimed(key: str, run: bool, reply: Any) -> str:
-    """What a CLAIM ``reply`` granted of ``key`` (an integer: granted; 'R': replaced, the key is the
-    caller's now), else "" (a conflict's snapshot, or a call coalesced into another's lock)."""
-    if isinstance(reply, (str, bytes)) and reply[:1] in ("R", b"R"):
+    """What a CLAIM ``reply`` wrote of ``key`` that replicas must acknowledge (an integer: granted;
+    'R': replaced, the key is the caller's now; a call coalesced into another's lock: its
+    arguments, which a promoted replica without them would lose), else "" (a conflict's snapshot)."""
+    if type(reply) is int:
+        return f"the {'queue and run locks' if run else 'queue lock'} of {key!r}, granted"
+    head = reply[:1] if isinstance(reply, (str, bytes)) else ""
+    if head in ("R", b"R"):
         return f"the queue lock of {key!r}, replaced"
-    if type(reply) is not int:
-        return ""
-    return f"the {'queue and run locks' if run else 'queue lock'} of {key!r}, granted"
+    if coalesced(reply):
+        return f"the latest call's arguments of {key!r}, kept"
+    return ""
+
+
+def coalesced(reply: Any) -> bool:
+    """Whether a CLAIM ``reply`` says the call was coalesced into another's lock ("keep_last": into the
+    queued call, 'l' or 'L'; as the pending call behind a running one, 'P')."""
+    return isinstance(reply, (str, bytes)) and reply[:1] in ("l", "L", "P", b"l", b"L", b"P")
 
 
 def started(key: str, reply: Any) -> str:

@@ -232,10 +232,11 @@ class RedisAsync(AsyncBackend):
         if what and acks.short(acked):  # the rules of Acks.confirm, each step awaited
             connected = None if isinstance(acked, Exception) else await wire.connected_replicas()
             told = acks.told(acked, what, connected)
-            if call.undo is None:
+            undo = call.undo(reply) if call.undo is not None else None
+            if undo is None:
                 raise acks.refused(told, sync, sync.name, undone=False)
             try:
-                await self._done(call.undo())
+                await self._done(undo)
             except Exception as exc:
                 raise acks.refused(told, sync, sync.name, exc, undone=False) from exc
             raise acks.refused(told, sync, sync.name, undone=True)

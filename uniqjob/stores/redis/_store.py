@@ -34,7 +34,7 @@ from ..semaphores import SemaphoreStore
 from . import _listing, _overlap
 from . import _lua as lua
 from . import _lua_settle as settle
-from ._acks import Acks, check_wait, claimed, if_one, started
+from ._acks import Acks, check_wait, claimed, coalesced, if_one, started
 from ._client import backend_error, client_for, key_of, names, redis_client_from_url, where
 from ._replies import COALESCED, latest, parts, pending_call
 from ._semaphores import RedisSemaphores
@@ -59,8 +59,9 @@ class Call(NamedTuple, Generic[T]):
     """One primitive's script call: the script, how many of ``items`` are keys, and its reply's reader.
 
     ``grant`` names what a reply granted ("": nothing), for a primitive whose grant replicas must
-    acknowledge (``replicas``; see _acks), and ``undo`` makes the call that takes that grant back,
-    token-checked (a call, not sent: the sync store and the asyncio face each send it their way).
+    acknowledge (``replicas``; see _acks), and ``undo`` makes, from that reply, the call that takes
+    the grant back, token-checked (a call, not sent: the sync store and the asyncio face each send
+    it their way), or None if nothing of the caller's own can be taken back.
     """
 
     script: Script
@@ -68,7 +69,7 @@ class Call(NamedTuple, Generic[T]):
     items: list[Any]
     decode: Callable[[Any], T]
     grant: Callable[[Any], str] | None = None
-    undo: Callable[[], Call[Any]] | None = None
+    undo: Callable[[Any], Call[Any] | None] | None = None
 
 
 class RedisBackend(Backend):
@@ -226,9 +227,9 @@ class RedisBackend(Backend):
             raise self._failure(exc, call.items[: call.numkeys]) from exc
         what = call.grant(reply)
         if what:
-            undo = call.undo
+            undo = call.undo(reply) if call.undo is not None else None
             acks.confirm(
-                acked, what, undo and (lambda: self._done(undo())), self, self.name, name=call.items[0]
+                acked, what, undo and (lambda: self._done(undo)), self, self.name, name=call.items[0]
             )
         return call.decode(reply)
 
@@ -277,7 +278,9 @@ class RedisBackend(Backend):
         decode = partial(self._granted, key, run, meta)
         if self._acks is None:  # no replicas to acknowledge it: no grant text, nothing to undo
             return Call(self._claim, 4, items, decode)
-        undo = partial(self._reclaim_call, key, token, token if run is not None else None)
+        def undo(reply: Any) -> Call[bool] | None:  # a call coalesced into another's lock has none
+            return None if coalesced(reply) else self._reclaim_call(key, token, token if run else None)
+
         return Call(self._claim, 4, items, decode, partial(claimed, key, run is not None), undo)
 
     def _start_call(
@@ -300,7 +303,9 @@ class RedisBackend(Backend):
             return Call(self._start, 4, items, decode)
         # Undone: the run lock of this token and attempt; the queue lock is left as a failed
         # start leaves it (an orphan once the run lock is gone, reclaimed by the next claim).
-        undo = partial(self._finish_call, key, token, keep_queue=True, attempt=run.attempt)
+        def undo(reply: Any) -> Call[PendingCall | None]:
+            return self._finish_call(key, token, keep_queue=True, attempt=run.attempt)
+
         return Call(self._start, 4, items, decode, partial(started, key), undo)
 
     def _attach_call(self, key: str, token: str, job_id: str) -> Call[bool]:
