@@ -8,17 +8,14 @@ from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _coalesce
+from ._job_base import log  # the job layer's logger: a dropped duplicate is logged as the job's
 from .errors import JobNotUnique, holder_text
 from .joblock import JobLock
-from .stores._log import get_logger
 
 if TYPE_CHECKING:
     from .job import UniqueJob
 
 __all__ = ["RESCHEDULED", "apply"]
-
-# The job layer's logger, named in the README: a dropped duplicate is logged as the job's.
-log = get_logger("uniqjob.job")
 
 #: An inline call to try again after ``unique_reschedule_delay``.
 RESCHEDULED: Any = object()

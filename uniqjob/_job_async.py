@@ -213,17 +213,15 @@ async def execute(
         raise
     if lock.call:  # "keep_last": the latest call's arguments, recorded while this one was queued
         args, kwargs = _coalesce.decode(lock.call)
-    if settle is None:
-        result = await _perform(cls, lock, store, args, kwargs, releasing=True)
-        await next_call(cls, lock, store)
-        return result
     try:
-        result = await _perform(cls, lock, store, args, kwargs, releasing=False)
+        result = await _perform(cls, lock, store, args, kwargs, releasing=settle is None)
     except BaseException as exc:
-        await _callouts.acall_out(settle, exc, None)
-        await next_call(cls, lock, store)
+        if settle is not None:
+            await _callouts.acall_out(settle, exc, None)
+            await next_call(cls, lock, store)
         raise
-    await _callouts.acall_out(settle, None, result)
+    if settle is not None:
+        await _callouts.acall_out(settle, None, result)
     await next_call(cls, lock, store)
     return result
 

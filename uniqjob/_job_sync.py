@@ -214,17 +214,15 @@ def execute(
         raise
     if lock.call:  # "keep_last": the latest call's arguments, recorded while this one was queued
         args, kwargs = _coalesce.decode(lock.call)
-    if settle is None:
-        result = _perform(cls, lock, store, args, kwargs, releasing=True)
-        next_call(cls, lock, store)
-        return result
     try:
-        result = _perform(cls, lock, store, args, kwargs, releasing=False)
+        result = _perform(cls, lock, store, args, kwargs, releasing=settle is None)
     except BaseException as exc:
-        _callouts.call_out(settle, exc, None)
-        next_call(cls, lock, store)
+        if settle is not None:
+            _callouts.call_out(settle, exc, None)
+            next_call(cls, lock, store)
         raise
-    _callouts.call_out(settle, None, result)
+    if settle is not None:
+        _callouts.call_out(settle, None, result)
     next_call(cls, lock, store)
     return result
 

@@ -142,16 +142,9 @@ async def start(lock: JobLock, store: AsyncBackend) -> None:
             # and its queue lock is then an orphan; the job layer drops an inline call's
             # queued lock.
             state = await store.start(
-                candidate,
-                lock.token,
-                run=claim,
-                meta=lock.meta,
-                ttl=lock.ttl,
-                adopt=lock.adopt,
-                queue_lock=mode,
-                count=count and mode != "own",
-                counted=before,
-            )
+                candidate, lock.token, run=claim, meta=lock.meta, ttl=lock.ttl, adopt=lock.adopt,
+                queue_lock=mode, count=count and mode != "own", counted=before,
+            )  # fmt: skip
             if state is None:
                 lock.key, lock.conflict, lock._key_fixed = candidate, None, True
                 lock.fence, lock.call = claim.fence, claim.call
@@ -186,13 +179,7 @@ async def hold(lock: JobLock, store: AsyncBackend, *, started: bool = False, rel
     # The heartbeat renews through the sync backend on its own threads, for async holders
     # too: an event loop kept busy by other tasks cannot starve it.
     lock._beat = heartbeat.start(
-        renew,
-        lease / 3,
-        key,
-        lease=lease,
-        confirmed=lock._granted_at,
-        on_lost=lock._lost,
-        group=backend,
+        renew, lease / 3, key, lease=lease, confirmed=lock._granted_at, on_lost=lock._lost, group=backend
     )
     lock._outer = current.set(lock)
 
@@ -238,17 +225,13 @@ async def _confirm(lock: JobLock, store: AsyncBackend, releasing: bool) -> None:
 
 async def enter(lock: JobLock, store: AsyncBackend) -> JobLock:
     """Take what the strategy holds while its job runs, as ``Job.run()`` does; JobNotUnique if held."""
-    if lock.strategy == "until_executed":
-        if not await acquire(lock, store, run=True):
-            assert lock.conflict is not None
-            raise JobNotUnique(lock.key, lock.conflict.describe())
-        await hold(lock, store, started=True)
-        return lock
-    if lock.strategy != "while_executing" and not await acquire(lock, store):
+    both = lock.strategy == "until_executed"  # both locks in one claim
+    if lock.strategy != "while_executing" and not await acquire(lock, store, run=both):
         assert lock.conflict is not None
         raise JobNotUnique(lock.key, lock.conflict.describe())
     try:
-        await start(lock, store)
+        if not both:
+            await start(lock, store)
     except JobNotUnique:
         await store.dequeue(lock.key, lock.token)
         raise
@@ -281,7 +264,6 @@ async def release(lock: JobLock, store: AsyncBackend) -> None:
         except Exception as exc:
             unreleased(lock, exc)
         raise
-
 
 
 async def requeue(lock: JobLock, store: AsyncBackend, *, delay: float = 0.0) -> bool:

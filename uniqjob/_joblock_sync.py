@@ -143,16 +143,9 @@ def start(lock: JobLock, store: Backend) -> None:
             # and its queue lock is then an orphan; the job layer drops an inline call's
             # queued lock.
             state = store.start(
-                candidate,
-                lock.token,
-                run=claim,
-                meta=lock.meta,
-                ttl=lock.ttl,
-                adopt=lock.adopt,
-                queue_lock=mode,
-                count=count and mode != "own",
-                counted=before,
-            )
+                candidate, lock.token, run=claim, meta=lock.meta, ttl=lock.ttl, adopt=lock.adopt,
+                queue_lock=mode, count=count and mode != "own", counted=before,
+            )  # fmt: skip
             if state is None:
                 lock.key, lock.conflict, lock._key_fixed = candidate, None, True
                 lock.fence, lock.call = claim.fence, claim.call
@@ -187,13 +180,7 @@ def hold(lock: JobLock, store: Backend, *, started: bool = False, releasing: boo
     # The heartbeat renews through the sync backend on its own threads, for async holders
     # too: an event loop kept busy by other tasks cannot starve it.
     lock._beat = heartbeat.start(
-        renew,
-        lease / 3,
-        key,
-        lease=lease,
-        confirmed=lock._granted_at,
-        on_lost=lock._lost,
-        group=backend,
+        renew, lease / 3, key, lease=lease, confirmed=lock._granted_at, on_lost=lock._lost, group=backend
     )
     lock._outer = current.set(lock)
 
@@ -239,17 +226,13 @@ def _confirm(lock: JobLock, store: Backend, releasing: bool) -> None:
 
 def enter(lock: JobLock, store: Backend) -> JobLock:
     """Take what the strategy holds while its job runs, as ``Job.run()`` does; JobNotUnique if held."""
-    if lock.strategy == "until_executed":
-        if not acquire(lock, store, run=True):
-            assert lock.conflict is not None
-            raise JobNotUnique(lock.key, lock.conflict.describe())
-        hold(lock, store, started=True)
-        return lock
-    if lock.strategy != "while_executing" and not acquire(lock, store):
+    both = lock.strategy == "until_executed"  # both locks in one claim
+    if lock.strategy != "while_executing" and not acquire(lock, store, run=both):
         assert lock.conflict is not None
         raise JobNotUnique(lock.key, lock.conflict.describe())
     try:
-        start(lock, store)
+        if not both:
+            start(lock, store)
     except JobNotUnique:
         store.dequeue(lock.key, lock.token)
         raise
@@ -282,7 +265,6 @@ def release(lock: JobLock, store: Backend) -> None:
         except Exception as exc:
             unreleased(lock, exc)
         raise
-
 
 
 def requeue(lock: JobLock, store: Backend, *, delay: float = 0.0) -> bool:

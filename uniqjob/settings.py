@@ -8,7 +8,7 @@ with the mixin's own, are :mod:`uniqjob._names`'s.)
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Literal, TypeGuard
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, get_args
 
 from . import config
 from ._ticks import parse_period
@@ -38,9 +38,7 @@ __all__ = [
 log = get_logger(__name__)
 
 ConflictPolicy = Literal["log", "discard", "raise", "reschedule", "use_existing", "keep_last", "replace"]
-POLICIES: tuple[ConflictPolicy, ...] = (
-    "log", "discard", "raise", "reschedule", "use_existing", "keep_last", "replace"
-)  # fmt: skip
+POLICIES: tuple[ConflictPolicy, ...] = get_args(ConflictPolicy)
 
 #: Every setting a job class may define; any other ``unique_*`` attribute is a typo.
 SETTINGS = frozenset(
