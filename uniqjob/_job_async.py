@@ -150,16 +150,15 @@ async def run(
     _concurrency.mark_inline(lock)  # a concurrency "block" waits in this process
     if lock.coalesce == "keep_last":
         lock.ttl = None  # see next_call
+    queued = cls.unique_strategy != "while_executing"  # a queue lock to take first
+    both = lock.strategy == "until_executed" and cls.concurrency_limit is None  # the usual: in one step
     while True:
-        if lock.strategy == "until_executed" and cls.concurrency_limit is None:
-            # the common case in one step: both locks at once
-            if await _joblock_async.acquire(lock, store, run=True):
-                result = await _perform(cls, lock, store, args, kwargs, releasing=True)
-                await next_call(cls, lock, store)
-                return result
+        if queued and not await _joblock_async.acquire(lock, store, run=both):
             result = await _callouts.acall_out(_conflicts.apply, cls, lock, args, kwargs)
-        elif cls.unique_strategy != "while_executing" and not await _joblock_async.acquire(lock, store):
-            result = await _callouts.acall_out(_conflicts.apply, cls, lock, args, kwargs)
+        elif both:
+            result = await _perform(cls, lock, store, args, kwargs, releasing=True)
+            await next_call(cls, lock, store)
+            return result
         else:
             result = await execute(cls, lock, store, args, kwargs)
         if result is not _conflicts.RESCHEDULED:

@@ -296,7 +296,9 @@ class Heartbeat:
             if not self._heap:
                 self._sleep(cond, 60.0)
                 if not self._heap:
-                    self._retire_worker()
+                    for todo, _thread in self._workers.values():
+                        todo.put(None)  # each worker ends once it has made the renewals it was given
+                    self._workers = {}
                     self._thread = None
                     return None  # idle: the next start() makes a new thread
                 continue
@@ -346,17 +348,8 @@ class Heartbeat:
             worker = self._workers[beat.group] = (todo, thread)
         worker[0].put(beat)
 
-    def _retire_worker(self) -> None:
-        """Let the workers end once they have made the renewals they were given. Lock held."""
-        for todo, _thread in self._workers.values():
-            todo.put(None)
-        self._workers = {}
-
     def _work(self, todo: queue.SimpleQueue[Beat | None]) -> None:
-        while True:
-            beat = todo.get()
-            if beat is None:
-                return
+        for beat in iter(todo.get, None):
             self._renew(beat)
 
     def _renew(self, beat: Beat) -> None:
