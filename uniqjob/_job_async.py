@@ -66,7 +66,7 @@ async def enqueue(
         else:
             handle = await _slots.push(cls, queue, lock, args, kwargs)
     except BaseException:
-        await _joblock_async.dequeue(lock, store)
+        await store.dequeue(lock.key, lock.token)
         raise
     if lock.meta.job_id and after is None:
         # the job exists now: its queue may prove it gone from here on
@@ -201,7 +201,7 @@ async def execute(
             what = "%s: skipped a second delivery of %s, still running"
             _job_base.log.warning(what, cls.job_name(), lock.key)
             return None
-        await _joblock_async.dequeue(lock, store)
+        await store.dequeue(lock.key, lock.token)
         return await _callouts.acall_out(_conflicts.apply, cls, lock, args, kwargs)
     except Exception as exc:  # the store failed: give back what the call holds, then say so
         await _settle_failed_start(lock, store, settle, exc)

@@ -67,7 +67,7 @@ def enqueue(
         else:
             handle = _slots.push(cls, queue, lock, args, kwargs)
     except BaseException:
-        _joblock_sync.dequeue(lock, store)
+        store.dequeue(lock.key, lock.token)
         raise
     if lock.meta.job_id and after is None:
         # the job exists now: its queue may prove it gone from here on
@@ -202,7 +202,7 @@ def execute(
             what = "%s: skipped a second delivery of %s, still running"
             _job_base.log.warning(what, cls.job_name(), lock.key)
             return None
-        _joblock_sync.dequeue(lock, store)
+        store.dequeue(lock.key, lock.token)
         return _callouts.call_out(_conflicts.apply, cls, lock, args, kwargs)
     except Exception as exc:  # the store failed: give back what the call holds, then say so
         _settle_failed_start(lock, store, settle, exc)

@@ -36,7 +36,7 @@ from .stores.aio import AsyncBackend, completed
 if TYPE_CHECKING:
     from .joblock import JobLock
 
-__all__ = ["acquire", "attach", "dequeue", "enter", "held", "hold", "release", "requeue", "start", "unhold"]
+__all__ = ["acquire", "attach", "enter", "held", "hold", "release", "requeue", "start", "unhold"]
 
 
 async def acquire(
@@ -286,11 +286,6 @@ async def attach(lock: JobLock, store: AsyncBackend) -> bool:
     if not lock.meta.job_id:
         return False
     return await store.attach(lock.key, lock.token, lock.meta.job_id)
-
-
-async def dequeue(lock: JobLock, store: AsyncBackend) -> bool:
-    """Drop the queue lock while it is still queued and ours (its job left the queue)."""
-    return await store.dequeue(lock.key, lock.token)
 
 
 async def held(lock: JobLock, store: AsyncBackend, *, run_conflicts: bool = False) -> bool:

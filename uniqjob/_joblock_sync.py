@@ -37,7 +37,7 @@ from .stores.base import Backend
 if TYPE_CHECKING:
     from .joblock import JobLock
 
-__all__ = ["acquire", "attach", "dequeue", "enter", "held", "hold", "release", "requeue", "start", "unhold"]
+__all__ = ["acquire", "attach", "enter", "held", "hold", "release", "requeue", "start", "unhold"]
 
 
 def acquire(
@@ -287,11 +287,6 @@ def attach(lock: JobLock, store: Backend) -> bool:
     if not lock.meta.job_id:
         return False
     return store.attach(lock.key, lock.token, lock.meta.job_id)
-
-
-def dequeue(lock: JobLock, store: Backend) -> bool:
-    """Drop the queue lock while it is still queued and ours (its job left the queue)."""
-    return store.dequeue(lock.key, lock.token)
 
 
 def held(lock: JobLock, store: Backend, *, run_conflicts: bool = False) -> bool:

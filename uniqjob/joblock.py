@@ -306,13 +306,11 @@ class JobLock:
 
     def dequeue(self) -> bool:
         """Drop the queue lock while it is still queued and ours (its job left the queue)."""
-        return _joblock_sync.dequeue(self, self.backend)
+        return self.backend.dequeue(self.key, self.token)
 
     async def adequeue(self) -> bool:
         """:meth:`dequeue`, awaited."""
-        from . import _joblock_async
-
-        return await _joblock_async.dequeue(self, _async_backend(self.backend))
+        return await _async_backend(self.backend).dequeue(self.key, self.token)
 
     def held(self, *, run_conflicts: bool = False) -> bool:
         """Would a claim of this key conflict now? Orphans don't count; every one of its keys must be held.

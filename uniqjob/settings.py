@@ -40,7 +40,7 @@ log = get_logger(__name__)
 ConflictPolicy = Literal["log", "discard", "raise", "reschedule", "use_existing", "keep_last", "replace"]
 POLICIES: tuple[ConflictPolicy, ...] = get_args(ConflictPolicy)
 
-#: Every setting a job class may define; any other ``unique_*`` attribute is a typo.
+#: Every setting a job class may define; any other ``unique_*`` or ``concurrency_*`` attribute is a typo.
 SETTINGS = frozenset(
     {
         "unique_lock_autoexpire",
@@ -57,6 +57,11 @@ SETTINGS = frozenset(
         "unique_once_per",
         "unique_debounce",
         "unique_debounce_max_wait",
+        "concurrency_limit",
+        "concurrency_duration",
+        "concurrency_on_conflict",
+        "concurrency_key",
+        "concurrency_wait_timeout",
     }
 )
 

@@ -20,21 +20,10 @@ from .semaphore import Semaphore
 if TYPE_CHECKING:
     from ..job import UniqueJob
 
-__all__ = ["POLICIES", "SETTINGS", "ConcurrencyPolicy", "check", "key_of", "semaphore_of"]
+__all__ = ["POLICIES", "ConcurrencyPolicy", "check", "key_of", "semaphore_of"]
 
 ConcurrencyPolicy = Literal["block", "discard", "raise"]
 POLICIES: tuple[ConcurrencyPolicy, ...] = ("block", "discard", "raise")
-
-#: Every concurrency setting a job class may define; any other ``concurrency_*`` attribute is a typo.
-SETTINGS = frozenset(
-    {
-        "concurrency_limit",
-        "concurrency_duration",
-        "concurrency_on_conflict",
-        "concurrency_key",
-        "concurrency_wait_timeout",
-    }
-)
 
 _KEY_TEXT_MAX = 200  # a longer key value is digested, like any non-text one
 
@@ -48,7 +37,7 @@ def _seconds(value: object, what: str, *, allow_none: bool = False) -> float | N
 def check(cls: type[UniqueJob]) -> None:
     """Raise :class:`ConfigurationError` naming the first bad ``concurrency_*`` setting of ``cls``."""
     name = cls.__qualname__
-    own = [attr for attr in vars(cls) if attr.startswith("concurrency_")]  # none unknown: see _names
+    own = [attr for attr in vars(cls) if attr.startswith("concurrency_")]  # none unknown: _names refused them
     key = inspect.getattr_static(cls, "concurrency_key")
     if not isinstance(key, (classmethod, staticmethod)):
         raise ConfigurationError(f"{name}.concurrency_key must be a classmethod taking perform's arguments")
