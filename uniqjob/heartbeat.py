@@ -111,12 +111,8 @@ def deadline(confirmed: float, lease: float) -> float:
 class Beat:
     """One registered lease: ``renew`` is called every ``interval`` seconds until cancelled.
 
-    ``renew`` returns False when the lock is no longer ours, and raises when
-    the store fails. ``lost`` is set when the lock is lost (``reason``
-    :data:`TAKEN`) or, for a beat with a ``lease``, presumed lost
-    (:data:`PRESUMED`): ``deadline`` (monotonic; the last confirmed send plus
-    the lease less the margin) passed without a confirmed renewal. Then the
-    beat renews no more.
+    ``renew`` returns False when the lock is no longer ours, and raises when the store
+    fails; ``lost`` is set when the lock is lost or presumed lost (see the module).
     """
 
     renew: Callable[[], bool]
