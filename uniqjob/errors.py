@@ -53,15 +53,15 @@ def holder_text(facts: Mapping[str, Any]) -> str:
 
 def _clears(seconds: object, by: object) -> str:
     """``12.3s (autoexpire)``; a lease is renewed while its holder lives, and the phrase says so."""
-    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-    text = f"{seconds:.1f}s" if number else f"{seconds}s"
+    text = _secs(seconds, 1)
     if by == "lease":
         return f"{text} (lease, unless its holder renews it)"
     return f"{text} ({by})" if by else text
 
 
-def _secs(value: object) -> str:
-    return f"{value:.3f}s" if isinstance(value, (int, float)) and not isinstance(value, bool) else f"{value}s"
+def _secs(value: object, digits: int = 3) -> str:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return f"{value:.{digits}f}s" if number else f"{value}s"
 
 
 class UniqJobError(Exception):

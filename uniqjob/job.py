@@ -175,10 +175,7 @@ class UniqueJob:
         return _percall.using(cls, settings)
 
     # -- the user's entry points -------------------------------------------------------
-    #
-    # Each is one path, written once in uniqjob/_job_async.py (the asyncio entry points call it
-    # with the store's async face); the sync ones call its generated twin, uniqjob/_job_sync.py.
-    # See docs/internals.md.
+    # (each is written once, in _job_async.py; the sync ones call its generated twin: docs/internals.md)
 
     @classmethod
     def enqueue(cls, *args: Any, **kwargs: Any) -> Any:

@@ -176,10 +176,7 @@ class JobLock:
         return [self._base] + [f"{self._base}#{n}" for n in range(2, self.limit + 1)]
 
     # -- enqueue -----------------------------------------------------------------------
-    #
-    # Each operation is one path, written once in uniqjob/_joblock_async.py (the asyncio API
-    # calls it with the store's async face); the sync API calls its generated twin in
-    # uniqjob/_joblock_sync.py. See docs/internals.md.
+    # (each operation is written once, in _joblock_async.py; the sync API calls its generated twin)
 
     def acquire(self, *, run: bool = False, gone: Callable[[str], bool] | None = None) -> bool:
         """Take the queue lock; with ``run``, the run lock too, in one step. False on conflict.
