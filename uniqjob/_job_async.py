@@ -52,8 +52,7 @@ async def enqueue(
         # Else made once the lock is ours: a duplicate needs no id, and acquire() records none.
         job_id = "" if after is not None else _concurrency.job_id(cls, queue)
         if job_id:
-            meta = lock.meta
-            lock.meta = QueueMeta(meta.cls, meta.args, job_id)
+            lock.meta = QueueMeta(lock.meta.cls, lock.meta.args, job_id)
         if lock.debounce is not None:  # due once the burst is over: see uniqjob._coalesce
             delay = lock.debounce[0]
             handle = await _callouts.acall_out(queue.push_in, cls, lock, tuple(args), dict(kwargs), delay)
@@ -87,8 +86,7 @@ async def _delay(
     queue, state = cls.unique_queue, lock.conflict
     assert queue is not None and state is not None and state.queue is not None and state.queue.due is not None
     delay = state.queue.due - state.now
-    meta = lock.meta
-    lock.meta = QueueMeta(meta.cls, meta.args, await _callouts.acall_out(queue.new_job_id))
+    lock.meta = QueueMeta(lock.meta.cls, lock.meta.args, await _callouts.acall_out(queue.new_job_id))
     await _callouts.acall_out(queue.push_in, cls, lock, tuple(args), dict(kwargs), max(delay, 0.0))
     await _joblock_async.attach(lock, store)  # the lock names its job: the one pushed now
 

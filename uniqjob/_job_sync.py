@@ -53,8 +53,7 @@ def enqueue(
         # Else made once the lock is ours: a duplicate needs no id, and acquire() records none.
         job_id = "" if after is not None else _concurrency.job_id(cls, queue)
         if job_id:
-            meta = lock.meta
-            lock.meta = QueueMeta(meta.cls, meta.args, job_id)
+            lock.meta = QueueMeta(lock.meta.cls, lock.meta.args, job_id)
         if lock.debounce is not None:  # due once the burst is over: see uniqjob._coalesce
             delay = lock.debounce[0]
             handle = _callouts.call_out(queue.push_in, cls, lock, tuple(args), dict(kwargs), delay)
@@ -88,8 +87,7 @@ def _delay(
     queue, state = cls.unique_queue, lock.conflict
     assert queue is not None and state is not None and state.queue is not None and state.queue.due is not None
     delay = state.queue.due - state.now
-    meta = lock.meta
-    lock.meta = QueueMeta(meta.cls, meta.args, _callouts.call_out(queue.new_job_id))
+    lock.meta = QueueMeta(lock.meta.cls, lock.meta.args, _callouts.call_out(queue.new_job_id))
     _callouts.call_out(queue.push_in, cls, lock, tuple(args), dict(kwargs), max(delay, 0.0))
     _joblock_sync.attach(lock, store)  # the lock names its job: the one pushed now
 

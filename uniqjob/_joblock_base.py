@@ -131,9 +131,7 @@ def gone_job(state: LockState, after: float = 0.0) -> str:
     its job id was recorded at the claim, and its job may not have reached the queue yet.
     """
     queue = state.queue
-    if queue is None or queue.state != QUEUED:
-        return ""
-    if after > 0 and state.now - queue.since < after:
+    if queue is None or queue.state != QUEUED or (after > 0 and state.now - queue.since < after):
         return ""
     return queue.meta.job_id
 

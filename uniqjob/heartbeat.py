@@ -318,16 +318,13 @@ class Heartbeat:
         now = self.clock()
         lost = now >= beat.deadline and self._mark(beat, PRESUMED, now)
         watch = beat._watch()
-        if beat._busy:  # its renewal is still under way: the deadline stands (it re-pushes when done)
-            if watch < math.inf:
-                self._push(beat, watch)
-        elif now >= beat.due:
+        if not beat._busy and now >= beat.due:
             beat._busy = True
             self._hand_over(beat)
-            if watch < math.inf:
-                self._push(beat, watch)
-        else:
+        if not beat._busy:
             self._push(beat, min(beat.due, watch))
+        elif watch < math.inf:  # its renewal is under way: the deadline stands (it re-pushes when done)
+            self._push(beat, watch)
         return lost
 
     # -- the worker ------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConfigurationError
 from ..keys import digest
-from ..settings import seconds
+from ..settings import one_of, seconds
 from ._stores import store_for
 from .semaphore import Semaphore
 
@@ -52,11 +52,7 @@ def check(cls: type[UniqueJob]) -> None:
             f"{name}.concurrency_limit must be a whole number >= 1 or None, got {limit!r}"
         )
     _seconds(cls.concurrency_duration, f"{name}.concurrency_duration")
-    if cls.concurrency_on_conflict not in POLICIES:
-        raise ConfigurationError(
-            f"{name}.concurrency_on_conflict must be one of {', '.join(POLICIES)}; "
-            f"got {cls.concurrency_on_conflict!r}"
-        )
+    one_of(name, "concurrency_on_conflict", cls.concurrency_on_conflict, POLICIES)
     _seconds(cls.concurrency_wait_timeout, f"{name}.concurrency_wait_timeout", allow_none=True)
 
 
