@@ -8,6 +8,7 @@ I/O are in :mod:`uniqjob._joblock_base`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ._callouts import acall_out
@@ -165,12 +166,9 @@ async def hold(lock: JobLock, store: AsyncBackend, *, started: bool = False, rel
         await start(lock, store)
     if AT_START[lock.strategy] is None:
         return
-    backend, key, token, lease = lock.backend, lock.key, lock.token, lock.lease
-    attempt = lock._attempt  # a second delivery of this job (same token) is another attempt's
-
-    def renew() -> bool:
-        return backend.renew(key, token, lease, attempt)
-
+    backend, key, lease = lock.backend, lock.key, lock.lease
+    # (a second delivery of this job, the same token, renews as another attempt)
+    renew = partial(backend.renew, key, lock.token, lease, lock._attempt)
     granted = lock._granted_at
     if granted is not None and heartbeat.clock() >= deadline(granted, lease):
         await _confirm(lock, store, releasing)

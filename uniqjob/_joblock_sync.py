@@ -9,6 +9,7 @@ I/O are in :mod:`uniqjob._joblock_base`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ._callouts import call_out
@@ -166,12 +167,9 @@ def hold(lock: JobLock, store: Backend, *, started: bool = False, releasing: boo
         start(lock, store)
     if AT_START[lock.strategy] is None:
         return
-    backend, key, token, lease = lock.backend, lock.key, lock.token, lock.lease
-    attempt = lock._attempt  # a second delivery of this job (same token) is another attempt's
-
-    def renew() -> bool:
-        return backend.renew(key, token, lease, attempt)
-
+    backend, key, lease = lock.backend, lock.key, lock.lease
+    # (a second delivery of this job, the same token, renews as another attempt)
+    renew = partial(backend.renew, key, lock.token, lease, lock._attempt)
     granted = lock._granted_at
     if granted is not None and heartbeat.clock() >= deadline(granted, lease):
         _confirm(lock, store, releasing)

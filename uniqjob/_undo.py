@@ -58,20 +58,17 @@ class Undos:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
+        self._at_exit = False
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        # Also after fork, in the child: the parent keeps retrying its own undos; a child starts with none.
         #: The undos not yet done (read it to ask "any?": it costs no call).
         self.pending: list[_Undo] = []
         self._mutex = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._at_exit = False
-        os.register_at_fork(after_in_child=self._after_fork)
-
-    def _after_fork(self) -> None:
-        # The parent keeps retrying its own undos; a child starts with none.
-        self.pending = []
-        self._mutex = threading.Lock()
-        self._wake = threading.Event()
-        self._thread = None
 
     def __len__(self) -> int:
         return len(self.pending)
