@@ -201,21 +201,18 @@ async def _confirm(lock: JobLock, store: AsyncBackend, releasing: bool) -> None:
     """
     sent = heartbeat.clock()
     try:
-        mine = await store.renew(lock.key, lock.token, lock.lease, lock._attempt)
+        if not await store.renew(lock.key, lock.token, lock.lease, lock._attempt):
+            raise BackendError(
+                f"the lock {lock.key!r} was granted too late to rely on and was gone when renewed; "
+                "the job did not run",
+                lock.backend.name,
+            )
     except GeneratorExit:
         raise
-    except BaseException:  # the store failed, or the caller was cancelled: perform does not start
+    except BaseException:  # gone, the store failed, or the caller was cancelled: perform does not start
         if releasing:
             await release(lock, store)
         raise
-    if not mine:
-        if releasing:
-            await release(lock, store)
-        raise BackendError(
-            f"the lock {lock.key!r} was granted too late to rely on and was gone when renewed; "
-            "the job did not run",
-            lock.backend.name,
-        )
     lock._granted_at = sent
 
 

@@ -202,21 +202,18 @@ def _confirm(lock: JobLock, store: Backend, releasing: bool) -> None:
     """
     sent = heartbeat.clock()
     try:
-        mine = store.renew(lock.key, lock.token, lock.lease, lock._attempt)
+        if not store.renew(lock.key, lock.token, lock.lease, lock._attempt):
+            raise BackendError(
+                f"the lock {lock.key!r} was granted too late to rely on and was gone when renewed; "
+                "the job did not run",
+                lock.backend.name,
+            )
     except GeneratorExit:
         raise
-    except BaseException:  # the store failed, or the caller was cancelled: perform does not start
+    except BaseException:  # gone, the store failed, or the caller was cancelled: perform does not start
         if releasing:
             release(lock, store)
         raise
-    if not mine:
-        if releasing:
-            release(lock, store)
-        raise BackendError(
-            f"the lock {lock.key!r} was granted too late to rely on and was gone when renewed; "
-            "the job did not run",
-            lock.backend.name,
-        )
     lock._granted_at = sent
 
 
