@@ -259,13 +259,12 @@ class JobLock:
         """Release what is still ours (``until_expired`` keeps its queue lock until it expires).
 
         Nothing here raises, whatever the store does: the job has already run,
-        and raising would invite a retry, a duplicate. After a failed release
-        the run lock lapses with its lease, and its queue lock is then an
-        orphan that the next enqueue reclaims. (A failed release is not retried
-        later: a second delivery of this job may hold the same token by then.) A
-        release interrupted on its way (a cancelled task, Ctrl-C) is sent again at
-        once, before the cancellation goes on, which then waits for the store (at
-        most its socket timeout).
+        and raising would invite a retry, a duplicate. A failed release is made
+        again in the background until the store answers (token- and
+        attempt-checked: a second delivery of this job is left alone). A release
+        interrupted on its way (a cancelled task, Ctrl-C) is sent again at once,
+        before the cancellation goes on, which then waits for the store (at most
+        its socket timeout).
         """
         _joblock_sync.release(self, self.backend)
 
