@@ -14,9 +14,9 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ._job_base import log
 from .errors import ConfigurationError
 from .locks import PendingCall, QueueMeta
-from .stores._log import get_logger
 
 if TYPE_CHECKING:
     from .job import UniqueJob
@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     from .stores.base import Coalesce
 
 __all__ = ["Pending", "conflict", "decode", "encode", "follower", "hand_on", "json_ref", "mode"]
-
-log = get_logger("uniqjob.job")
 
 
 class Pending:

@@ -8,17 +8,14 @@ from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _coalesce
+from ._job_base import log  # the job layer's logger: a dropped duplicate is logged as the job's
 from .errors import JobNotUnique, holder_text
 from .joblock import JobLock
-from .stores._log import get_logger
 
 if TYPE_CHECKING:
     from .job import UniqueJob
 
 __all__ = ["RESCHEDULED", "apply"]
-
-# The job layer's logger, named in the README: a dropped duplicate is logged as the job's.
-log = get_logger("uniqjob.job")
 
 #: An inline call to try again after ``unique_reschedule_delay``.
 RESCHEDULED: Any = object()
@@ -44,12 +41,10 @@ def apply(cls: type[UniqueJob], lock: JobLock, args: Sequence[Any], kwargs: dict
         policy = "log"
     # A duplicate is the common case of a busy queue: the holder's facts are
     # gathered only for a log line that is written.
-    if policy == "log":
-        if log.isEnabledFor(logging.INFO):
-            log.info("%s dropped: %s is already locked (%s)", cls.job_name(), lock.key, _said(lock))
-    elif policy == "reschedule":
-        if log.isEnabledFor(logging.INFO):
-            log.info("%s rescheduled: %s is already locked (%s)", cls.job_name(), lock.key, _said(lock))
+    if policy in ("log", "reschedule") and log.isEnabledFor(logging.INFO):
+        what, facts = "dropped" if policy == "log" else "rescheduled", holder_text(_holder(lock))
+        log.info("%s %s: %s is already locked (%s)", cls.job_name(), what, lock.key, facts)
+    if policy == "reschedule":
         queue = cls.unique_queue
         if queue is None:
             return RESCHEDULED
@@ -83,8 +78,3 @@ async def _dropped(later: Awaitable[Any]) -> None:
 def _holder(lock: JobLock) -> dict[str, object]:
     """The facts of what blocked ``lock``'s last acquire or start, for a log line or an error."""
     return lock.conflict.describe() if lock.conflict is not None else {}
-
-
-def _said(lock: JobLock) -> str:
-    """What blocked ``lock``, as a phrase for a log line."""
-    return holder_text(_holder(lock))

@@ -8,7 +8,7 @@ here once, the same for the sync and the asyncio API.
 from __future__ import annotations
 
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 from ._undo import undos
 from .errors import holder_text
@@ -45,13 +45,7 @@ Strategy = Literal[
     "until_and_while_executing",
     "until_expired",
 ]
-STRATEGIES: tuple[Strategy, ...] = (
-    "until_executed",
-    "until_executing",
-    "while_executing",
-    "until_and_while_executing",
-    "until_expired",
-)
+STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 
 #: What each strategy does when perform starts: whether it holds a run lock, and what taking
 #: it does to the queue lock (see Backend.start).
@@ -137,9 +131,7 @@ def gone_job(state: LockState, after: float = 0.0) -> str:
     its job id was recorded at the claim, and its job may not have reached the queue yet.
     """
     queue = state.queue
-    if queue is None or queue.state != QUEUED:
-        return ""
-    if after > 0 and state.now - queue.since < after:
+    if queue is None or queue.state != QUEUED or (after > 0 and state.now - queue.since < after):
         return ""
     return queue.meta.job_id
 

@@ -38,14 +38,10 @@ import inspect
 from collections.abc import Iterable
 from typing import Any
 
-from .concurrency._settings import SETTINGS as CONCURRENCY_SETTINGS
 from .errors import ConfigurationError
-from .settings import SETTINGS as UNIQUE_SETTINGS
+from .settings import SETTINGS as ALL_SETTINGS
 
 __all__ = ["ALL_SETTINGS", "HOOKS", "NEAR", "NEAR_HOOK", "check", "did_you_mean", "suggest"]
-
-#: Every setting a job class may define.
-ALL_SETTINGS = UNIQUE_SETTINGS | CONCURRENCY_SETTINGS
 
 #: How close (difflib's ratio, 0 to 1) a plain attribute's name must be to a setting's to be a typo of it.
 NEAR = 0.88
@@ -58,7 +54,7 @@ HOOKS = ("perform", "unique_key", "concurrency_key")
 # What each spelling a near miss is measured against stands for: the settings, and the
 # unique_* ones without their prefix when that rest is two words or more.
 _FORMS: dict[str, str] = {name: name for name in ALL_SETTINGS} | {
-    name.removeprefix("unique_"): name for name in UNIQUE_SETTINGS if "_" in name.removeprefix("unique_")
+    name.removeprefix("unique_"): name for name in ALL_SETTINGS if "_" in name.removeprefix("unique_")
 }
 
 

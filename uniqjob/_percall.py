@@ -21,8 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._names import did_you_mean
@@ -143,33 +142,22 @@ def _make(base: type[UniqueJob], items: _Items, where: str, prefix: str) -> type
         _percall_origin=base,
         _percall_settings=given,
     )
+    # The class logged its definition-time warnings when it was defined: not again for each per-call
+    # class. Only a per-call lock_autoexpire can change what they say (None where the class has seconds).
+    quiet = _Quiet() if "lock_autoexpire" not in given or base.unique_lock_autoexpire is None else None
+    if quiet is not None:
+        _settings_log.addFilter(quiet)
     try:
-        with _warned_once(base, given):
-            made: type[UniqueJob] = type(base.__name__, (base,), namespace)
+        made: type[UniqueJob] = type(base.__name__, (base,), namespace)
     except ConfigurationError as exc:
         shown = ", ".join(f"{prefix}{name}={value!r}" for name, value in given.items())
         raise ConfigurationError(f"{where} ({shown}): {exc}") from None
+    finally:
+        if quiet is not None:
+            _settings_log.removeFilter(quiet)
     return made
 
 
-@contextmanager
-def _warned_once(base: type[UniqueJob], given: Mapping[str, Any]) -> Iterator[None]:
-    """Keep the class's definition-time warnings from being logged again for each per-call class.
-
-    The class logged them when it was defined; only a per-call ``lock_autoexpire``
-    can change what they say (``None`` where the class has seconds).
-    """
-    if "lock_autoexpire" in given and base.unique_lock_autoexpire is not None:
-        yield
-        return
-    quiet = _Quiet()
-    _settings_log.addFilter(quiet)
-    try:
-        yield
-    finally:
-        _settings_log.removeFilter(quiet)
-
-
-class _Quiet(logging.Filter):
+class _Quiet(logging.Filter):  # one per class made: another thread's may be removed meanwhile
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno > logging.WARNING

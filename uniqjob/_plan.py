@@ -28,7 +28,7 @@ from .locks import QueueMeta
 if TYPE_CHECKING:
     from .job import UniqueJob
 
-__all__ = ["LOCK_HOOKS", "JobPlan", "build_lock", "plan_of", "planned_values"]
+__all__ = ["LOCK_HOOKS", "JobPlan", "build_lock", "plan_of", "planned_key"]
 
 #: The UniqueJob methods that make a call's lock; a class overriding none of them is ``plain``.
 LOCK_HOOKS = ("lock", "lock_key", "unique_key", "job_name", "backend", "autoexpire")
@@ -99,18 +99,20 @@ def plan_of(cls: type[UniqueJob], base: type[UniqueJob]) -> JobPlan:
     return JobPlan(signature, bind, bound, custom_key, key, plain, asynchronous)
 
 
-def planned_values(
-    cls: type[UniqueJob], plan: KeyPlan, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Sequence[Any] | None:
-    """The values ``plan`` keys a call by (perform's parameters, defaults applied); None if not planned."""
-    if cls.unique_args is not None:
+def planned_key(cls: type[UniqueJob], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The default key of a call, by the class's :class:`KeyPlan`; None if not planned.
+
+    The same key as ``make_key(name, unique_key(...))``, sooner: the usual call on every enqueue.
+    """
+    plan = cls._plan.key
+    if plan is None or cls.unique_args is not None:
         return None
     given = len(args)
     if not kwargs and plan.required <= given <= plan.size:  # positional, defaults trailing
-        return args + plan.defaults[given:] if given < plan.size else args
+        return plan.key(name, args + plan.defaults[given:] if given < plan.size else args)
     bind = cls._plan.bind
     bound = None if bind is None else bind(args, kwargs)
-    return None if bound is None else list(bound.values())  # None: the hooks raise the error
+    return None if bound is None else plan.key(name, list(bound.values()))  # None: the hooks raise
 
 
 def build_lock(
@@ -136,12 +138,7 @@ def build_lock(
         # same values, without four calls on the path of every enqueue.
         name = f"{cls.__module__}.{cls.__qualname__}"
         if key is None:
-            key_plan = plan.key
-            values = None if key_plan is None else planned_values(cls, key_plan, args, kwargs)
-            if key_plan is None or values is None:
-                key = cls.lock_key(*args, **kwargs)
-            else:
-                key = key_plan.key(name, values)
+            key = planned_key(cls, name, args, kwargs) or cls.lock_key(*args, **kwargs)
         target = cls.unique_backend
         backend = config.default_backend() if target is None else config.resolve(target)
         ttl = None if cls.unique_lock_autoexpire is None else cls.autoexpire()

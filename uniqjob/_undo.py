@@ -46,23 +46,11 @@ class _Undo:
     A plain class, not a dataclass: making a dataclass costs each process that imports this one.
     """
 
-    def __init__(
-        self,
-        act: Callable[[], bool],
-        what: str,
-        tokens: frozenset[str],
-        found_nothing_at: float | None = None,
-    ) -> None:
+    def __init__(self, act: Callable[[], bool], what: str, tokens: frozenset[str]) -> None:
         self.act = act
         self.what = what
         self.tokens = tokens
-        self.found_nothing_at = found_nothing_at  # monotonic time of a try that found nothing
-
-    def __repr__(self) -> str:
-        return (
-            f"_Undo(act={self.act!r}, what={self.what!r}, tokens={self.tokens!r}, "
-            f"found_nothing_at={self.found_nothing_at!r})"
-        )
+        self.found_nothing_at: float | None = None  # monotonic time of a try that found nothing
 
 
 class Undos:
@@ -70,23 +58,17 @@ class Undos:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
+        self._at_exit = False
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        # Also after fork, in the child: the parent keeps retrying its own undos; a child starts with none.
         #: The undos not yet done (read it to ask "any?": it costs no call).
         self.pending: list[_Undo] = []
         self._mutex = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._at_exit = False
-        os.register_at_fork(after_in_child=self._after_fork)
-
-    def _after_fork(self) -> None:
-        # The parent keeps retrying its own undos; a child starts with none.
-        self.pending = []
-        self._mutex = threading.Lock()
-        self._wake = threading.Event()
-        self._thread = None
-
-    def __bool__(self) -> bool:
-        return bool(self.pending)
 
     def __len__(self) -> int:
         return len(self.pending)

@@ -53,15 +53,15 @@ def holder_text(facts: Mapping[str, Any]) -> str:
 
 def _clears(seconds: object, by: object) -> str:
     """``12.3s (autoexpire)``; a lease is renewed while its holder lives, and the phrase says so."""
-    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-    text = f"{seconds:.1f}s" if number else f"{seconds}s"
+    text = _secs(seconds, 1)
     if by == "lease":
         return f"{text} (lease, unless its holder renews it)"
     return f"{text} ({by})" if by else text
 
 
-def _secs(value: object) -> str:
-    return f"{value:.3f}s" if isinstance(value, (int, float)) and not isinstance(value, bool) else f"{value}s"
+def _secs(value: object, digits: int = 3) -> str:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return f"{value:.{digits}f}s" if number else f"{value}s"
 
 
 class UniqJobError(Exception):
@@ -90,11 +90,8 @@ class JobNotUnique(UniqJobError):
         return (type(self), (self.key, self.holder))
 
 
-class UniqueKeyError(UniqJobError, TypeError):
-    """A lock key cannot be derived from the job's arguments.
-
-    ``path`` names the offending argument, e.g. ``payload["user"]``.
-    """
+class _ArgumentError(UniqJobError, TypeError):
+    """An argument of a call is refused: ``path`` names it, e.g. ``payload["user"]``."""
 
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
@@ -103,6 +100,10 @@ class UniqueKeyError(UniqJobError, TypeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.path, self.reason))
+
+
+class UniqueKeyError(_ArgumentError):
+    """A lock key cannot be derived from the job's arguments (``path`` names the offending one)."""
 
 
 class ConfigurationError(UniqJobError, ValueError):
@@ -170,16 +171,8 @@ class ConcurrencyLimitExceeded(UniqJobError):
         return (type(self), (self.key, self.limit, self.waited))
 
 
-class UnstorableCallError(UniqJobError, TypeError):
+class UnstorableCallError(_ArgumentError):
     """A call that may be parked has an argument (or a class) that cannot be stored as data.
 
     ``path`` names the offending argument, e.g. ``kwargs["conn"]``.
     """
-
-    def __init__(self, path: str, reason: str) -> None:
-        self.path = path
-        self.reason = reason
-        super().__init__(f"{path}: {reason}" if path else reason)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.path, self.reason))

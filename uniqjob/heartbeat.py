@@ -111,12 +111,8 @@ def deadline(confirmed: float, lease: float) -> float:
 class Beat:
     """One registered lease: ``renew`` is called every ``interval`` seconds until cancelled.
 
-    ``renew`` returns False when the lock is no longer ours, and raises when
-    the store fails. ``lost`` is set when the lock is lost (``reason``
-    :data:`TAKEN`) or, for a beat with a ``lease``, presumed lost
-    (:data:`PRESUMED`): ``deadline`` (monotonic; the last confirmed send plus
-    the lease less the margin) passed without a confirmed renewal. Then the
-    beat renews no more.
+    ``renew`` returns False when the lock is no longer ours, and raises when the store
+    fails; ``lost`` is set when the lock is lost or presumed lost (see the module).
     """
 
     renew: Callable[[], bool]
@@ -296,7 +292,9 @@ class Heartbeat:
             if not self._heap:
                 self._sleep(cond, 60.0)
                 if not self._heap:
-                    self._retire_worker()
+                    for todo, _thread in self._workers.values():
+                        todo.put(None)  # each worker ends once it has made the renewals it was given
+                    self._workers = {}
                     self._thread = None
                     return None  # idle: the next start() makes a new thread
                 continue
@@ -320,16 +318,13 @@ class Heartbeat:
         now = self.clock()
         lost = now >= beat.deadline and self._mark(beat, PRESUMED, now)
         watch = beat._watch()
-        if beat._busy:  # its renewal is still under way: the deadline stands (it re-pushes when done)
-            if watch < math.inf:
-                self._push(beat, watch)
-        elif now >= beat.due:
+        if not beat._busy and now >= beat.due:
             beat._busy = True
             self._hand_over(beat)
-            if watch < math.inf:
-                self._push(beat, watch)
-        else:
+        if not beat._busy:
             self._push(beat, min(beat.due, watch))
+        elif watch < math.inf:  # its renewal is under way: the deadline stands (it re-pushes when done)
+            self._push(beat, watch)
         return lost
 
     # -- the worker ------------------------------------------------------------------
@@ -346,17 +341,8 @@ class Heartbeat:
             worker = self._workers[beat.group] = (todo, thread)
         worker[0].put(beat)
 
-    def _retire_worker(self) -> None:
-        """Let the workers end once they have made the renewals they were given. Lock held."""
-        for todo, _thread in self._workers.values():
-            todo.put(None)
-        self._workers = {}
-
     def _work(self, todo: queue.SimpleQueue[Beat | None]) -> None:
-        while True:
-            beat = todo.get()
-            if beat is None:
-                return
+        for beat in iter(todo.get, None):
             self._renew(beat)
 
     def _renew(self, beat: Beat) -> None:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Self
 
 from . import _conflicts, _job_async, _job_sync, _names, _percall, config, settings
 from ._job_base import refuse_sync
-from ._plan import JobPlan, build_lock, plan_of, planned_values
+from ._plan import JobPlan, build_lock, plan_of, planned_key
 from .concurrency import _job as _concurrency
 from .concurrency._settings import ConcurrencyPolicy
 from .concurrency.semaphore import Semaphore
@@ -119,11 +119,9 @@ class UniqueJob:
     @classmethod
     def lock_key(cls, *args: Any, **kwargs: Any) -> str:
         """Return the lock key of a call with these arguments."""
-        plan = cls._plan.key
-        values = None if plan is None else planned_values(cls, plan, args, kwargs)
-        if plan is not None and values is not None:
-            # The usual call, sooner: the same key as make_key(name, unique_key(...)).
-            return plan.key(cls.job_name(), values)
+        key = planned_key(cls, cls.job_name(), args, kwargs)
+        if key is not None:
+            return key
         value = cls.unique_key(*args, **kwargs)
         if cls._plan.custom_key:
             return f"{cls.job_name()}:{KEY_VERSION}:{digest(value, 'unique_key()')}"
@@ -177,10 +175,7 @@ class UniqueJob:
         return _percall.using(cls, settings)
 
     # -- the user's entry points -------------------------------------------------------
-    #
-    # Each is one path, written once in uniqjob/_job_async.py (the asyncio entry points call it
-    # with the store's async face); the sync ones call its generated twin, uniqjob/_job_sync.py.
-    # See docs/internals.md.
+    # (each is written once, in _job_async.py; the sync ones call its generated twin: docs/internals.md)
 
     @classmethod
     def enqueue(cls, *args: Any, **kwargs: Any) -> Any:

@@ -176,10 +176,7 @@ class JobLock:
         return [self._base] + [f"{self._base}#{n}" for n in range(2, self.limit + 1)]
 
     # -- enqueue -----------------------------------------------------------------------
-    #
-    # Each operation is one path, written once in uniqjob/_joblock_async.py (the asyncio API
-    # calls it with the store's async face); the sync API calls its generated twin in
-    # uniqjob/_joblock_sync.py. See docs/internals.md.
+    # (each operation is written once, in _joblock_async.py; the sync API calls its generated twin)
 
     def acquire(self, *, run: bool = False, gone: Callable[[str], bool] | None = None) -> bool:
         """Take the queue lock; with ``run``, the run lock too, in one step. False on conflict.
@@ -262,13 +259,12 @@ class JobLock:
         """Release what is still ours (``until_expired`` keeps its queue lock until it expires).
 
         Nothing here raises, whatever the store does: the job has already run,
-        and raising would invite a retry, a duplicate. After a failed release
-        the run lock lapses with its lease, and its queue lock is then an
-        orphan that the next enqueue reclaims. (A failed release is not retried
-        later: a second delivery of this job may hold the same token by then.) A
-        release interrupted on its way (a cancelled task, Ctrl-C) is sent again at
-        once, before the cancellation goes on, which then waits for the store (at
-        most its socket timeout).
+        and raising would invite a retry, a duplicate. A failed release is made
+        again in the background until the store answers (token- and
+        attempt-checked: a second delivery of this job is left alone). A release
+        interrupted on its way (a cancelled task, Ctrl-C) is sent again at once,
+        before the cancellation goes on, which then waits for the store (at most
+        its socket timeout).
         """
         _joblock_sync.release(self, self.backend)
 
@@ -306,13 +302,11 @@ class JobLock:
 
     def dequeue(self) -> bool:
         """Drop the queue lock while it is still queued and ours (its job left the queue)."""
-        return _joblock_sync.dequeue(self, self.backend)
+        return self.backend.dequeue(self.key, self.token)
 
     async def adequeue(self) -> bool:
         """:meth:`dequeue`, awaited."""
-        from . import _joblock_async
-
-        return await _joblock_async.dequeue(self, _async_backend(self.backend))
+        return await _async_backend(self.backend).dequeue(self.key, self.token)
 
     def held(self, *, run_conflicts: bool = False) -> bool:
         """Would a claim of this key conflict now? Orphans don't count; every one of its keys must be held.

@@ -302,14 +302,6 @@ class LockState:
         return round(max(seconds or 0.0, 0.0), 3), by
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 def _pid_start(pid: int) -> int:
     """Return the start time of ``pid`` in clock ticks after boot; 0 if unknown; -1 if gone."""
     try:
@@ -328,7 +320,11 @@ def _pid_start(pid: int) -> int:
 
 @functools.cache
 def _node() -> str:
-    boot = _read("/proc/sys/kernel/random/boot_id")
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
     try:
         pidns = str(os.stat("/proc/self/ns/pid").st_ino)
     except OSError:
@@ -382,7 +378,7 @@ def _pid_exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # another user's process: it exists
     return True
 
 

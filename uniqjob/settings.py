@@ -8,7 +8,7 @@ with the mixin's own, are :mod:`uniqjob._names`'s.)
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Literal, TypeGuard
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, get_args
 
 from . import config
 from ._ticks import parse_period
@@ -31,6 +31,7 @@ __all__ = [
     "check",
     "check_store",
     "once_per",
+    "one_of",
     "run_lease",
     "seconds",
 ]
@@ -38,11 +39,9 @@ __all__ = [
 log = get_logger(__name__)
 
 ConflictPolicy = Literal["log", "discard", "raise", "reschedule", "use_existing", "keep_last", "replace"]
-POLICIES: tuple[ConflictPolicy, ...] = (
-    "log", "discard", "raise", "reschedule", "use_existing", "keep_last", "replace"
-)  # fmt: skip
+POLICIES: tuple[ConflictPolicy, ...] = get_args(ConflictPolicy)
 
-#: Every setting a job class may define; any other ``unique_*`` attribute is a typo.
+#: Every setting a job class may define; any other ``unique_*`` or ``concurrency_*`` attribute is a typo.
 SETTINGS = frozenset(
     {
         "unique_lock_autoexpire",
@@ -59,6 +58,11 @@ SETTINGS = frozenset(
         "unique_once_per",
         "unique_debounce",
         "unique_debounce_max_wait",
+        "concurrency_limit",
+        "concurrency_duration",
+        "concurrency_on_conflict",
+        "concurrency_key",
+        "concurrency_wait_timeout",
     }
 )
 
@@ -110,8 +114,8 @@ def check(cls: type[UniqueJob], queue_base: type[Queue]) -> None:
     import inspect  # here: the command, which never checks a job class, need not load it
 
     name = cls.__qualname__
-    _one_of(name, "unique_on_conflict", cls.unique_on_conflict, POLICIES)
-    _one_of(name, "unique_strategy", cls.unique_strategy, STRATEGIES)
+    one_of(name, "unique_on_conflict", cls.unique_on_conflict, POLICIES)
+    one_of(name, "unique_strategy", cls.unique_strategy, STRATEGIES)
     autoexpire: Any = cls.unique_lock_autoexpire
     if not isinstance(inspect.getattr_static(cls, "unique_lock_autoexpire"), classmethod):
         autoexpire = seconds(autoexpire, f"{name}.unique_lock_autoexpire")
@@ -290,7 +294,8 @@ def _check_coalescing(cls: type[UniqueJob], name: str, queue: Queue | None, queu
         raise ConfigurationError(f"{what} needs a queue that can remove a job; {type(queue).__name__} cannot")
 
 
-def _one_of(name: str, attr: str, value: object, allowed: tuple[str, ...]) -> None:
+def one_of(name: str, attr: str, value: object, allowed: tuple[str, ...]) -> None:
+    """Refuse setting ``attr`` of class ``name`` unless its ``value`` is one of ``allowed``."""
     if value not in allowed:
         raise ConfigurationError(f"{name}.{attr} must be one of {', '.join(allowed)}; got {value!r}")
 

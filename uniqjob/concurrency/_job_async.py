@@ -26,12 +26,10 @@ async def push(
 ) -> Any:
     """Enqueue side: take a slot and push, or park the call, or refuse it; return the handle.
 
-    Runs with the uniqueness lock already held. Returns the queue's handle, a
-    :class:`Parked` or None (discarded). The queue's push is awaited on the
+    Runs with the uniqueness lock already held, for a class with a concurrency limit. Returns the
+    queue's handle, a :class:`Parked` or None (discarded). The queue's push is awaited on the
     asyncio path, as arq's is.
     """
-    if cls.concurrency_limit is None:
-        return await acall_out(queue.push, cls, lock, tuple(args), dict(kwargs))
     semaphore = semaphore_of(cls, args, kwargs)
     park = base.queue_park(cls, lock, args, kwargs)  # unstorable arguments fail here, at every enqueue
     for gone in lock.gone_tokens:

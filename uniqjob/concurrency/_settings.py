@@ -13,28 +13,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConfigurationError
 from ..keys import digest
-from ..settings import seconds
+from ..settings import one_of, seconds
 from ._stores import store_for
 from .semaphore import Semaphore
 
 if TYPE_CHECKING:
     from ..job import UniqueJob
 
-__all__ = ["POLICIES", "SETTINGS", "ConcurrencyPolicy", "check", "key_of", "semaphore_of"]
+__all__ = ["POLICIES", "ConcurrencyPolicy", "check", "key_of", "semaphore_of"]
 
 ConcurrencyPolicy = Literal["block", "discard", "raise"]
 POLICIES: tuple[ConcurrencyPolicy, ...] = ("block", "discard", "raise")
-
-#: Every concurrency setting a job class may define; any other ``concurrency_*`` attribute is a typo.
-SETTINGS = frozenset(
-    {
-        "concurrency_limit",
-        "concurrency_duration",
-        "concurrency_on_conflict",
-        "concurrency_key",
-        "concurrency_wait_timeout",
-    }
-)
 
 _KEY_TEXT_MAX = 200  # a longer key value is digested, like any non-text one
 
@@ -48,11 +37,7 @@ def _seconds(value: object, what: str, *, allow_none: bool = False) -> float | N
 def check(cls: type[UniqueJob]) -> None:
     """Raise :class:`ConfigurationError` naming the first bad ``concurrency_*`` setting of ``cls``."""
     name = cls.__qualname__
-    own = [attr for attr in vars(cls) if attr.startswith("concurrency_")]
-    for attr in own:
-        if attr not in SETTINGS:
-            known = ", ".join(sorted(SETTINGS))
-            raise ConfigurationError(f"{name}.{attr} is not a uniqjob setting (known: {known})")
+    own = [attr for attr in vars(cls) if attr.startswith("concurrency_")]  # none unknown: _names refused them
     key = inspect.getattr_static(cls, "concurrency_key")
     if not isinstance(key, (classmethod, staticmethod)):
         raise ConfigurationError(f"{name}.concurrency_key must be a classmethod taking perform's arguments")
@@ -67,11 +52,7 @@ def check(cls: type[UniqueJob]) -> None:
             f"{name}.concurrency_limit must be a whole number >= 1 or None, got {limit!r}"
         )
     _seconds(cls.concurrency_duration, f"{name}.concurrency_duration")
-    if cls.concurrency_on_conflict not in POLICIES:
-        raise ConfigurationError(
-            f"{name}.concurrency_on_conflict must be one of {', '.join(POLICIES)}; "
-            f"got {cls.concurrency_on_conflict!r}"
-        )
+    one_of(name, "concurrency_on_conflict", cls.concurrency_on_conflict, POLICIES)
     _seconds(cls.concurrency_wait_timeout, f"{name}.concurrency_wait_timeout", allow_none=True)
 
 
