@@ -250,19 +250,16 @@ def _due(store: RedisBackend) -> bool:
 def test_the_release_that_hands_on_the_pending_call(
     store: RedisBackend, proxy: FaultProxy, moment: Moment
 ) -> None:
-    # The worker's release (FINISH) fails at the moment: it is made again once the store answers,
-    # and the pending call it queued is pushed then, as the release would have.
+    # An inline run's release (FINISH) fails at the moment: it is made again once the store
+    # answers, and the pending call it queued is pushed then, as the release would have.
     fault = moment(proxy)
 
     def meanwhile() -> None:
         assert isinstance(Latest.enqueue("e", 2), Pending)
         fault.__enter__()  # armed for the release that follows perform
 
-    Latest.enqueue("e", 1)
     Latest.during = meanwhile
-    (job,) = jobs.jobs
-    jobs.jobs.clear()
-    job.cls.execute(job.cls.lock_from(job.key, job.token), job.args, job.kwargs)  # never raises
+    Latest.run("e", 1)  # never raises for its release
     assert jobs.jobs == []  # not pushed: the release's reply never came
     fault.__exit__(None, None, None)
     settled(store)
@@ -275,14 +272,13 @@ def test_the_release_that_hands_on_the_pending_call(
 
 
 @MOMENTS
-def test_a_plain_release_is_made_again_once_the_store_answers(
+def test_an_inline_release_is_made_again_once_the_store_answers(
     store: RedisBackend, proxy: FaultProxy, moment: Moment
 ) -> None:
     # Its locks would refuse the key for a whole lease (600 s here) if the release were not retried.
     fault = moment(proxy)
     Plain.during = fault.__enter__
-    Plain.enqueue("f", 1)
-    work()
+    Plain.run("f", 1)
     fault.__exit__(None, None, None)
     settled(store)
     assert held(store) == []

@@ -91,11 +91,16 @@ async def _delay(
     await _joblock_async.attach(lock, store)  # the lock names its job: the one pushed now
 
 
-async def next_call(cls: type[UniqueJob], lock: JobLock, store: AsyncBackend) -> None:
+async def next_call(
+    cls: type[UniqueJob], lock: JobLock, store: AsyncBackend, *, interrupted: bool = False
+) -> None:
     """Push the call that waited behind ``lock``'s (policy "keep_last"), queued by its release.
 
-    Inline (no queue), it runs here, and so does each one that waits behind it in turn. Also
-    called by a queue integration that releases the lock of a job it will never run (Huey, Dramatiq).
+    Whether the run returned or raised, that call is handed on. Inline (no queue), it runs here,
+    and so does each one that waits behind it in turn; after a run that was cancelled or
+    interrupted (``interrupted``), this process runs nothing more: the call is dropped, logged
+    (left, every later call of the key would coalesce into it). Also called by a queue
+    integration that releases the lock of a job it will never run (Celery, Huey, Dramatiq).
     """
     while (pending := lock.pending) is not None:
         lock.pending = None
@@ -111,6 +116,10 @@ async def next_call(cls: type[UniqueJob], lock: JobLock, store: AsyncBackend) ->
             except Exception:  # its lock stays queued: reclaimed once its queue proves the job gone
                 _job_base.log.error("could not push the pending call of %s", lock.key, exc_info=True)
             return
+        if interrupted:
+            _job_base.log.warning("dropped the pending call of %s: its run was interrupted", lock.key)
+            await store.dequeue(lock.key, pending.token)
+            return
         # The call that waits behind an inline run lives in its queue lock: an autoexpire would
         # drop it under a long run. A dead holder's locks go by the orphan rule all the same.
         follower.ttl = None
@@ -123,7 +132,7 @@ async def next_call(cls: type[UniqueJob], lock: JobLock, store: AsyncBackend) ->
             raise
         if follower.call:
             args, kwargs = _coalesce.decode(follower.call)
-        await _perform(cls, follower, store, args, kwargs, releasing=True)
+        await _performed(cls, follower, store, args, kwargs)
         lock = follower
 
 
@@ -150,7 +159,7 @@ async def run(
         if queued and not await _joblock_async.acquire(lock, store, run=both):
             result = await _callouts.acall_out(_conflicts.apply, cls, lock, args, kwargs)
         elif both:
-            result = await _perform(cls, lock, store, args, kwargs, releasing=True)
+            result = await _performed(cls, lock, store, args, kwargs)
             await next_call(cls, lock, store)
             return result
         else:
@@ -211,12 +220,24 @@ async def execute(
     except BaseException as exc:
         if settle is not None:
             await _callouts.acall_out(settle, exc, None)
-            await next_call(cls, lock, store)
+        await next_call(cls, lock, store, interrupted=not isinstance(exc, Exception))
         raise
     if settle is not None:
         await _callouts.acall_out(settle, None, result)
     await next_call(cls, lock, store)
     return result
+
+
+async def _performed(
+    cls: type[UniqueJob], lock: JobLock, store: AsyncBackend, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Any:
+    """Perform under the locks taken, and release them; if perform raised, the call that waited
+    behind it is handed on first (see next_call), then the error goes on."""
+    try:
+        return await _perform(cls, lock, store, args, kwargs, releasing=True)
+    except BaseException as exc:
+        await next_call(cls, lock, store, interrupted=not isinstance(exc, Exception))
+        raise
 
 
 async def _perform(

@@ -92,11 +92,16 @@ def _delay(
     _joblock_sync.attach(lock, store)  # the lock names its job: the one pushed now
 
 
-def next_call(cls: type[UniqueJob], lock: JobLock, store: Backend) -> None:
+def next_call(
+    cls: type[UniqueJob], lock: JobLock, store: Backend, *, interrupted: bool = False
+) -> None:
     """Push the call that waited behind ``lock``'s (policy "keep_last"), queued by its release.
 
-    Inline (no queue), it runs here, and so does each one that waits behind it in turn. Also
-    called by a queue integration that releases the lock of a job it will never run (Huey, Dramatiq).
+    Whether the run returned or raised, that call is handed on. Inline (no queue), it runs here,
+    and so does each one that waits behind it in turn; after a run that was cancelled or
+    interrupted (``interrupted``), this process runs nothing more: the call is dropped, logged
+    (left, every later call of the key would coalesce into it). Also called by a queue
+    integration that releases the lock of a job it will never run (Celery, Huey, Dramatiq).
     """
     while (pending := lock.pending) is not None:
         lock.pending = None
@@ -112,6 +117,10 @@ def next_call(cls: type[UniqueJob], lock: JobLock, store: Backend) -> None:
             except Exception:  # its lock stays queued: reclaimed once its queue proves the job gone
                 _job_base.log.error("could not push the pending call of %s", lock.key, exc_info=True)
             return
+        if interrupted:
+            _job_base.log.warning("dropped the pending call of %s: its run was interrupted", lock.key)
+            store.dequeue(lock.key, pending.token)
+            return
         # The call that waits behind an inline run lives in its queue lock: an autoexpire would
         # drop it under a long run. A dead holder's locks go by the orphan rule all the same.
         follower.ttl = None
@@ -124,7 +133,7 @@ def next_call(cls: type[UniqueJob], lock: JobLock, store: Backend) -> None:
             raise
         if follower.call:
             args, kwargs = _coalesce.decode(follower.call)
-        _perform(cls, follower, store, args, kwargs, releasing=True)
+        _performed(cls, follower, store, args, kwargs)
         lock = follower
 
 
@@ -151,7 +160,7 @@ def run(
         if queued and not _joblock_sync.acquire(lock, store, run=both):
             result = _callouts.call_out(_conflicts.apply, cls, lock, args, kwargs)
         elif both:
-            result = _perform(cls, lock, store, args, kwargs, releasing=True)
+            result = _performed(cls, lock, store, args, kwargs)
             next_call(cls, lock, store)
             return result
         else:
@@ -212,12 +221,24 @@ def execute(
     except BaseException as exc:
         if settle is not None:
             _callouts.call_out(settle, exc, None)
-            next_call(cls, lock, store)
+        next_call(cls, lock, store, interrupted=not isinstance(exc, Exception))
         raise
     if settle is not None:
         _callouts.call_out(settle, None, result)
     next_call(cls, lock, store)
     return result
+
+
+def _performed(
+    cls: type[UniqueJob], lock: JobLock, store: Backend, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Any:
+    """Perform under the locks taken, and release them; if perform raised, the call that waited
+    behind it is handed on first (see next_call), then the error goes on."""
+    try:
+        return _perform(cls, lock, store, args, kwargs, releasing=True)
+    except BaseException as exc:
+        next_call(cls, lock, store, interrupted=not isinstance(exc, Exception))
+        raise
 
 
 def _perform(

@@ -137,29 +137,40 @@ def gone_job(state: LockState, after: float = 0.0) -> str:
 
 
 def unreleased(lock: JobLock, exc: Exception) -> None:
-    """A release that failed (the store away, or its reply lost): made again until the store answers.
+    """A release that failed (the store away, or its reply lost).
 
-    Made twice, a release changes nothing more (token- and attempt-checked: a live redelivery of
-    the same job is left alone), so it is retried in the background (``uniqjob._undo``), and its
-    locks do not refuse the key for a lease. A "keep_last" call that waited behind this run was
-    queued by the release: the retry hands it on as the release would have (pushed to its
-    queue), or drops it when it was an inline call's, which no queue pushes and this process will
-    not run (every later call of the key would coalesce into it). Until the store answers, a
-    running lock lapses with its lease; a queued one needs its queue or autoexpire.
+    A delivery's locks (a worker's: its token travels with its job, shared with the job's
+    redeliveries and retries) lapse with their lease and then go by the orphan rule: a late
+    release could take what a retry of the job holds by then. A call's own locks (``run``,
+    ``with``, ``uniqjob run``) are released again in the background until the store answers
+    (``uniqjob._undo``; the same step twice changes nothing), and this process's next claim of
+    the key may take them back meanwhile (see our_tokens). A "keep_last" call that waited behind
+    the run was queued by that release: the retry pushes it to its queue, as the release would
+    have, or drops it when it was an inline call's, which this process will not run (every later
+    call of the key would coalesce into it).
     """
+    if lock.delivered:
+        log.error("could not release %s (%s); its run lock lapses one lease from now", lock.key, exc)
+        return
     log.error("could not release %s (%s); trying again until the store answers", lock.key, exc)
     backend, key, token, attempt = lock.backend, lock.key, lock.token, lock._attempt
     keep, hand_on = lock.strategy == "until_expired", lock.hand_on
 
     def again() -> bool:
         pending = backend.finish(key, token, keep_queue=keep, attempt=attempt)  # it answers the same call
-        if pending is not None and (hand_on is None or not hand_on(key, pending)):
+        if pending is None:
+            return True
+        try:
+            handed = hand_on is not None and hand_on(key, pending)
+        except Exception:  # its queue failed, not the store: left for the queue's gone check
+            log.error("could not push the pending call of %s", key, exc_info=True)
+            return True
+        if not handed:
+            log.warning("dropped the pending call of %s: its inline run's release failed", key)
             backend.dequeue(key, pending.token)
         return True
 
-    # An inline keep_last key's own next call may take its locks back meanwhile (see our_tokens).
-    tokens = (token,) if lock.coalesce == "keep_last" else ()
-    undos.add(again, f"the locks of {key!r}", tokens)
+    undos.add(again, f"the locks of {key!r}", (token,))
 
 
 def held_by(state: LockState, run_conflicts: bool) -> bool:

@@ -78,6 +78,7 @@ class JobLock:
         "coalesce",
         "conflict",
         "debounce",
+        "delivered",
         "fence",
         "gone_tokens",
         "hand_on",
@@ -123,6 +124,8 @@ class JobLock:
         self.conflict: LockState | None = None
         # A key travelling with a job is the one it holds; a fresh lock picks one of candidate_keys().
         self._key_fixed = token is not None and strategy != "while_executing"
+        #: A delivery's lock: its token came with its job, and the job's redeliveries share it.
+        self.delivered = token is not None
         self._beat: Beat | None = None
         self._outer: Token[JobLock | None] | None = None  # current_lock()'s value before this lock's perform
         #: The fence of the run lock this call holds (or last held); None before it has one.
@@ -259,9 +262,10 @@ class JobLock:
         """Release what is still ours (``until_expired`` keeps its queue lock until it expires).
 
         Nothing here raises, whatever the store does: the job has already run,
-        and raising would invite a retry, a duplicate. A failed release is made
-        again in the background until the store answers (token- and
-        attempt-checked: a second delivery of this job is left alone). A release
+        and raising would invite a retry, a duplicate. A failed release of a
+        call's own locks is made again in the background until the store
+        answers; a delivery's (its token shared with the job's redeliveries)
+        lapse with their lease (see ``_joblock_base.unreleased``). A release
         interrupted on its way (a cancelled task, Ctrl-C) is sent again at once,
         before the cancellation goes on, which then waits for the store (at most
         its socket timeout).

@@ -320,7 +320,7 @@ class LockMachine:
         if keep_queue or q is None:
             return None
         if q["token"] != token:  # a retry after a lost reply: the pending call it queued, again
-            return self._queued_by(token)
+            return self._queued_by(f"{token} {attempt}")
         self.q, self.changed = None, True
         waited = pending(q)
         if waited is None:
@@ -331,13 +331,18 @@ class LockMachine:
         call = PendingCall(waited.token + FOLLOWS, waited.meta)
         self._set_queue(call.token, QUEUED, replace(call.meta, cls=q.get("cls", "")), None)
         assert self.q is not None
-        self.q.update(call=call.meta.call, by=token)  # (see _queued_by)
+        self.q.update(call=call.meta.call, by=f"{token} {attempt}")  # (see _queued_by)
         return call
 
-    def _queued_by(self, token: str) -> PendingCall | None:
-        """The pending call that ``token``'s finish queued, while it waits in its queue; else None."""
+    def _queued_by(self, by: str) -> PendingCall | None:
+        """The pending call that a finish queued, while it waits in its queue; else None.
+
+        ``by``: the token and attempt of that finish. Only its own retry gets the call again:
+        another release of the same token (a redelivery, a revoke, ``uniqjob reap``) does not,
+        so a call is never handed on twice.
+        """
         q = self.q
-        if q is None or q.get("by") != token or q["state"] != QUEUED:
+        if q is None or q.get("by") != by or q["state"] != QUEUED:
             return None
         meta = QueueMeta("", q.get("args", ""), q.get("job_id", ""), q.get("call", ""))
         return PendingCall(q["token"], meta)

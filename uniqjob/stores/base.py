@@ -216,7 +216,9 @@ class Backend(ABC):
 
         **A pending call** (see :meth:`claim`'s coalescing): when ``token``'s queue
         lock goes and holds one, it becomes the key's queue lock instead, ``queued``,
-        in the same step, and is returned for the caller to push; else None.
+        in the same step, and is returned for the caller to push; else None. The same
+        call (token, attempt) made again, its reply lost, returns it again while it
+        waits; no other release of ``token`` does (the call is handed on once).
 
         **Attempts.** Two deliveries of one job share its token and differ by
         attempt (``RunClaim.attempt``). Given ``attempt``, the run lock is

@@ -73,7 +73,8 @@ return 1
 # Deletes each lock that is still the token's (the key's last fence stays); a queue lock
 # holding a pending call (P) becomes that call's, queued, instead.
 # Returns 1, or the pending call {token, args, job id, call} that is now queued (b: the token
-# that queued it, so that a retry after a lost reply gets it again while it waits); or 0,
+# and attempt that queued it, so that a retry after a lost reply, and no other release of the
+# token, gets it again while it waits); or 0,
 # deleting neither, if the run lock is the token's but another attempt's: a live
 # delivery, which holds the queue lock too.
 FINISH = (
@@ -93,13 +94,13 @@ if ARGV[2] == '0' then
     if mine then redis.call('DEL', KEYS[2]) end
     local p = {q[2] .. '+', q[3] or '', q[4] or '', q[5] or ''}  -- a token of its own: see FOLLOWS
     redis.call('HDEL', KEYS[1], 'P', 'A', 'J', 'K', 'p', 'j', 'k', 'd')
-    redis.call('HSET', KEYS[1], 't', p[1], 's', 'q', 'a', clock(), 'b', ARGV[1])
+    redis.call('HSET', KEYS[1], 't', p[1], 's', 'q', 'a', clock(), 'b', ARGV[1] .. ' ' .. ARGV[3])
     if p[2] ~= '' then redis.call('HSET', KEYS[1], 'p', p[2]) end
     if p[3] ~= '' then redis.call('HSET', KEYS[1], 'j', p[3]) end
     if p[4] ~= '' then redis.call('HSET', KEYS[1], 'k', p[4]) end
     redis.call('PERSIST', KEYS[1])
     return p
-  elseif q[1] and q[6] == ARGV[1] and q[7] == 'q' then  -- a retry after a lost reply: the same call
+  elseif q[1] and q[6] == ARGV[1] .. ' ' .. ARGV[3] and q[7] == 'q' then  -- a retry of a lost reply
     if mine then redis.call('DEL', KEYS[2]) end
     return {q[1], q[8] or '', q[9] or '', q[10] or ''}
   end
