@@ -1,6 +1,6 @@
 """Review of a session's changes (a failed release made again in the background, a keep_last call
 handed on by a revoke or a raise): interleavings that broke a promise. Each was a failing test of
-the review; those fixed stay as regression tests, the two still open are strict xfails."""
+the review, fixed since: they stay as regression tests."""
 
 from __future__ import annotations
 
@@ -189,11 +189,6 @@ def test_a_retried_worker_release_never_robs_a_live_redelivery_of_its_job(
     assert isinstance(seen[0], Pending) and seen[1] == job.token, seen  # delivery 2 kept its key
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: an inline keep_last call that coalesced into the pending call a failed release"
-    " queued is dropped with it by that release's retry (this process cannot run it)",
-)
 def test_an_inline_call_that_waited_is_not_dropped_by_the_undo_between_its_claim_and_its_reclaim(
     store: Backend, monkeypatch: pytest.MonkeyPatch, no_undo_thread: None
 ) -> None:
@@ -296,11 +291,6 @@ def test_a_revoked_retry_s_pending_call_is_pushed_once_though_task_revoked_comes
     assert Latest.runs == [2], pushed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: an inline keep_last call that coalesced into the pending call a failed release"
-    " queued is dropped with it by that release's retry (this process cannot run it)",
-)
 def test_an_inline_call_made_before_the_undo_s_round_is_not_dropped_by_it(
     store: Backend, monkeypatch: pytest.MonkeyPatch, no_undo_thread: None
 ) -> None:
@@ -351,3 +341,27 @@ def test_celery_on_revoked_twice_for_one_revoke_pushes_a_pending_call_once(
     _on_revoked(sender=latest, request=request)  # revoke_and_free
     _on_revoked(sender=latest, request=request)  # Celery's own task_revoked
     assert len(pushes) == 1, pushes
+
+
+def test_a_claim_whose_leftover_the_undo_removed_first_is_granted(
+    store: Backend, monkeypatch: pytest.MonkeyPatch, no_undo_thread: None
+) -> None:
+    real_claim, real_reclaim = store.claim, store.reclaim
+
+    def applied_then_lost(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(store, "claim", real_claim)
+        real_claim(*args, **kwargs)  # applied: its queue lock is this process's leftover
+        raise BackendError("connection lost while reading the reply", store.name)
+
+    def undo_thread_first(key: str, queue_token: str | None, run_token: str | None) -> bool:
+        # The undo thread's round lands between the next claim's refusal and its reclaim of the
+        # leftover (_reclaim_ours): the reclaim finds nothing, the key is free all the same.
+        monkeypatch.setattr(store, "reclaim", real_reclaim)
+        undos.flush()
+        return real_reclaim(key, queue_token, run_token)
+
+    monkeypatch.setattr(store, "claim", applied_then_lost)
+    with pytest.raises(BackendError):
+        Plain.enqueue("r", 1)
+    monkeypatch.setattr(store, "reclaim", undo_thread_first)
+    assert Plain.enqueue("r", 2) is not None  # granted, not taken for a duplicate of the leftover

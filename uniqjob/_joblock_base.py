@@ -170,7 +170,7 @@ def unreleased(lock: JobLock, exc: Exception) -> None:
             backend.dequeue(key, pending.token)
         return True
 
-    undos.add(again, f"the locks of {key!r}", (token,))
+    undos.add(again, f"the locks of {key!r}", (token,), key)
 
 
 def held_by(state: LockState, run_conflicts: bool) -> bool:

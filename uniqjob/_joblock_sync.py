@@ -54,9 +54,11 @@ def acquire(
     """
     claim = RunClaim(local_holder(), lock.lease, lock._attempt) if run else None
     meta = claim_meta(lock, with_job_id=gone_after is not None)
+    candidates = lock.candidate_keys()
+    if undos.pending:  # a failed release of this process on one of the keys: settled first
+        undos.settle(candidates)
     # A run claim (inline) replaces nothing: the replaced call's run may still be under way.
     coalesce = "" if run and lock.coalesce == "replace" else lock.coalesce
-    candidates = lock.candidate_keys()
     for candidate in candidates:
         # Only the last candidate key's refusal is a duplicate (see Backend.duplicates), counted once.
         count, before = candidate == candidates[-1], None
@@ -96,7 +98,10 @@ def acquire(
 def _reclaim_ours(store: Backend, state: LockState) -> bool:
     """Remove a lock left by one of this process's own failed steps (see uniqjob._undo); True if any."""
     tokens = our_tokens(state)
-    return tokens is not None and store.reclaim(state.key, *tokens)
+    if tokens is None:
+        return False
+    store.reclaim(state.key, *tokens)
+    return True  # claim again, even if the background undo removed them first
 
 
 def _reclaim_dead(store: Backend, state: LockState) -> bool:

@@ -46,10 +46,11 @@ class _Undo:
     A plain class, not a dataclass: making a dataclass costs each process that imports this one.
     """
 
-    def __init__(self, act: Callable[[], bool], what: str, tokens: frozenset[str]) -> None:
+    def __init__(self, act: Callable[[], bool], what: str, tokens: frozenset[str], key: str) -> None:
         self.act = act
         self.what = what
         self.tokens = tokens
+        self.key = key
         self.found_nothing_at: float | None = None  # monotonic time of a try that found nothing
 
 
@@ -73,13 +74,14 @@ class Undos:
     def __len__(self) -> int:
         return len(self.pending)
 
-    def add(self, act: Callable[[], bool], what: str, tokens: tuple[str, ...]) -> None:
+    def add(self, act: Callable[[], bool], what: str, tokens: tuple[str, ...], key: str = "") -> None:
         """Register ``act``, the token-checked undo of ``what``, tried from now on until it is done.
 
         The tries run on a thread: the caller has just waited for a store that
-        did not answer, and should not wait for it again.
+        did not answer, and should not wait for it again. With ``key``, this process's
+        next claim of that key tries it first (see :meth:`settle`).
         """
-        undo = _Undo(act, what, frozenset(tokens))
+        undo = _Undo(act, what, frozenset(tokens), key)
         with self._mutex:
             self.pending.append(undo)
             if not self._at_exit:
@@ -109,6 +111,21 @@ class Undos:
                     if undo in self.pending:
                         self.pending.remove(undo)
         return True
+
+    def settle(self, keys: list[str]) -> None:
+        """Try once, now, the pending undos registered for one of ``keys`` (a claim of them is next).
+
+        A release retried in the background may hand on, or drop, the call that waited behind
+        its run: the claim must find the key as that leaves it, not coalesce into a call the
+        undo is about to drop. A store still away fails the claim that follows all the same.
+        """
+        with self._mutex:
+            mine = [undo for undo in self.pending if undo.key in keys]
+        for undo in mine:
+            if self._try(undo):
+                with self._mutex:
+                    if undo in self.pending:
+                        self.pending.remove(undo)
 
     def clear(self) -> None:
         """Forget every pending undo (tests: each starts with a store of its own)."""
