@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._job_base import log
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from .joblock import JobLock
     from .stores.base import Coalesce
 
-__all__ = ["Pending", "conflict", "decode", "encode", "follower", "hand_on", "json_ref", "mode"]
+__all__ = ["Pending", "conflict", "decode", "encode", "follower", "hand_on", "json_ref", "mode", "push_of"]
 
 
 class Pending:
@@ -142,16 +143,22 @@ def hand_on(cls: type[UniqueJob], key: str, pending: PendingCall) -> bool:
 
     An async queue's push (arq's) is awaited to its end on the library's background event loop.
     """
-    from . import settings  # here: only a key with a pending call needs them
-    from .concurrency._semaphore_base import push_call
+    from .concurrency._semaphore_base import push_call  # here: only a key with a pending call needs it
 
-    queue = cls.unique_queue
-    if queue is None:
+    if cls.unique_queue is None:
         return False
     args, kwargs = decode(pending.meta.call)
-    lock, wait = follower(cls, key, pending), settings.debounce(cls)
-    if wait is not None:
-        push_call(functools.partial(queue.push_in, cls, lock, args, kwargs, wait[0]))
-    else:
-        push_call(functools.partial(queue.push, cls, lock, args, kwargs))
+    push_call(push_of(cls, follower(cls, key, pending), args, kwargs))
     return True
+
+
+def push_of(
+    cls: type[UniqueJob], lock: JobLock, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Callable[[], Any]:
+    """The push of ``lock``'s call to ``cls``'s queue, to make: a debounced one is due a debounce from
+    now (a burst that came while the last call ran), any other at once."""
+    queue = cls.unique_queue
+    assert queue is not None
+    if lock.debounce is None:
+        return functools.partial(queue.push, cls, lock, args, kwargs)
+    return functools.partial(queue.push_in, cls, lock, args, kwargs, lock.debounce[0])

@@ -109,10 +109,7 @@ async def next_call(
         queue = cls.unique_queue
         if queue is not None:
             try:
-                if lock.debounce is None:
-                    await _callouts.acall_out(queue.push, cls, follower, args, kwargs)
-                else:  # a burst that came while this one ran: it is due a debounce from now
-                    await _callouts.acall_out(queue.push_in, cls, follower, args, kwargs, lock.debounce[0])
+                await _callouts.acall_out(_coalesce.push_of(cls, follower, args, kwargs))
             except Exception:  # its lock stays queued: reclaimed once its queue proves the job gone
                 _job_base.log.error("could not push the pending call of %s", lock.key, exc_info=True)
             return

@@ -110,10 +110,7 @@ def next_call(
         queue = cls.unique_queue
         if queue is not None:
             try:
-                if lock.debounce is None:
-                    _callouts.call_out(queue.push, cls, follower, args, kwargs)
-                else:  # a burst that came while this one ran: it is due a debounce from now
-                    _callouts.call_out(queue.push_in, cls, follower, args, kwargs, lock.debounce[0])
+                _callouts.call_out(_coalesce.push_of(cls, follower, args, kwargs))
             except Exception:  # its lock stays queued: reclaimed once its queue proves the job gone
                 _job_base.log.error("could not push the pending call of %s", lock.key, exc_info=True)
             return

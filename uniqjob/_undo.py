@@ -107,9 +107,7 @@ class Undos:
             if done is None:
                 return False
             if done:
-                with self._mutex:
-                    if undo in self.pending:
-                        self.pending.remove(undo)
+                self._discard(undo)
         return True
 
     def settle(self, keys: list[str]) -> None:
@@ -123,9 +121,13 @@ class Undos:
             mine = [undo for undo in self.pending if undo.key in keys]
         for undo in mine:
             if self._try(undo):
-                with self._mutex:
-                    if undo in self.pending:
-                        self.pending.remove(undo)
+                self._discard(undo)
+
+    def _discard(self, undo: _Undo) -> None:
+        """Forget ``undo``, done (by this thread, or meanwhile by another)."""
+        with self._mutex:
+            if undo in self.pending:
+                self.pending.remove(undo)
 
     def clear(self) -> None:
         """Forget every pending undo (tests: each starts with a store of its own)."""
