@@ -69,7 +69,7 @@ class Trips:
     locks: float = 0.0
     queue: float = 0.0
     commands: dict[str, Counter[str]] = field(default_factory=dict)
-    connections: float = 0.0  # new connections to the lock store per call (their HELLO)
+    connections: float = 0.0  # new connections to the lock store per call
 
     @property
     def total(self) -> float:
@@ -83,14 +83,14 @@ class Servers:
         self.urls = {"locks": locks_url, "queue": queue_url}
         self.admin = {name: redis.Redis.from_url(url) for name, url in self.urls.items()}
 
-    def _snapshot(self) -> dict[str, tuple[int, Counter[str]]]:
+    def _snapshot(self) -> dict[str, tuple[int, int, Counter[str]]]:
         out = {}
         for name, client in self.admin.items():
             info = client.info("all")
             calls = Counter(
                 {k.removeprefix("cmdstat_"): v["calls"] for k, v in info.items() if k.startswith("cmdstat_")}
             )
-            out[name] = (int(info["total_reads_processed"]), calls)
+            out[name] = (int(info["total_reads_processed"]), int(info["total_connections_received"]), calls)
         return out
 
     def count(self, calls: int, op: Callable[[], object]) -> Trips:
@@ -102,19 +102,21 @@ class Servers:
 
     def _per_call(
         self,
-        before: dict[str, tuple[int, Counter[str]]],
-        after: dict[str, tuple[int, Counter[str]]],
+        before: dict[str, tuple[int, int, Counter[str]]],
+        after: dict[str, tuple[int, int, Counter[str]]],
         calls: int,
     ) -> Trips:
         """Round trips and commands per call between two snapshots (less the ``INFO`` of ``after``)."""
         trips = Trips()
         for name in self.admin:
             reads = after[name][0] - before[name][0] - 1  # the INFO of ``after``
-            commands = after[name][1] - before[name][1]
+            commands = after[name][2] - before[name][2]
             commands["info"] -= 1
             commands = +commands  # drop what is left at zero
             trips.commands[name] = Counter({k: v // calls for k, v in commands.items()})
             setattr(trips, name, reads / calls)
+            if name == "locks":
+                trips.connections = (after[name][1] - before[name][1]) / calls
         return trips
 
     def close(self) -> None:
@@ -314,7 +316,6 @@ def _rq_worker(servers: Servers, jobs: int, *, forking: bool = False) -> Trips:
         raise RuntimeError(f"the RQ worker finished {done - 1} of {jobs} jobs")
     connection.flushdb()
     connection.close()
-    trips.connections = trips.commands["locks"]["hello"]
     return trips
 
 
@@ -348,7 +349,6 @@ def _arq_worker(servers: Servers, jobs: int, loop: asyncio.AbstractEventLoop) ->
     finally:
         arq_log.setLevel(level)
         loop.run_until_complete(worker.close())
-    trips.connections = trips.commands["locks"]["hello"]
     return trips
 
 

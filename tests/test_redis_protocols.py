@@ -240,3 +240,37 @@ def test_each_async_primitive_is_one_evalsha(backend: RedisBackend, redis_server
 
     asyncio.run(main())
     admin.close()
+
+
+def test_a_url_store_s_new_connection_sends_nothing_before_its_first_call(redis_server: RedisServer) -> None:
+    """RESP2 and no CLIENT SETINFO (docs/redis.md): a new connection's first round trip is the call.
+
+    Counted as the server's reads, so a refused ``SETINFO`` (Redis < 7.2) would count too; sync and
+    asyncio (whose client is made from the sync one's settings).
+    """
+    from uniqjob.stores import from_url
+
+    admin = redis.Redis.from_url(redis_server.url)
+    RedisBackend(admin).read("k")  # the script loaded: what follows is the call alone
+    admin.config_resetstat()
+    store = from_url(f"{redis_server.url}?namespace=quiet{next(_spaces)}")
+    assert isinstance(store, RedisBackend)
+
+    def reads(call: Callable[[], Any]) -> int:
+        before = int(admin.info("stats")["total_reads_processed"])
+        call()
+        return int(admin.info("stats")["total_reads_processed"]) - before - 1  # less the INFO
+
+    try:
+        assert reads(lambda: store.read("k")) == 1
+        face = async_backend(store)
+        loop = asyncio.new_event_loop()
+        try:
+            assert reads(lambda: loop.run_until_complete(face.read("k"))) == 1  # (its socket closed after)
+            loop.run_until_complete(face.aclose())
+        finally:
+            loop.close()
+        assert "cmdstat_hello" not in admin.info("commandstats")
+    finally:
+        store.close()
+        admin.close()

@@ -99,39 +99,54 @@ def client_for(spec: RedisURL) -> redis.Redis | RedisCluster:
     :class:`BackendError` naming the seeds, after at most the connect (or
     reply) timeout per seed.
     """
+    quiet = {**spec.connection, **_QUIET}
     if spec.topology == "cluster":
-        return _cluster(spec)
+        return _cluster(spec, quiet)
     if spec.topology == "sentinel":
-        return _sentinel(spec)
-    return _server(spec)
+        return _sentinel(spec, quiet)
+    return _server(spec, quiet)
 
 
-def _server(spec: RedisURL) -> redis.Redis:
+def _unnamed() -> dict[str, Any]:
+    """The client settings that send no ``CLIENT SETINFO``, in the installed redis-py's words."""
+    if hasattr(redis, "DriverInfo"):  # redis-py 7.1+ (lib_name= and lib_version= deprecated)
+        return {"driver_info": redis.DriverInfo(name=None, lib_version=None)}
+    return {"lib_name": None, "lib_version": None}
+
+
+#: How every client made from a URL talks: RESP2, and no ``CLIENT SETINFO``, so a new connection
+#: sends nothing before its first command (redis-py's defaults cost up to four round trips:
+#: ``HELLO 3``, two ``SETINFO``; a forked RQ work horse or a ``uniqjob run`` pays them each time).
+#: A client given to ``configure()`` or ``RedisBackend`` keeps its own settings.
+_QUIET: dict[str, Any] = {"protocol": 2, **_unnamed()}
+
+
+def _server(spec: RedisURL, connection: dict[str, Any]) -> redis.Redis:
     kind: type[Connection | UnixDomainSocketConnection] = Connection
     if spec.tls:
         kind = SSLConnection
     elif "path" in spec.connection:
         kind = UnixDomainSocketConnection
     # As redis.Redis.from_url builds it: a plain pool of the scheme's connections, closed with the client.
-    pool = redis.ConnectionPool(connection_class=kind, **spec.connection)
+    pool = redis.ConnectionPool(connection_class=kind, **connection)
     client = redis.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True
     return client
 
 
-def _sentinel(spec: RedisURL) -> redis.Redis:
+def _sentinel(spec: RedisURL, connection: dict[str, Any]) -> redis.Redis:
     # Each Sentinel is asked once: the client asks the next one when one fails, and redis-py's
     # default retry (with backoff) on each would stretch a lookup far past the timeout.
-    once = {**spec.sentinel, "retry": Retry(NoBackoff(), 0)}
+    once = {**spec.sentinel, **_QUIET, "retry": Retry(NoBackoff(), 0)}
     sentinels = Sentinel(spec.nodes, sentinel_kwargs=once)  # type: ignore[no-untyped-call, unused-ignore]
-    master: redis.Redis = sentinels.master_for(spec.service, **spec.connection)  # type: ignore[no-untyped-call, unused-ignore]
+    master: redis.Redis = sentinels.master_for(spec.service, **connection)  # type: ignore[no-untyped-call, unused-ignore]
     return master
 
 
-def _cluster(spec: RedisURL) -> RedisCluster:
+def _cluster(spec: RedisURL, connection: dict[str, Any]) -> RedisCluster:
     seeds = [ClusterNode(host, port) for host, port in spec.nodes]  # type: ignore[no-untyped-call]
     try:
-        return RedisCluster(startup_nodes=seeds, **spec.connection)
+        return RedisCluster(startup_nodes=seeds, **connection)
     except (redis.RedisError, RedisClusterException, OSError) as exc:
         seen = ", ".join(f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in spec.nodes)
         raise BackendError(f"cannot reach the {spec.kind} at {seen}: {exc}", spec.flavor) from exc
