@@ -30,7 +30,7 @@ EXPECTED = (
     + [f"scale.{n}{e}" for n in SCALED for e in ("", ".empty")]
     + ["file.filelock", "file.flock", *(f"file.{name}" for name in LABELS)]
     + [f"memory.{name}" for name in LABELS]
-    + [f"queues.{queue}.{path}" for queue in QUEUES for path in PATHS]
+    + [f"queues.{queue}.{path}" for queue in QUEUES for path in (*PATHS, "claim")]
     + [f"apscheduler.{path}" for path in apscheduler_bench.PATHS]
     + [f"huey.{path}" for path in PATHS]
     + [f"django.{backend}.{path}" for backend in ("db", "rq") for path in PATHS]
