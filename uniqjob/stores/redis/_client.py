@@ -109,9 +109,10 @@ def client_for(spec: RedisURL) -> redis.Redis | RedisCluster:
 
 def _unnamed() -> dict[str, Any]:
     """The client settings that send no ``CLIENT SETINFO``, in the installed redis-py's words."""
-    if hasattr(redis, "DriverInfo"):  # redis-py 7.1+ (lib_name= and lib_version= deprecated)
+    try:  # redis-py's DriverInfo, which deprecated lib_name= and lib_version=
         return {"driver_info": redis.DriverInfo(name=None, lib_version=None)}
-    return {"lib_name": None, "lib_version": None}
+    except (AttributeError, TypeError):  # a redis-py from before it
+        return {"lib_name": None, "lib_version": None}
 
 
 #: How every client made from a URL talks: RESP2, and no ``CLIENT SETINFO``, so a new connection
