@@ -15,8 +15,6 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-pytest.importorskip("arq", reason="arq is not installed: pip install --no-deps 'arq>=0.28'")
-
 import uniqjob
 from benchmarks.queues import BURST_LIMIT, QUEUES, Servers, Trips, WorkerJob, measure, run_bursts
 from benchmarks.report import Report
@@ -52,7 +50,7 @@ def test_a_duplicate_is_one_round_trip_and_leaves_the_queue_alone(
     assert duplicate.queue == 0 and not duplicate.commands["queue"]  # not even "is the job gone?"
 
 
-@pytest.mark.parametrize("queue", ["rq", "arq"])
+@pytest.mark.parametrize("queue", [q for q in QUEUES if q in ("rq", "arq")])
 def test_a_worker_starts_and_finishes_a_job_in_one_round_trip_each(
     trips: dict[str, dict[str, Trips]], queue: str
 ) -> None:

@@ -16,6 +16,7 @@ tuple's ``_make``, ``os._exit``, ...) are listed by name below.
 from __future__ import annotations
 
 import ast
+import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +72,15 @@ def defined(trees: list[tuple[str, ast.Module]]) -> set[str]:
             target(node.value)
 
     for _, tree in trees:
+        # getattr(x, "_name") reads a name: it defines none (setattr(x, "_name", v) does)
+        read = {
+            id(node.args[1])
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and _reflected(node) and ast.unparse(node.func) != "setattr"
+        }
         for node in ast.walk(tree):
+            if id(node) in read:
+                continue
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 names.add(node.name)
             elif isinstance(node, ast.Assign):
@@ -94,6 +103,17 @@ def _uniqjob_module(node: ast.ImportFrom) -> bool:
     return node.level > 0 or (node.module or "").split(".")[0] == "uniqjob"
 
 
+def _reflected(node: ast.Call) -> str | None:
+    """The underscore name ``getattr(x, "_name")`` (or setattr, hasattr, delattr) names; else None."""
+    func, args = node.func, node.args
+    reflect = ("getattr", "setattr", "hasattr", "delattr")
+    if isinstance(func, ast.Name) and func.id in reflect and len(args) > 1:
+        name = args[1]
+        if isinstance(name, ast.Constant) and isinstance(name.value, str) and _private(name.value):
+            return name.value
+    return None
+
+
 def private_uses(root: Path = PACKAGE) -> list[Use]:
     """Each use in ``root`` of an underscore name its own code does not define, or of a version."""
     trees = list(_trees(root))
@@ -106,6 +126,8 @@ def private_uses(root: Path = PACKAGE) -> list[Use]:
                     found.append(Use(path, node.lineno, f"{ast.unparse(node)} (not uniqjob's own)"))
                 elif node.attr == "__version__":
                     found.append(Use(path, node.lineno, f"{ast.unparse(node)} (a version check)"))
+            elif isinstance(node, ast.Call) and _reflected(node) not in (None, *own):
+                found.append(Use(path, node.lineno, f"{ast.unparse(node)} (not uniqjob's own)"))
             elif isinstance(node, ast.ImportFrom) and not _uniqjob_module(node):
                 parts = (node.module or "").split(".")
                 for alias in node.names:
@@ -138,6 +160,7 @@ def test_what_the_kept_lanes_did_would_be_found(tmp_path: Path) -> None:
         "        self._conn = conn\n"
         "    def sock(self, retry, node, conn):\n"
         "        node._free.append(conn)\n"
+        "        getattr(conn, '_sock').close()\n"
         "        return self._conn._sock, retry._backoff, retry._retries, retry._supported_errors\n",
         encoding="utf-8",
     )
@@ -151,6 +174,7 @@ def test_what_the_kept_lanes_did_would_be_found(tmp_path: Path) -> None:
             "retry._backoff (not uniqjob's own)",
             "retry._retries (not uniqjob's own)",
             "retry._supported_errors (not uniqjob's own)",
+            "getattr(conn, '_sock') (not uniqjob's own)",
         ]
     )  # and self._conn, which Lane defines, is not among them
 
@@ -160,3 +184,45 @@ def test_uniqjob_s_own_private_names_are_allowed() -> None:
     own = defined(trees)
     assert {"_keys", "_wire", "_acks", "_claim_call"} <= own  # the Redis store's, used by its faces
     assert "_sock" not in own and "_backoff" not in own and "_free" not in own
+
+
+#: Where uniqjob reads one of its own underscore names that redis-py or valkey-py also uses
+#: privately, on something other than ``self`` or ``cls``: each checked by hand to be uniqjob's object.
+SHARED_NAMES_ON_OUR_OBJECTS = frozenset({
+    ("uniqjob/locks.py", "state._read"),  # a LockState
+    ("uniqjob/stores/redis/_async.py", "sync._read"),  # the RedisBackend behind RedisAsync
+})  # fmt: skip
+
+
+def _library_private_names(package: str) -> set[str]:
+    """Every underscore attribute and function name in an installed package's source."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return set()
+    names: set[str] = set()
+    for path in Path(spec.origin).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                names.add(node.attr)
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and _private(node.name):
+                names.add(node.name)
+    return names
+
+
+def test_a_name_shared_with_the_client_libraries_is_read_on_our_own_objects() -> None:
+    """The scan above lets uniqjob's own names through wherever they are read; a few are also
+    redis-py's private names (``_encoder``, ``_execute``, ``_read``...), so ``client._encoder``
+    would pass it. Such a name read on anything but ``self``/``cls`` is listed, checked by hand."""
+    trees = list(_trees(PACKAGE))
+    shared = defined(trees) & (_library_private_names("redis") | _library_private_names("valkey"))
+    assert shared, "the client libraries' private names were not read"
+    seen = {
+        (path, ast.unparse(node))
+        for path, tree in trees
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr in shared
+        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+    }
+    unchecked = sorted(seen - SHARED_NAMES_ON_OUR_OBJECTS)
+    assert not unchecked, f"check that these are uniqjob's objects, then list them: {unchecked}"
