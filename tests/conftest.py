@@ -144,6 +144,18 @@ def sentinel_master_client(sentinel_group: SentinelGroup) -> Iterator[redis.Redi
 
 
 @pytest.fixture
+def redis_decoded_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A redis-py client on RESP2 that decodes replies to str: the "redis" kind's client is on
+    redis-py's defaults (RESP3 and bytes on redis-py 8; RESP2 on the arq leg's redis-py 5)."""
+    if redis_server.pid is None:  # a test stopped it
+        redis_server.start()
+    client = redis.Redis.from_url(redis_server.url, protocol=2, decode_responses=True)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
 def valkey_client(valkey_server: RedisServer) -> Iterator[redis.Redis]:
     """A redis-py client of the Valkey server."""
     client = redis.Redis.from_url(valkey_server.url)
@@ -254,6 +266,7 @@ STORES: dict[str, StoreKind] = {
     ),
     "memory": StoreKind(lambda request, tmp_path, clock: MemoryBackend(clock=clock)),
     "dict": StoreKind(lambda request, tmp_path, clock: dictstore.DictBackend(clock=clock)),  # tests/support
+    "redis-decoded": StoreKind(_on("redis_decoded_client"), fake_clock=False, only=CONTRACT),
     # tests/support/topologies: started once a session, on first use
     "cluster": StoreKind(
         _on("redis_cluster_client"),
@@ -325,7 +338,7 @@ TIERS = ("slow", "browser", "failover", "soak")
 
 #: Store kinds whose runs of the contract suites are the every-store matrix: ``slow``. The
 #: default tier keeps the contract on memory, file, redis (and the plugin store, dict).
-MATRIX_KINDS = frozenset({"cluster", "sentinel", "valkey", "valkey-py"})
+MATRIX_KINDS = frozenset({"redis-decoded", "cluster", "sentinel", "valkey", "valkey-py"})
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
