@@ -14,6 +14,7 @@ import pytest
 
 from uniqjob import MemoryBackend, UniqueJob
 from uniqjob.errors import BackendError
+from uniqjob.stores.base import Backend
 
 
 class Failing(MemoryBackend):
@@ -21,7 +22,7 @@ class Failing(MemoryBackend):
         raise BackendError("the store is away", self.name)
 
 
-def job_on(store: MemoryBackend) -> type[UniqueJob]:
+def job_on(store: Backend) -> type[UniqueJob]:
     class Report(UniqueJob):
         unique_backend = store
 
@@ -52,4 +53,25 @@ def test_an_async_enqueue_reads_down_to_the_store_call() -> None:
     chain = functions_of(caught.value)
     tail = chain[chain.index("aenqueue") :]
     assert tail == ["aenqueue", "enqueue", "run", "acquire", "claim", "claim"], tail  # face, then store
+    assert not any("drive" in name for name in chain)
+
+
+def test_on_redis_a_traceback_reads_down_to_the_store_method_that_sent_the_call() -> None:
+    """The same on the Redis store, sync and asyncio: its failed call is raised from the store
+    method of the primitive's name, then the ones that send every script call (``_done``, ``_eval``)."""
+    from uniqjob.stores.redis import RedisBackend
+
+    store = RedisBackend("redis://127.0.0.1:1", timeout=0.5)  # nothing listens on port 1
+    job = job_on(store)
+    with pytest.raises(BackendError) as caught:
+        job.enqueue(1)
+    chain = functions_of(caught.value)
+    assert chain[1:] == ["enqueue", "enqueue", "run", "acquire", "claim", "_done", "_eval"], chain
+    files = [frame.filename.rsplit("/", 1)[-1] for frame in traceback.extract_tb(caught.value.__traceback__)]
+    assert files[-3:] == ["_store.py", "_store.py", "_store.py"], files
+    with pytest.raises(BackendError) as caught:
+        asyncio.run(job.aenqueue(1))
+    chain = functions_of(caught.value)
+    tail = chain[chain.index("aenqueue") :]
+    assert tail == ["aenqueue", "enqueue", "run", "acquire", "claim", "_done"], tail  # RedisAsync's own
     assert not any("drive" in name for name in chain)
