@@ -91,7 +91,8 @@ def lock_keys(client: Any, prefix: str, call: Call) -> Iterator[str]:
         # A run lock whose queue lock autoexpired is still a held key.
         lone = [key for key, part in held if part == "r" and key not in queued and key not in seen]
         if lone:
-            exists = call(partial(_each, client, "exists", [names(prefix, key, _QUEUE)[0] for key in lone]))
+            queues = [names(prefix, key, _QUEUE)[0] for key in lone]
+            exists = call(partial(_each, client, queues, lambda pipe, name: pipe.exists(name)))
             queued.update(key for key, e in zip(lone, exists, strict=True) if not e)
         for key in queued - seen:
             seen.add(key)
@@ -110,7 +111,8 @@ def drops(client: Any, prefix: str, call: Call, window: float) -> Tally:
         if first is None:  # the window ends at the server's clock, as the counts began on it
             seconds, micros = call(client.time)
             first = first_minute(seconds + micros / 1_000_000, window)
-        hashes = call(partial(_each, client, "hgetall", page, raise_on_error=False))
+        hgetall = partial(_each, client, page, lambda pipe, name: pipe.hgetall(name), raise_on_error=False)
+        hashes = call(hgetall)
         for name, fields in zip(page, hashes, strict=True):
             key = key_of(prefix, name, "d")
             if key is None:
@@ -141,9 +143,12 @@ def namespaces(client: Any, call: Call, limit: int) -> list[str]:
     return sorted(found)
 
 
-def _each(client: Any, command: str, found: list[str], *, raise_on_error: bool = True) -> list[Any]:
-    """``command`` of each name in ``found``, in one pipeline (a cluster's sends each to its slot's node)."""
+def _each(
+    client: Any, found: list[str], send: Callable[[Any, str], object], *, raise_on_error: bool = True
+) -> list[Any]:
+    """``send(pipe, name)`` for each name in ``found``: one pipeline (a cluster's sends each command
+    to its slot's node); the replies in order."""
     pipe = client.pipeline(transaction=False)
     for name in found:
-        getattr(pipe, command)(name)
+        send(pipe, name)
     return list(pipe.execute(raise_on_error=raise_on_error))
