@@ -1,7 +1,7 @@
 """The queues benchmark's round trips (machine-independent: counted by the servers, never timed).
 
 A unique enqueue costs the queue's own round trips plus one to the lock store; a
-duplicate costs one, and nothing of the queue; an RQ worker's job start and finish
+duplicate costs one, and nothing of the queue; an RQ, arq or Celery worker's job start and finish
 are one each. The RQ worker bursts (jobs/s, plain against unique) run in their quick
 shape: their rows and round trips are checked, never their times.
 """
@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -136,3 +139,42 @@ def test_rq_worker_bursts_have_their_shape_and_round_trips(redis_server: RedisSe
     assert report.figures["queues_rq_burst_jobs"] == 5
     assert report.figures["queues_rq_burst_ratio"] == simple.ratio
     assert report.figures["queues_rq_forking_burst_lock_trips_per_job"] >= 2
+
+
+
+def test_a_celery_worker_starts_and_finishes_a_task_in_one_round_trip_each(tmp_path: Path) -> None:
+    """A real ``celery worker`` (one prefork child): a task's start and its finish are one script
+    call each on the lock store, and nothing else is sent there (the test's own claims taken off;
+    it waits by asking for the queue locks' names, which is no script call)."""
+    from tests.celery_app import app, echo
+    from tests.integration_workers import REPO, URL_VAR, Workers, wait_until
+
+    with RedisServer() as locks, RedisServer() as queue:
+        servers = Servers(locks.url, queue.url)
+        admin = servers.admin["locks"]
+        app.conf.broker_url = queue.url
+        uniqjob.configure(locks.url)
+        path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        workers = Workers(tmp_path, {URL_VAR: queue.url, "UNIQJOB_URL": locks.url, "PYTHONPATH": path})
+        argv = [sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker", "-P", "prefork"]
+        argv += ["-c", "1", "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO"]
+
+        def run(values: range) -> None:
+            for value in values:
+                assert echo.delay(value) is not None
+            wait_until(lambda: not admin.keys("*:q"), "the tasks' locks to go", timeout=30)
+
+        try:
+            workers.start("celery", argv)
+            wait_until(lambda: " ready." in workers.log("celery"), "the worker to be ready", timeout=30)
+            run(range(-1, 0))  # warm: the pool child connected, the scripts loaded
+            tasks = 5
+            trips = servers.count(1, lambda: run(range(tasks)))
+        finally:
+            workers.close()
+            servers.close()
+            uniqjob.configure(None)
+            app.conf.broker_url = None
+    sent = trips.commands["locks"]
+    assert sent["evalsha"] == tasks + 2 * tasks, sent  # the claims, then each task's start and finish
+    assert not {"hello", "script|load", "client|setinfo", "eval"} & set(sent), sent
