@@ -142,14 +142,19 @@ def test_rq_worker_bursts_have_their_shape_and_round_trips(redis_server: RedisSe
 
 
 
-def test_a_celery_worker_starts_and_finishes_a_task_in_one_round_trip_each(tmp_path: Path) -> None:
+def test_a_celery_worker_starts_and_finishes_a_task_in_one_round_trip_each(
+    redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path
+) -> None:
     """A real ``celery worker`` (one prefork child): a task's start and its finish are one script
     call each on the lock store, and nothing else is sent there (the test's own claims taken off;
-    it waits by asking for the queue locks' names, which is no script call)."""
+    it waits by asking for the queue locks' names, which is no script call). The broker is the
+    session's redis-server, as for tests/test_celery.py (the app keeps a pool of its broker's
+    connections for the session); the locks are on a server of their own."""
     from tests.celery_app import app, echo
     from tests.integration_workers import REPO, URL_VAR, Workers, wait_until
 
-    with RedisServer() as locks, RedisServer() as queue:
+    queue = redis_server
+    with RedisServer() as locks:
         servers = Servers(locks.url, queue.url)
         admin = servers.admin["locks"]
         app.conf.broker_url = queue.url
@@ -174,7 +179,6 @@ def test_a_celery_worker_starts_and_finishes_a_task_in_one_round_trip_each(tmp_p
             workers.close()
             servers.close()
             uniqjob.configure(None)
-            app.conf.broker_url = None
     sent = trips.commands["locks"]
     assert sent["evalsha"] == tasks + 2 * tasks, sent  # the claims, then each task's start and finish
     assert not {"hello", "script|load", "client|setinfo", "eval"} & set(sent), sent
