@@ -212,6 +212,23 @@ async def execute(
         raise
     if lock.call:  # "keep_last": the latest call's arguments, recorded while this one was queued
         args, kwargs = _coalesce.decode(lock.call)
+    result = await _performed(cls, lock, store, args, kwargs, settle=settle)
+    await next_call(cls, lock, store)
+    return result
+
+
+async def _performed(
+    cls: type[UniqueJob],
+    lock: JobLock,
+    store: AsyncBackend,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    *,
+    settle: Callable[[BaseException | None, Any], Any] | None = None,
+) -> Any:
+    """Perform under the locks taken; then release them, or, with ``settle``, let the delivery
+    settle them by how it ended. If perform raised, the call that waited behind it is handed on
+    first (see next_call), then the error goes on."""
     try:
         result = await _perform(cls, lock, store, args, kwargs, releasing=settle is None)
     except BaseException as exc:
@@ -221,20 +238,7 @@ async def execute(
         raise
     if settle is not None:
         await _callouts.acall_out(settle, None, result)
-    await next_call(cls, lock, store)
     return result
-
-
-async def _performed(
-    cls: type[UniqueJob], lock: JobLock, store: AsyncBackend, args: Sequence[Any], kwargs: dict[str, Any]
-) -> Any:
-    """Perform under the locks taken, and release them; if perform raised, the call that waited
-    behind it is handed on first (see next_call), then the error goes on."""
-    try:
-        return await _perform(cls, lock, store, args, kwargs, releasing=True)
-    except BaseException as exc:
-        await next_call(cls, lock, store, interrupted=not isinstance(exc, Exception))
-        raise
 
 
 async def _perform(

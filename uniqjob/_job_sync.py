@@ -213,6 +213,23 @@ def execute(
         raise
     if lock.call:  # "keep_last": the latest call's arguments, recorded while this one was queued
         args, kwargs = _coalesce.decode(lock.call)
+    result = _performed(cls, lock, store, args, kwargs, settle=settle)
+    next_call(cls, lock, store)
+    return result
+
+
+def _performed(
+    cls: type[UniqueJob],
+    lock: JobLock,
+    store: Backend,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    *,
+    settle: Callable[[BaseException | None, Any], Any] | None = None,
+) -> Any:
+    """Perform under the locks taken; then release them, or, with ``settle``, let the delivery
+    settle them by how it ended. If perform raised, the call that waited behind it is handed on
+    first (see next_call), then the error goes on."""
     try:
         result = _perform(cls, lock, store, args, kwargs, releasing=settle is None)
     except BaseException as exc:
@@ -222,20 +239,7 @@ def execute(
         raise
     if settle is not None:
         _callouts.call_out(settle, None, result)
-    next_call(cls, lock, store)
     return result
-
-
-def _performed(
-    cls: type[UniqueJob], lock: JobLock, store: Backend, args: Sequence[Any], kwargs: dict[str, Any]
-) -> Any:
-    """Perform under the locks taken, and release them; if perform raised, the call that waited
-    behind it is handed on first (see next_call), then the error goes on."""
-    try:
-        return _perform(cls, lock, store, args, kwargs, releasing=True)
-    except BaseException as exc:
-        next_call(cls, lock, store, interrupted=not isinstance(exc, Exception))
-        raise
 
 
 def _perform(
