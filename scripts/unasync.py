@@ -47,6 +47,7 @@ NAMES: dict[str, str] = {
     # awaitable / refused if awaitable (uniqjob._callouts); a wait
     "acall_out": "call_out",
     "apause": "pause",
+    "asettle": "settle",
     # concurrency (uniqjob/concurrency/_semaphore_async.py)
     "AsyncSemaphore": "SyncSemaphore",
     "AsyncSemaphores": "SemaphoreStore",

@@ -365,3 +365,51 @@ def test_a_claim_whose_leftover_the_undo_removed_first_is_granted(
         Plain.enqueue("r", 1)
     monkeypatch.setattr(store, "reclaim", undo_thread_first)
     assert Plain.enqueue("r", 2) is not None  # granted, not taken for a duplicate of the leftover
+
+
+def test_an_async_claim_settles_its_key_s_failed_release_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch, no_undo_thread: None
+) -> None:
+    """The settle a claim makes first may wait for the store (each try is a store call): from an event
+    loop it runs in a worker thread, and the loop's other tasks go on meanwhile."""
+    import asyncio
+    import threading
+    import time
+
+    from uniqjob import JobLock, MemoryBackend
+
+    store = MemoryBackend()
+    lock = JobLock(store, "slow-settle")
+    tried_on: list[threading.Thread] = []
+
+    def act() -> bool:  # a store that takes its time to answer
+        tried_on.append(threading.current_thread())
+        time.sleep(0.3)
+        return True
+
+    undos.add(act, "a test's undo", (), lock.key)
+
+    async def main() -> tuple[bool, int]:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        await asyncio.sleep(0)
+        try:
+            took = await lock.aacquire()
+        finally:
+            ticker.cancel()
+        return took, ticks
+
+    try:
+        took, ticks = asyncio.run(main())
+    finally:
+        undos.clear()
+    assert took and tried_on and tried_on[0] is not threading.main_thread()
+    assert ticks >= 5  # the loop ran on through the settle's 0.3 s
+    assert not undos.pending  # settled: done, and forgotten

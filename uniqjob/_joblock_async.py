@@ -55,7 +55,7 @@ async def acquire(
     meta = claim_meta(lock, with_job_id=gone_after is not None)
     candidates = lock.candidate_keys()
     if undos.pending:  # a failed release of this process on one of the keys: settled first
-        undos.settle(candidates)
+        await undos.asettle(candidates)
     # A run claim (inline) replaces nothing: the replaced call's run may still be under way.
     coalesce = "" if run and lock.coalesce == "replace" else lock.coalesce
     for candidate in candidates:

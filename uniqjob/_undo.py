@@ -123,6 +123,12 @@ class Undos:
             if self._try(undo):
                 self._discard(undo)
 
+    async def asettle(self, keys: list[str]) -> None:
+        """:meth:`settle` from an event loop, in a worker thread: each try may wait for the store."""
+        from .stores._async_base import in_thread  # here: the sync path never loads asyncio
+
+        await in_thread(self.settle, keys)
+
     def _discard(self, undo: _Undo) -> None:
         """Forget ``undo``, done (by this thread, or meanwhile by another)."""
         with self._mutex:
