@@ -12,9 +12,13 @@ so a machine's drift hits all three alike.
 
 The RQ worker bursts: trivial jobs enqueued, then run by a fresh ``rq``
 SimpleWorker process (``work(burst=True)``), plain bursts and unique ones (a
-distinct key each) in turn, pairs in ABBA order; jobs/s of each, their medians
-and ratio (the per-pair table goes to stderr, the medians to the target's note
-and the figures); the forking Worker's too, fewer jobs, as information. The lock
+distinct key each) in turn; jobs/s of each, their medians and ratio (the
+per-round table goes to stderr, the medians to the target's note and the
+figures); the forking Worker's too, fewer jobs, as information. Beside the
+SimpleWorker's, its floor: bursts of plain jobs that each send the two calls a
+unique job's worker sends the lock store (START and FINISH, recorded from a real
+worker), raw by ``client.evalsha`` on a fresh key, so what the round trips alone
+cost is measured in the same rounds as what uniqjob costs. The lock
 store is the section's server and RQ's the queue's, as for the enqueues: each
 server's ``INFO`` then shows its side alone, so the lock store's round trips per
 job (start and finish) are counted exactly, and the queue's show that RQ's own
@@ -49,7 +53,7 @@ from typing import Any
 
 import redis
 
-from benchmarks.replay import Raw, record
+from benchmarks.replay import Raw, Sent, record
 from benchmarks.report import Report, Row, Target
 from benchmarks.sampling import Stats, summarize
 from uniqjob import UniqueJob
@@ -367,6 +371,9 @@ BURST_JOBS, BURST_PAIRS = 1000, 5
 FORKING_JOBS, FORKING_PAIRS = 100, 1
 #: The most a unique burst's rate may fall below the plain one's, in percent.
 BURST_LIMIT = 10.0
+#: A SimpleWorker's bursts: plain jobs, unique jobs, and the floor (plain jobs that send a unique
+#: job's two lock-store calls raw), in a turn that moves each round, so drift hits all three alike.
+BURST_PATHS = ("plain", "unique", "floor")
 #: What a worker process of :func:`burst_worker` runs: it imports this module, from the repository's root.
 _CHILD = "import sys; from benchmarks.queues import burst_worker; sys.exit(burst_worker(sys.argv[1:]))"
 _ROOT = Path(__file__).resolve().parent.parent
@@ -391,8 +398,44 @@ def _burst_queue(queue_url: str) -> Any:
     return queue
 
 
+#: In a floor burst's worker process, the recorded START and FINISH of a unique job, sent again raw
+#: on a fresh lock key per call (set by :func:`burst_worker`, run by :func:`floor_job`).
+_floor_calls: Callable[[], object] | None = None
+
+
+def floor_job(n: int) -> int:
+    """A floor burst's plain RQ job: what a unique job's worker sends to the lock store, with no
+    Python of uniqjob's around it (the unique rate can come no nearer the plain one than this)."""
+    assert _floor_calls is not None, "a floor job runs only in a floor burst's worker"
+    _floor_calls()
+    return n
+
+
+def _worker_calls(servers: Servers) -> str:
+    """The lock-store commands one unique job costs an RQ SimpleWorker (its START and FINISH),
+    recorded from a real worker run in this process, as JSON for a floor burst's worker."""
+    from rq import SimpleWorker
+
+    from uniqjob.config import default_backend
+
+    queue = _burst_queue(servers.urls["queue"])
+    BurstJob.enqueue(next(_burst_ids))
+    client = default_backend().client  # type: ignore[attr-defined]
+    worker = SimpleWorker([queue], connection=queue.connection)
+    sent, _ = record(client, lambda: worker.work(burst=True, logging_level="WARNING"))
+    queue.connection.flushdb()
+    queue.connection.close()
+    # (A fresh server first has the scripts loaded: once, not per job, so not part of the floor.)
+    commands = [[a.decode() if isinstance(a, bytes) else a for a in s.args] for s in sent]
+    commands = [c for c in commands if str(c[0]).upper() != "SCRIPT LOAD"]
+    if [str(c[0]).upper() for c in commands] != ["EVALSHA", "EVALSHA"]:
+        raise RuntimeError(f"a unique job's worker sent {commands!r} to the lock store, not START and FINISH")
+    return json.dumps(commands)
+
+
 def burst_worker(argv: list[str]) -> int:
-    """A fresh worker process's burst: ``KIND LOCKS_URL QUEUE_URL LAST_JOB_ID`` (KIND: simple, forking).
+    """A fresh worker process's burst: ``KIND LOCKS_URL QUEUE_URL LAST_JOB_ID [FLOOR]`` (KIND: simple,
+    forking; FLOOR: the commands :func:`floor_job` replays, from :func:`_worker_calls`).
 
     Everything is imported and set up alike for plain and unique bursts before the clock starts;
     the clock stops when the last job ended (RQ's ``ended_at``), not when ``work()`` returns,
@@ -403,9 +446,14 @@ def burst_worker(argv: list[str]) -> int:
     from rq.job import Job
 
     import uniqjob
+    from uniqjob.config import default_backend
 
-    kind, locks_url, queue_url, last_id = argv
+    global _floor_calls
+    kind, locks_url, queue_url, last_id, *floor = argv
     uniqjob.configure(locks_url)
+    if floor:  # the store's own client, as a unique job's calls have it
+        sent = [Sent(tuple(args), {}, None) for args in json.loads(floor[0])]
+        _floor_calls = Raw(default_backend().client, sent, fresh=True).op()  # type: ignore[attr-defined]
     queue = _burst_queue(queue_url)
     worker = (Worker if kind == "forking" else SimpleWorker)([queue], connection=queue.connection)
     began = datetime.now(UTC)
@@ -424,7 +472,7 @@ def burst_worker(argv: list[str]) -> int:
 class Burst:
     """One burst of a fresh worker process: its jobs, their seconds, and round trips per job."""
 
-    path: str  # "plain" or "unique"
+    path: str  # "plain", "unique" or "floor"
     jobs: int
     seconds: float
     trips: Trips
@@ -437,7 +485,7 @@ class Burst:
 
 @dataclass
 class Bursts:
-    """Pairs of bursts, plain and unique, of one kind of worker."""
+    """Rounds of bursts of one kind of worker: plain and unique (and the SimpleWorker's floor)."""
 
     worker: str  # "SimpleWorker" or "Worker"
     jobs: int
@@ -462,6 +510,13 @@ class Bursts:
         """How far the unique rate falls below the plain one, in percent."""
         return (1 - self.ratio) * 100
 
+    @property
+    def floor_slowdown(self) -> float | None:
+        """How far the floor's rate falls below the plain one, in percent (None: no floor bursts)."""
+        if "floor" not in self.pairs[0]:
+            return None
+        return (1 - self.median("floor") / self.median("plain")) * 100
+
     def table(self) -> list[str]:
         """The pairs, their medians and ratio, as lines of text."""
         lines = [f"RQ {self.worker} burst of {self.jobs:,} trivial jobs, jobs/s (fresh worker process each):"]
@@ -470,14 +525,21 @@ class Bursts:
         )
         for i, pair in enumerate(self.pairs, 1):
             plain, unique = pair["plain"].rate, pair["unique"].rate
+            floor = f"  floor {pair['floor'].rate:7,.0f}" if "floor" in pair else ""
             lines.append(
-                f"  pair {i}: plain {plain:7,.0f}  unique {unique:7,.0f}  ratio {unique / plain:.3f}"
+                f"  pair {i}: plain {plain:7,.0f}  unique {unique:7,.0f}  ratio {unique / plain:.3f}{floor}"
             )
         lines.append(
             f"  median: plain {self.median('plain'):7,.0f}  unique {self.median('unique'):7,.0f}"
             f"  ratio {self.ratio:.3f} (unique {self.slowdown:+.1f}% slower; {goal})"
         )
         lines.append(f"  median of the pairs' own ratios: {self.pair_ratio:.3f}")
+        if self.floor_slowdown is not None:
+            lines.append(
+                f"  floor: plain jobs that also send a unique job's START and FINISH raw (client.evalsha):"
+                f" {self.median('floor'):,.0f}/s, {self.floor_slowdown:+.1f}% slower than plain"
+                " (the two round trips alone, no Python of ours)"
+            )
         plain_trips, unique_trips = self.trips("plain"), self.trips("unique")
         lines.append(
             f"  round trips per job: plain {plain_trips.queue:.2f} to the queue;"
@@ -496,16 +558,21 @@ class Bursts:
         )
 
 
-def _burst(servers: Servers, path: str, jobs: int, kind: str) -> Burst:
-    """Enqueue ``jobs`` trivial ``path`` jobs (unique: distinct keys), then run them in a fresh worker."""
+def _burst(servers: Servers, path: str, jobs: int, kind: str, floor: str = "") -> Burst:
+    """Enqueue ``jobs`` trivial ``path`` jobs (unique: distinct keys), then run them in a fresh worker
+    (a floor burst's jobs replay ``floor``, from :func:`_worker_calls`)."""
     queue = _burst_queue(servers.urls["queue"])
-    if path == "plain":  # pipelined: the enqueues are not what is timed
-        pushed = queue.enqueue_many([queue.prepare_data(plain_job, (next(_burst_ids),)) for _ in range(jobs)])
-    else:
+    if path == "unique":
         pushed = [BurstJob.enqueue(next(_burst_ids)) for _ in range(jobs)]
+    else:  # pipelined: the enqueues are not what is timed
+        job = floor_job if path == "floor" else plain_job
+        pushed = queue.enqueue_many([queue.prepare_data(job, (next(_burst_ids),)) for _ in range(jobs)])
     before = servers._snapshot()
+    argv = [kind, servers.urls["locks"], servers.urls["queue"], pushed[-1].id]
+    if path == "floor":
+        argv.append(floor)
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, kind, servers.urls["locks"], servers.urls["queue"], pushed[-1].id],
+        [sys.executable, "-c", _CHILD, *argv],
         cwd=_ROOT,
         capture_output=True,
         text=True,
@@ -524,14 +591,18 @@ def _burst(servers: Servers, path: str, jobs: int, kind: str) -> Burst:
 
 
 def bursts(servers: Servers, jobs: int, pairs: int, *, forking: bool = False) -> Bursts:
-    """``pairs`` pairs of bursts of ``jobs`` jobs, plain and unique, in turn (ABBA: drift hits both)."""
+    """``pairs`` rounds of bursts of ``jobs`` jobs, in a turn that moves each round so drift hits all:
+    plain and unique (ABBA), and for a SimpleWorker the floor too (:data:`BURST_PATHS`)."""
     out = Bursts("Worker" if forking else "SimpleWorker", jobs)
+    kind = "forking" if forking else "simple"
     with _unique_jobs(servers.urls["locks"]):  # as the worker processes have it
+        floor = "" if forking else _worker_calls(servers)
         for i in range(pairs):
-            order = ("plain", "unique") if i % 2 == 0 else ("unique", "plain")
-            out.pairs.append(
-                {path: _burst(servers, path, jobs, "forking" if forking else "simple") for path in order}
-            )
+            if forking:
+                order: tuple[str, ...] = ("plain", "unique") if i % 2 == 0 else ("unique", "plain")
+            else:
+                order = BURST_PATHS[i % 3 :] + BURST_PATHS[: i % 3]
+            out.pairs.append({path: _burst(servers, path, jobs, kind, floor) for path in order})
     return out
 
 
@@ -568,6 +639,9 @@ def run_bursts(report: Report, locks_url: str, queue_url: str, iterations: int) 
                 f"{name}_queue_trips_per_job_unique": unique.queue,
             }
         )
+        if found.floor_slowdown is not None:
+            report.figures[f"{name}_floor_jobs_per_s"] = found.median("floor")
+            report.figures[f"{name}_floor_slowdown"] = found.floor_slowdown
     report.targets.append(
         Target(
             "queues.rq.burst",
@@ -577,7 +651,8 @@ def run_bursts(report: Report, locks_url: str, queue_url: str, iterations: int) 
             "%",
             note=(
                 f"median of {len(simple.pairs)} pairs: plain {simple.median('plain'):,.0f}/s,"
-                f" unique {simple.median('unique'):,.0f}/s, ratio {simple.ratio:.3f}"
+                f" unique {simple.median('unique'):,.0f}/s, ratio {simple.ratio:.3f};"
+                f" its two lock-store calls sent raw alone make it {simple.floor_slowdown:+.1f}%"
             ),
         )
     )
@@ -634,9 +709,12 @@ def run_queues(report: Report, locks_url: str, queue_url: str, iterations: int, 
         with _unique_jobs(locks_url):
             ops = _all_ops(servers, loop)
             trips = _count(servers, ops, 20, loop)
-            claims = _claim_floors(ops)
+            claims = _claim_floors(ops, loop)
             for name, paths in ops.items():
-                timed = _timed({"ping": ping.ping, "claim": claims[name], **paths}, iterations, warmup)
+                floors = {"ping": ping.ping, "claim": claims[name]}
+                if name == "arq":
+                    floors["turn"] = _loop_turn(loop)
+                timed = _timed({**floors, **paths}, iterations, warmup)
                 for path in (*PATHS, "claim"):
                     stats = timed[path]
                     label = f"{name}: {path} enqueue" if path in PATHS else f"{name}: the claim alone, raw"
@@ -677,14 +755,29 @@ def run_queues(report: Report, locks_url: str, queue_url: str, iterations: int, 
     ]
 
 
-def _claim_floors(ops: dict[str, dict[str, Callable[[], object]]]) -> dict[str, Callable[[], object]]:
+def _loop_turn(loop: asyncio.AbstractEventLoop) -> Callable[[], object]:
+    """One ``run_until_complete`` of a coroutine that awaits nothing: what arq's calls pay the loop."""
+
+    async def nothing() -> None:
+        return None
+
+    return lambda: loop.run_until_complete(nothing())
+
+
+def _claim_floors(
+    ops: dict[str, dict[str, Callable[[], object]]], loop: asyncio.AbstractEventLoop
+) -> dict[str, Callable[[], object]]:
     """Each queue's floor for its claim: the CLAIM its duplicate sends, sent again by ``client.evalsha``.
 
-    Recorded from each sync queue's duplicate on the lock store's client (arq's, which goes through
-    the asyncio client, gets RQ's: the same script with arguments of the same sizes).
+    Recorded from each sync queue's duplicate on the lock store's client. arq's duplicate goes
+    through the store's asyncio client, each call in ``loop.run_until_complete`` as the benchmark
+    runs arq's calls: its floor is RQ's CLAIM (the same script, arguments of the same sizes) awaited
+    on that client, in that loop, so the loop's own cost is in the floor as in the duplicate.
     """
     from uniqjob.config import default_backend
+    from uniqjob.stores.aio import async_backend
     from uniqjob.stores.redis import RedisBackend
+    from uniqjob.stores.redis._async import RedisAsync
 
     store = default_backend()
     assert isinstance(store, RedisBackend)
@@ -694,7 +787,15 @@ def _claim_floors(ops: dict[str, dict[str, Callable[[], object]]]) -> dict[str, 
         if sent:
             floors[name] = Raw(store.client, sent, fresh=False).op()
     if "arq" in ops:
-        floors["arq"] = floors["rq"]
+        face = async_backend(store)
+        assert isinstance(face, RedisAsync)
+
+        async def client() -> Any:
+            return face.wire().client  # the running loop's: the one arq's duplicates use
+
+        aclient = loop.run_until_complete(client())
+        _, sha, numkeys, *items = record(store.client, ops["rq"]["duplicate"])[0][0].args
+        floors["arq"] = lambda: loop.run_until_complete(aclient.evalsha(sha, numkeys, *items))
     return floors
 
 
@@ -703,7 +804,10 @@ def _targets(report: Report, name: str, trips: dict[str, Trips], timed: dict[str
     ping = timed["ping"].median_us
     # What no Python of ours could beat, on this machine in these rounds: the queue's own enqueue
     # plus the claim's raw round trip; a duplicate is that claim alone.
-    reachable = (timed["plain"].median_us + timed["claim"].median_us) / timed["plain"].median_us
+    # (arq's raw claim is awaited in a turn of the loop of its own, and a unique enqueue is one
+    # turn: that turn is counted once.)
+    turn = timed["turn"].median_us if "turn" in timed else 0.0
+    reachable = (timed["plain"].median_us + timed["claim"].median_us - turn) / timed["plain"].median_us
     raw_dup = timed["claim"].median_us / ping
     report.figures[f"queues_{name}_unique_ratio_without_python"] = reachable
     python_us = timed["duplicate"].median_us - timed["claim"].median_us

@@ -122,7 +122,7 @@ def test_rq_worker_bursts_have_their_shape_and_round_trips(redis_server: RedisSe
     assert (simple.jobs, len(simple.pairs), forking.jobs, len(forking.pairs)) == (5, 2, 10, 1)
     for found in (simple, forking):
         for pair in found.pairs:
-            assert set(pair) == {"plain", "unique"}
+            assert set(pair) == ({"plain", "unique", "floor"} if found is simple else {"plain", "unique"})
             for burst in pair.values():
                 assert burst.jobs == found.jobs and burst.seconds > 0 and burst.rate > 0
         plain, unique = found.trips("plain"), found.trips("unique")
@@ -131,7 +131,12 @@ def test_rq_worker_bursts_have_their_shape_and_round_trips(redis_server: RedisSe
         # ... and a connection's handshake (and its scripts' loading): the SimpleWorker's one is
         # shared by its jobs; a forking Worker's horse makes its own per job
         assert 2 <= unique.locks <= (2 + 10 / found.jobs if found is simple else math.inf)
-        assert len(found.table()) == len(found.pairs) + 4
+        assert len(found.table()) == len(found.pairs) + (5 if found is simple else 4)
+    # The floor's jobs send the unique jobs' two calls to the lock store, raw: the same scripts.
+    floor, unique = simple.trips("floor"), simple.trips("unique")
+    assert floor.commands["locks"] == unique.commands["locks"]
+    assert simple.floor_slowdown is not None and forking.floor_slowdown is None
+    assert report.figures["queues_rq_burst_floor_slowdown"] == simple.floor_slowdown
     assert found.ratio == found.median("unique") / found.median("plain")
     (target,) = [t for t in report.targets if t.id == "queues.rq.burst"]
     assert target.unit == "%" and target.limit == BURST_LIMIT
