@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import socket
 import time
 from typing import Any
@@ -15,6 +16,7 @@ from tests.redis_server import RedisServer
 from uniqjob import BackendError, UniqueJob
 from uniqjob.errors import ConfigurationError, CorruptRecordError
 from uniqjob.locks import LockState, QueueMeta, RunClaim, local_holder
+from uniqjob.queues import Queue
 from uniqjob.stores.redis import RedisBackend
 from uniqjob.stores.redis._wire import plain
 
@@ -142,11 +144,15 @@ def test_the_usual_duplicate_is_left_unread_until_used(redis_backend: RedisBacke
     assert state.run is None and state._read is None
     assert state == LockState("quiet", state.queue, None, state.now)
 
-    # A queued lock whose job a queue may prove gone is read at once, and has something to reclaim.
+    # A queued lock whose job a queue may prove gone has something to reclaim, once the job is old
+    # enough to be asked about: the store says how old it is, and it is read only when it is.
     assert redis_backend.attach("quiet", "t1", "job-1")
     named = redis_backend.claim("quiet", "t3", meta=meta)
-    assert named is not None and not named.nothing_to_reclaim and named._read is None
-    assert named.queue is not None and named.queue.meta.job_id == "job-1"
+    assert named is not None and not named.nothing_to_reclaim and named._read is not None
+    assert named.nothing_to_reclaim_yet(60.0) and named._read is not None  # too young to ask about
+    assert not named.nothing_to_reclaim_yet(None) and not named.nothing_to_reclaim_yet(1e-9)
+    assert named.queue is not None and named.queue.meta.job_id == "job-1" and named._read is None
+    assert named.nothing_to_reclaim_yet(60.0) and not named.nothing_to_reclaim_yet(1e-9)  # read: the same
 
     # So is one with a run lock beside it.
     run = RunClaim(local_holder(), 30.0, "a1")
@@ -160,6 +166,12 @@ def test_an_unread_state_that_is_unreadable_says_so_on_first_use(redis_backend: 
     assert state.nothing_to_reclaim
     with pytest.raises(BackendError, match="unreadable lock state"):
         _ = state.queue
+    young = redis_backend._state("k", "J5 Snot json")  # a job queued 5 µs ago
+    assert not young.nothing_to_reclaim and young.nothing_to_reclaim_yet(1.0)
+    with pytest.raises(BackendError, match="unreadable lock state"):
+        _ = young.queue
+    with pytest.raises(BackendError, match="unreadable lock state"):  # no age: read at once
+        redis_backend._state("k", "Jx Snot json")
 
 
 # Fences (issue 10): issued inside the scripts, from the server's clock, never repeated.
@@ -399,3 +411,60 @@ def test_each_async_primitive_is_a_coroutine_shaped_as_the_sync_one(
         method = vars(async_class)[name]  # its own, not a bridge it inherits
         assert inspect.iscoroutinefunction(method), name
         assert _shape(method) == _shape(getattr(sync_class, name)), name
+
+
+# A queue's job is asked about only once its lock is old enough (suspect_after), on the Redis store.
+
+
+class _AskingQueue(Queue):
+    """Names each job before its claim, as RQ does, and says every job it is asked about is gone."""
+
+    def __init__(self, suspect_after: float) -> None:
+        self.suspect_after = suspect_after
+        self.asked: list[str] = []
+        self.ids = itertools.count()
+
+    def new_job_id(self) -> str:
+        return f"job-{next(self.ids)}"
+
+    def push(self, job_cls: type[UniqueJob], lock: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return lock.meta.job_id
+
+    def job_gone(self, job_id: str) -> bool:
+        self.asked.append(job_id)
+        return True
+
+
+class _Suspected(UniqueJob):
+    def perform(self, n: int) -> None:
+        """Nothing: only its enqueues count here."""
+
+
+@pytest.mark.parametrize("suspect_after", [3600.0, 1e-6])
+def test_a_duplicate_reads_and_asks_about_a_queued_job_only_once_it_is_old_enough(
+    redis_backend: RedisBackend, monkeypatch: pytest.MonkeyPatch, suspect_after: float
+) -> None:
+    """The claim's refusal says how long ago the job was queued ('J'), so a young one's snapshot is
+    never read and its queue never asked; an old enough one is read, asked about, and reclaimed."""
+    queue = _AskingQueue(suspect_after)
+    monkeypatch.setattr(_Suspected, "unique_queue", queue)
+    monkeypatch.setattr(_Suspected, "unique_backend", redis_backend)
+    reads: list[str] = []
+    monkeypatch.setattr(LockState, "_parts", _counting(LockState._parts, reads))
+    assert _Suspected.enqueue(1) == "job-0"
+    again = _Suspected.enqueue(1)
+    if suspect_after > 1:
+        assert again is None and queue.asked == [] and reads == []
+    else:
+        # a round trip later, the server's clock is past 1 µs: read, asked, reclaimed, claimed again
+        assert again == "job-1" and queue.asked == ["job-0"] and reads
+        assert redis_backend.read(_Suspected.lock_key(1)).queue.meta.job_id == "job-1"  # type: ignore[union-attr]
+
+
+def _counting(parts: Any, reads: list[str]) -> Any:
+    def counted(self: LockState) -> Any:
+        if self._read is not None:
+            reads.append(self.key)
+        return parts(self)
+
+    return counted

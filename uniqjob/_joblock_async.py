@@ -82,8 +82,8 @@ async def acquire(
                 return True
             lock.conflict = state
             state.refused = "both" if run else "queue"
-            if state.nothing_to_reclaim and not undos.pending:
-                break  # the usual duplicate: queued, nothing running, no job a queue could prove gone
+            if state.nothing_to_reclaim_yet(gone_after) and not undos.pending:
+                break  # the usual duplicate: queued, nothing running, no job a queue could prove gone yet
             if not (
                 await _reclaim_ours(store, state)
                 or await _reclaim_dead(store, state)

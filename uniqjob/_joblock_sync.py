@@ -83,8 +83,8 @@ def acquire(
                 return True
             lock.conflict = state
             state.refused = "both" if run else "queue"
-            if state.nothing_to_reclaim and not undos.pending:
-                break  # the usual duplicate: queued, nothing running, no job a queue could prove gone
+            if state.nothing_to_reclaim_yet(gone_after) and not undos.pending:
+                break  # the usual duplicate: queued, nothing running, no job a queue could prove gone yet
             if not (
                 _reclaim_ours(store, state)
                 or _reclaim_dead(store, state)

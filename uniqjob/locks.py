@@ -162,12 +162,14 @@ class LockState:
 
     A store may hand one over unread (:meth:`unread`): its parts are then read
     on first use. The usual duplicate enqueue (a queued lock, nothing
-    running, :attr:`nothing_to_reclaim`) is rejected without ever reading them (see
+    running, :attr:`nothing_to_reclaim`, or a queued job too young to be asked about,
+    :meth:`nothing_to_reclaim_yet`) is rejected without ever reading them (see
     docs/performance.md).
     """
 
     __slots__ = (
-        "_nothing_to_reclaim", "_now", "_queue", "_read", "_run", "coalesced", "key", "pending_run", "refused"
+        "_job_age", "_nothing_to_reclaim", "_now", "_queue", "_read", "_run", "coalesced", "key",
+        "pending_run", "refused",
     )  # fmt: skip
 
     def __init__(
@@ -190,18 +192,23 @@ class LockState:
         self._now = now  # the store's clock when the snapshot was taken
         self._read: Callable[[], Parts] | None = None
         self._nothing_to_reclaim = False  # only an unread state keeps what the store said
+        self._job_age: float | None = None
 
     @classmethod
-    def unread(cls, key: str, read: Callable[[], Parts], *, nothing_to_reclaim: bool) -> LockState:
+    def unread(
+        cls, key: str, read: Callable[[], Parts], *, nothing_to_reclaim: bool, job_age: float | None = None
+    ) -> LockState:
         """A snapshot whose parts ``read()`` returns when first asked for.
 
-        ``nothing_to_reclaim`` is :attr:`nothing_to_reclaim` as the store saw it.
+        ``nothing_to_reclaim`` is :attr:`nothing_to_reclaim` as the store saw it; ``job_age``, for
+        a queued lock with a job id and no run lock, how many seconds ago it was queued.
         """
         state = cls.__new__(cls)
         state.key = key
         state.refused = state.pending_run = state.coalesced = ""
         state._read = read
         state._nothing_to_reclaim = nothing_to_reclaim
+        state._job_age = job_age
         return state
 
     def _parts(self) -> Parts:
@@ -233,6 +240,24 @@ class LockState:
             return self._nothing_to_reclaim  # as the store saw it
         queue = self._queue
         return self._run is None and queue is not None and queue.state == QUEUED and not queue.meta.job_id
+
+    def nothing_to_reclaim_yet(self, suspect_after: float | None) -> bool:
+        """:attr:`nothing_to_reclaim`, or a queued lock with a job id and no run lock, younger than
+        ``suspect_after`` seconds: its queue is not asked about the job yet (the job may not have
+        reached it), so nothing may reclaim that lock now either."""
+        if self.nothing_to_reclaim:
+            return True
+        if not suspect_after:
+            return False
+        if self._read is not None:
+            return self._job_age is not None and self._job_age < suspect_after
+        queue = self._queue
+        return (
+            self._run is None
+            and queue is not None
+            and queue.state == QUEUED
+            and self._now - queue.since < suspect_after
+        )
 
     __match_args__ = ("key", "queue", "run", "now")
 

@@ -152,10 +152,15 @@ local function snapshot(now, q)  -- q: the queue lock's fields, if already read
   local qttl, rttl = -2, -2
   if present(q) then qttl = redis.call('PTTL', KEYS[1]) else q = false end
   if present(r) then rttl = redis.call('PTTL', KEYS[2]) else r = false end
-  -- First a mark: 'Q' for the usual duplicate (queued, no job id, no run lock),
-  -- whose snapshot the client need not read; 'S' for any other.
+  -- First a mark: 'Q' for the usual duplicate (queued, no job id, no run lock), whose
+  -- snapshot the client need not read; for a queued lock with a job id and no run lock,
+  -- 'J<µs since it was queued> S', so the client reads it only once its queue may be asked
+  -- about the job (suspect_after); 'S' for any other.
   local mark = 'S'
-  if q and q[1] and q[2] == 'q' and not q[7] and not r then mark = 'Q' end
+  if q and q[1] and q[2] == 'q' and not r then
+    local since = tonumber(q[3])
+    if not q[7] then mark = 'Q' elseif since then mark = string.format('J%.0f S', tonumber(now) - since) end
+  end
   return mark .. cjson.encode({now, q, qttl, r, rttl})  -- SNAPSHOT
 end
 -- The floor for the next fence: the last one issued for this key (0: none), or a reply naming KEYS[3].

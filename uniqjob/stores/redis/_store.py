@@ -51,6 +51,7 @@ T = TypeVar("T")
 _QUEUE_MODES: dict[QueueMode, str] = {"run": "r", "release": "x", "keep": "k", "own": "o"}
 _COALESCE = {"keep_last": "l", "replace": "p"}  # CLAIM's coalesce argument
 _QUIET = "Q"  # the mark of a snapshot that need not be read: see _lua's snapshot()
+_JOB = "J"  # the mark of one that need not be read while its job is young
 _PARTS = ("q", "r", "f")  # queue lock, run lock, last fence
 _TALLIED = (*_PARTS, "d")  # and the dropped duplicates (_lua.count_drop), in the same slot
 
@@ -173,11 +174,15 @@ class RedisBackend(Backend):
 
     def _state(self, key: str, reply: str, *, now: bool = False) -> LockState:
         """The state a snapshot reply describes, each field checked (``_replies``); the usual
-        duplicate's ("Q") unread until used, unless read ``now``."""
+        duplicate's ("Q", or "J" with its job's age) unread until used, unless read ``now``."""
+        age = None
+        if reply[:1] == _JOB:  # 'J<µs> ' then the snapshot: see _lua's snapshot()
+            head, _, reply = reply.partition(" ")
+            age = int(head[1:]) / 1_000_000 if head[1:].isdigit() else None  # else read at once
         read = partial(parts, key, reply, self._keys(key), self.name)
-        if reply[:1] == _QUIET and not now:
-            return LockState.unread(key, read, nothing_to_reclaim=True)
-        return LockState(key, *read())
+        if now or (age is None and reply[:1] != _QUIET):
+            return LockState(key, *read())
+        return LockState.unread(key, read, nothing_to_reclaim=age is None, job_age=age)
 
     def _items(
         self,
