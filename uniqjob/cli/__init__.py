@@ -21,7 +21,7 @@ import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from importlib import import_module
 
 from .. import __version__
@@ -93,31 +93,29 @@ def _command_of(argv: Sequence[str]) -> str | None:
     return None
 
 
-def _stderr_handler() -> Callable[[], None]:
-    """Put a handler on uniqjob's loggers that writes library warnings (a reclaimed orphan, a failing
-    heartbeat) as one line each, no traceback; return its undo."""
-    import logging
+def _library_warnings_to_stderr() -> contextlib.AbstractContextManager[None]:
+    """Within the block, library warnings (a reclaimed orphan, a failing heartbeat) are one line each on
+    stderr, no traceback."""
 
-    class OneLine(logging.Formatter):
-        def format(self, record: logging.LogRecord) -> str:
-            message = record.getMessage()
-            if record.exc_info and record.exc_info[1] is not None:
-                message += f": {record.exc_info[1]}"
-            return f"{PROG}: {escape(message)}"  # a key in a message must not steer the terminal
+    def setup() -> Callable[[], None]:
+        import logging
 
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(OneLine())
-    handler.setLevel(logging.WARNING)
-    logger = logging.getLogger("uniqjob")
-    logger.addHandler(handler)
-    return lambda: logger.removeHandler(handler)
+        class OneLine(logging.Formatter):
+            def format(self, record: logging.LogRecord) -> str:
+                message = record.getMessage()
+                if record.exc_info and record.exc_info[1] is not None:
+                    message += f": {record.exc_info[1]}"
+                return f"{PROG}: {escape(message)}"  # a key in a message must not steer the terminal
 
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(OneLine())
+        handler.setLevel(logging.WARNING)
+        logger = logging.getLogger("uniqjob")
+        logger.addHandler(handler)
+        return lambda: logger.removeHandler(handler)
 
-@contextlib.contextmanager
-def _library_warnings_to_stderr() -> Iterator[None]:
     # Set up when a logger of ours is first used: a run that logs nothing never loads logging.
-    with _log.configured(_stderr_handler):
-        yield
+    return _log.configured(setup)
 
 
 def _origin(args: argparse.Namespace, exc: Exception) -> str:

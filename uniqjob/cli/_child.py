@@ -40,11 +40,8 @@ _TICK = 0.25  # how often a running command's lock is checked for loss
 _KILL_LEAD = 0.05
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start ``argv`` (PATH lookup, no shell) with our stdio and inheritable fds, under the supervisor.
-
-    ``env`` is the command's environment (default: ours).
-    """
+def spawn(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """Start ``argv`` (PATH lookup, no shell) in ``env`` under the supervisor, with our stdio and fds."""
     # -I -S: no site-packages and no PYTHON* variables: a fast start that runs our file only.
     launcher = [sys.executable, "-I", "-S", _supervisor_file(), str(os.getpid())]
     # close_fds=False: only fds the caller made inheritable pass (ours are not, PEP 446),
@@ -193,8 +190,7 @@ class Child:
     def supervise(self, waiter: SignalWaiter) -> int:
         """Forward signals, enforce the deadline, stop on a lost lock; return the command's exit status."""
         proc = self.proc
-        started = time.monotonic()
-        deadline = started + self.kill_after if self.kill_after is not None else math.inf
+        deadline = time.monotonic() + self.kill_after if self.kill_after is not None else math.inf
         hard_kill_at = math.inf
         stopping = quiet_kill = lost = False
         while True:

@@ -7,7 +7,7 @@ import contextlib
 import os
 import shlex
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .._ticks import MAX_SKEW, parse_period, tick_of
@@ -233,10 +233,13 @@ def _checked_command(args: argparse.Namespace) -> list[str]:
         argv = argv[1:]
     if not argv:
         raise UsageError("no command given: uniqjob run [options] -- CMD [ARG...]")
-    if args.key is not None and not args.key.strip():
-        raise UsageError("--key must not be empty")
-    if args.key is not None and not _is_text(args.key):
-        raise UsageError("--key must be text (UTF-8): it holds bytes that are not")
+    if args.key is not None:
+        if not args.key.strip():
+            raise UsageError("--key must not be empty")
+        try:
+            args.key.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates (bytes of argv that are not UTF-8): no store can key it
+            raise UsageError("--key must be text (UTF-8): it holds bytes that are not") from None
     if args.once_per is not None and args.wait:
         # The tick's lock lasts until the tick ends: a waiter would only run the tick again.
         raise UsageError("--wait has no use with --once-per: each tick runs once, on one host")
@@ -309,8 +312,7 @@ def _command_env(lock: JobLock) -> dict[str, str]:
     return env
 
 
-@contextlib.contextmanager
-def _loss_said_by_us() -> Iterator[None]:
+def _loss_said_by_us() -> contextlib.AbstractContextManager[None]:
     """Leave out the heartbeat's own report of a lost lock: the run says it, with what it does about it."""
 
     def not_loss(record: logging.LogRecord) -> bool:
@@ -323,8 +325,7 @@ def _loss_said_by_us() -> Iterator[None]:
         logger.addFilter(not_loss)
         return lambda: logger.removeFilter(not_loss)
 
-    with _log.configured(setup):  # when logging is used: a run that logs nothing never loads it
-        yield
+    return _log.configured(setup)  # when logging is used: a run that logs nothing never loads it
 
 
 def _acquire(lock: JobLock, wait: float, waiter: SignalWaiter, *, run: bool) -> tuple[bool, int | None]:
@@ -340,10 +341,7 @@ def _acquire(lock: JobLock, wait: float, waiter: SignalWaiter, *, run: bool) -> 
         left = deadline - time.monotonic()
         if left <= 0:
             return False, None
-        # Jitter keeps many waiters from polling in step after a long run ends.
-        import random  # here: a run that waits for nobody need not load it
-
-        signum = waiter.wait(min(left, delay * random.uniform(0.8, 1.2)))
+        signum = waiter.wait(min(left, _jittered(delay)))
         if signum is not None:
             return False, signum
         delay = min(delay * 2, 1.0)
@@ -392,13 +390,18 @@ def _take_over(lock: JobLock, overlap: str, waiter: SignalWaiter, *, quiet: bool
         if verdict == "stopping" and not asked and not quiet:
             say(f"asked the run holding {key!r} to stop (--overlap terminate-other); waiting for it to end")
         asked = asked or verdict == "stopping"
-        import random  # here: a run that waits for nobody need not load it
-
-        signum = waiter.wait(min(lock.lease / 3, delay * random.uniform(0.8, 1.2)))
+        signum = waiter.wait(min(lock.lease / 3, _jittered(delay)))
         if signum is not None:
             withdraw()
             return False, signum
         delay = min(delay * 2, 1.0)
+
+
+def _jittered(delay: float) -> float:
+    """``delay``, give or take a fifth: many waiters then do not poll in step after a long run ends."""
+    import random  # here: a run that waits for nobody need not load it
+
+    return delay * random.uniform(0.8, 1.2)
 
 
 def _gone(pending_run: str) -> bool:
@@ -431,15 +434,6 @@ def _conflict_message(key: str, state: LockState | None, name: str) -> str:
     else:
         holder = "another holder"
     return f"lock {key!r} is held by {holder}; not running: {name}"
-
-
-def _is_text(value: str) -> bool:
-    """False for a string with lone surrogates (bytes of argv that are not UTF-8): no store can key it."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _preview(text: str) -> str:
