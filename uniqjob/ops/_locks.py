@@ -153,10 +153,7 @@ def iter_rows(backend: Backend | None = None, *, job_class: str | None = None) -
 
 
 def _held(backend: Backend) -> Iterator[LockState | LockRow]:
-    """The state of each held key, as the scan finds it; a ``corrupt`` row for each unreadable record.
-
-    Records too damaged to name their key come last, from :meth:`Backend.corrupt`.
-    """
+    """The state of each held key, as the scan finds it; a ``corrupt`` row for each unreadable record."""
     seen: set[str] = set()
     for key, state in read_scan(backend):
         if isinstance(state, CorruptRecordError):
@@ -221,18 +218,19 @@ def _pushable(call: str) -> bool:
         return False
 
 
-def _resume(backend: Backend, key: str, token: str) -> bool:
+def _resume(backend: Backend, key: str, token: str) -> None:
     """Release a dead holder's queue lock ``token`` of ``key`` that has a pending call, and push that call.
 
-    The release queues the pending call in the same step, as the holder's own would have;
-    True if it was pushed (see :func:`uniqjob._coalesce.hand_on`).
+    The release queues the pending call in the same step, as the holder's own would have
+    (see :func:`uniqjob._coalesce.hand_on`).
     """
     from .. import _coalesce  # here: only a key with a pending call needs them
     from .._refs import resolve_job
 
     pending = backend.finish(key, token, attempt=new_token())  # an attempt of no delivery: see reclaim
     ref = _coalesce.json_ref(pending.meta.call) if pending is not None else ""
-    return pending is not None and bool(ref) and _coalesce.hand_on(resolve_job(ref), key, pending)
+    if pending is not None and ref:
+        _coalesce.hand_on(resolve_job(ref), key, pending)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,10 +275,6 @@ def reap(
     return Reaped(reclaimed, held, corrupt)
 
 
-#: What :func:`release` did with a lock key: see :class:`LockRelease`.
-Done = Literal["released", "alive", "changed", "corrupt", "purged", "gone", "unsupported"]
-
-
 @dataclass(frozen=True, slots=True)
 class LockRelease:
     """What :func:`release` did with a lock key (or the path of a corrupt record).
@@ -296,7 +290,7 @@ class LockRelease:
     """
 
     row: LockRow
-    done: Done
+    done: Literal["released", "alive", "changed", "corrupt", "purged", "gone", "unsupported"]
     removed: tuple[str, ...] = ()
 
     @property
