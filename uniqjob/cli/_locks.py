@@ -185,14 +185,13 @@ def locks_command(args: argparse.Namespace) -> int:
     if args.top is not None:
         raise UsageError("--top counts concurrency keys: give it with --concurrency")
     backend = open_backend(args.url)
-    rows = iter_rows(backend, job_class=args.job_class)
     out = sys.stdout
     if isinstance(out, io.TextIOWrapper):
         # A key is any string (Redis keys may not even be UTF-8): show it, never crash on it.
         out.reconfigure(errors="backslashreplace")
     corrupt: list[LockRow] = []
     header_written = False
-    for row in rows:
+    for row in iter_rows(backend, job_class=args.job_class):
         if row.state == CORRUPT:
             corrupt.append(row)
         if args.json:

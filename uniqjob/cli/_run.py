@@ -197,13 +197,8 @@ def run_command(args: argparse.Namespace) -> int:
         if signum is not None:
             return 128 + signum
         if not got:
-            state = lock.conflict
-            if args.quiet or args.conflict_exit == 0:
-                pass  # a busy tick by choice: cron mails nothing
-            elif period is not None and state is not None and state.run is None and state.queue is not None:
-                say(f"already run in this {period:g}s tick (lock {key!r}); not running: {name}")
-            else:
-                say(_conflict_message(key, state, name))
+            if not args.quiet and args.conflict_exit != 0:  # else a busy tick by choice: cron mails nothing
+                say(_conflict_message(key, lock.conflict, name, period))
             return int(args.conflict_exit)
         if period is not None:
             lock.start()  # the run lock; the tick's queue lock stays when it goes
@@ -360,16 +355,15 @@ def _take_over(lock: JobLock, overlap: str, waiter: SignalWaiter, *, quiet: bool
     buffer = overlap == "buffer-one"
     delay, asked, waited = 0.05, False, False
 
+    def withdraw_place() -> bool:
+        return bool(backend.overlap(key, token, "withdraw", lease=lock.lease, holder=me))
+
     def withdraw() -> None:  # a run that waited drops its place once it has the key, or gives up
         if waited:
             try:
-                backend.overlap(key, token, "withdraw", lease=lock.lease, holder=me)
+                withdraw_place()
             except BackendError:  # made again until the store answers (twice changes nothing)
-
-                def again() -> bool:
-                    return bool(backend.overlap(key, token, "withdraw", lease=lock.lease, holder=me))
-
-                undos.add(again, f"the pending run of {key!r}", ())
+                undos.add(withdraw_place, f"the pending run of {key!r}", ())
 
     while True:
         if not buffer and lock.acquire(run=True):
@@ -422,13 +416,15 @@ def _period(text: str) -> float:
     return value
 
 
-def _conflict_message(key: str, state: LockState | None, name: str) -> str:
-    """One line naming the key and its holder, for cron mail."""
+def _conflict_message(key: str, state: LockState | None, name: str, period: float | None) -> str:
+    """One line naming the key and its holder (or its ``--once-per`` tick), for cron mail."""
     if state is None:  # the lock kept changing hands while we tried
         return f"lock {key!r} is busy; not running: {name}"
     if state.run is not None:
         run = state.run
         holder = f"pid {run.holder.pid} on {run.holder.host}, running for {state.now - run.started:.1f}s"
+    elif state.queue is not None and period is not None:
+        return f"already run in this {period:g}s tick (lock {key!r}); not running: {name}"
     elif state.queue is not None:
         holder = f"a {state.queue.state} job, for {state.now - state.queue.since:.1f}s"
     else:

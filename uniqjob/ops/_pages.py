@@ -24,10 +24,10 @@ PAGE = 500
 T = TypeVar("T")
 
 
-def pages(keys: Iterable[str], size: int = PAGE) -> Iterator[list[str]]:
-    """``keys`` in lists of ``size`` (the last one shorter), drawn from the iterator as each is needed."""
+def pages(keys: Iterable[str]) -> Iterator[list[str]]:
+    """``keys`` in lists of :data:`PAGE` (the last one shorter), drawn from the iterator as each is needed."""
     it = iter(keys)
-    while page := list(islice(it, size)):
+    while page := list(islice(it, PAGE)):
         yield page
 
 
