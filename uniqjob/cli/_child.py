@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -143,14 +143,9 @@ def _noop(signum: int, frame: FrameType | None) -> None:
     """A handler that only lets the wakeup fd record the signal."""
 
 
-@contextlib.contextmanager
-def signal_waiter() -> Iterator[SignalWaiter]:
+def signal_waiter() -> contextlib.closing[SignalWaiter]:
     """Take over the forwarded signals (main thread, before any thread starts) until the block ends."""
-    waiter: SignalWaiter = _MaskWaiter() if hasattr(signal, "sigtimedwait") else _PipeWaiter()
-    try:
-        yield waiter
-    finally:
-        waiter.close()
+    return contextlib.closing(_MaskWaiter() if hasattr(signal, "sigtimedwait") else _PipeWaiter())
 
 
 class Child:
