@@ -57,12 +57,8 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
     the command for help it seldom prints. The width is the one argparse takes.
     """
 
-    def __init__(
-        self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
-    ) -> None:
-        super().__init__(
-            prog, indent_increment, max_help_position, _columns() - 2 if width is None else width
-        )
+    def __init__(self, prog: str) -> None:  # argparse makes each with prog=... alone
+        super().__init__(prog, width=_columns() - 2)
 
 
 class Parser(argparse.ArgumentParser):
