@@ -24,6 +24,7 @@ from typing import Any, Final, Literal, TypeVar
 
 from .. import _job_async, _job_sync
 from .._refs import job_ref, resolve_job
+from ..concurrency import _job as _concurrency
 from ..errors import ConfigurationError
 from ..job import UniqueJob
 from ..joblock import JobLock
@@ -41,6 +42,7 @@ __all__ = [
     "in_context",
     "job_ref",
     "perform",
+    "release_gone",
     "resolve_job",
     "settle",
 ]
@@ -152,3 +154,17 @@ def settle(lock: JobLock, decision: Decision) -> None:
     the retry is sent, so that the retry never finds either still running.
     """
     _job_sync.settle(lock, lock.backend, decision)
+
+
+def release_gone(
+    job_cls: type[UniqueJob], lock: JobLock, args: Sequence[Any], kwargs: dict[str, Any]
+) -> None:
+    """Free what a job the queue will never run holds (revoked, expired, dead-lettered, skipped).
+
+    Its lock goes, and the "keep_last" call that waited behind it is pushed; its
+    concurrency slot, found by the concurrency key of ``args`` and ``kwargs`` (as
+    on a worker that runs it), goes too, and the oldest parked call takes it.
+    """
+    lock.release()
+    _job_sync.next_call(job_cls, lock, lock.backend)
+    _concurrency.free(job_cls, lock.token, tuple(args), dict(kwargs))

@@ -38,8 +38,7 @@ except ModuleNotFoundError as exc:  # the optional extra
         name=exc.name,
     ) from exc
 
-from .. import _job_sync, _percall
-from ..concurrency import _job as _concurrency
+from .. import _percall
 from ..errors import ConfigurationError
 from ..functions import _CALLABLES
 from ..job import Queue, UniqueJob
@@ -47,7 +46,7 @@ from ..joblock import JobLock
 from ..locks import holder_is_dead, orphaned
 from ..ops._locks import reclaim
 from ..stores._log import get_logger
-from . import HEADER, KEEP, SETTING_PREFIXES, Decision, Ticket, in_context, perform, settle
+from . import HEADER, KEEP, SETTING_PREFIXES, Decision, Ticket, in_context, perform, release_gone, settle
 
 __all__ = ["CeleryQueue", "UniqueTask"]
 
@@ -359,16 +358,12 @@ def _on_revoked(sender: Any = None, request: Any = None, terminated: bool = Fals
     data = (getattr(request, "headers", None) or {}).get(HEADER)
     if data is None:
         return
-    ticket = Ticket.load(data, f"revoked task {sender.name}[{getattr(request, 'id', '?')}]")
     job = sender.unique_job
-    lock = ticket.lock(job)
-    lock.release()
-    _job_sync.next_call(job, lock, lock.backend)  # a "keep_last" call its release queued
+    lock = Ticket.load(data, f"revoked task {sender.name}[{getattr(request, 'id', '?')}]").lock(job)
+    args, kwargs = getattr(request, "args", None) or (), getattr(request, "kwargs", None) or {}
+    release_gone(job, lock, args, kwargs)
     if terminated:
         _release_when_dead(job, lock.key, lock.token)
-    # the slot is found by the concurrency key of the arguments, as on a worker that runs the task
-    args, kwargs = getattr(request, "args", None) or (), getattr(request, "kwargs", None) or {}
-    _concurrency.free(job, ticket.token, tuple(args), dict(kwargs))
 
 
 #: How often the worker looks whether a terminated task's pool child has died yet.

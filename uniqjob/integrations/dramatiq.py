@@ -38,14 +38,13 @@ except ModuleNotFoundError as exc:  # the optional extra
         name=exc.name,
     ) from exc
 
-from .. import _job_sync, _percall
+from .. import _percall
 from .._names import ALL_SETTINGS
-from ..concurrency import _job as _concurrency
 from ..errors import ConfigurationError
 from ..functions import _CALLABLES
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
-from . import HEADER, SETTING_PREFIXES, Ticket, in_context, perform, settle
+from . import HEADER, SETTING_PREFIXES, Ticket, in_context, perform, release_gone, settle
 
 __all__ = ["AGAIN", "ActorConfigurationError", "ActorJob", "DramatiqQueue", "UniqueMiddleware", "job_of"]
 
@@ -248,10 +247,7 @@ class UniqueMiddleware(Middleware):
             _current.set(None)
             if delivery.lock is not None:
                 if delivery.state in ("running", "kept"):  # no retry came: done for good
-                    lock = delivery.lock
-                    settle(lock, None)
-                    _job_sync.next_call(delivery.job, lock, lock.backend)  # a "keep_last" call behind it
-                    _concurrency.free(delivery.job, lock.token, tuple(message.args), dict(message.kwargs))
+                    release_gone(delivery.job, delivery.lock, message.args, message.kwargs)
                 return
         elif "eta" in message.options:
             return  # a delayed message moved to its queue: it runs later
@@ -260,9 +256,7 @@ class UniqueMiddleware(Middleware):
         data = message.options.get(HEADER)
         if job is not None and data is not None:
             lock = Ticket.load(data, f"Dramatiq message {message.message_id}").lock(job)
-            lock.release()
-            _job_sync.next_call(job, lock, lock.backend)  # a "keep_last" call that waited behind a retry
-            _concurrency.free(job, lock.token, tuple(message.args), dict(message.kwargs))
+            release_gone(job, lock, message.args, message.kwargs)
 
     after_nack = after_ack
 

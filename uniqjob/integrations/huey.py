@@ -40,14 +40,12 @@ except ModuleNotFoundError as exc:  # the optional extra
         name=exc.name,
     ) from exc
 
-from .. import _job_sync
-from ..concurrency import _job as _concurrency
 from ..errors import ConfigurationError
 from ..functions import _CALLABLES
 from ..job import Queue, UniqueJob
 from ..joblock import JobLock
 from ..stores._log import get_logger
-from . import HEADER, SETTING_PREFIXES, Decision, Ticket, in_context, perform
+from . import HEADER, SETTING_PREFIXES, Decision, Ticket, in_context, perform, release_gone
 
 __all__ = ["HueyJob", "HueyQueue", "UniqueHuey", "UniqueRedisHuey", "UniqueTaskWrapper"]
 
@@ -316,7 +314,4 @@ def _dropped(signal: str, task: Any, *args: Any, **kwargs: Any) -> None:
     if job is None or data is None or vars(task).pop(_RAN, False):
         return
     lock = Ticket.load(data, f"{signal} huey task {task.id}").lock(job)
-    lock.release()
-    _job_sync.next_call(job, lock, lock.backend)  # a "keep_last" call that waited behind a retry
-    call = {k: v for k, v in task.kwargs.items() if k != HEADER}
-    _concurrency.free(job, lock.token, task.args, call)
+    release_gone(job, lock, task.args, {k: v for k, v in task.kwargs.items() if k != HEADER})
