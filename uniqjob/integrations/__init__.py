@@ -28,7 +28,6 @@ from ..concurrency import _job as _concurrency
 from ..errors import ConfigurationError
 from ..job import UniqueJob
 from ..joblock import JobLock
-from ..stores._log import get_logger
 from ..stores.aio import async_backend
 
 __all__ = [
@@ -46,8 +45,6 @@ __all__ = [
     "resolve_job",
     "settle",
 ]
-
-log = get_logger(__name__)
 
 #: The name under which lock data travels with a job (RQ job meta, Celery message header).
 HEADER = "uniqjob"

@@ -313,11 +313,9 @@ def _decide(request: Any, exc: BaseException | None, result: Any) -> Decision:
     """What a delivery's outcome means for its lock: done (None), kept (KEEP) or a retry in n seconds."""
     if getattr(request, "_uniqjob_requeued", False):
         return KEEP  # queued again before a retry was published: the retry's now, however this ends
-    if exc is None or (isinstance(exc, Reject) and not exc.requeue):
-        return None
     if isinstance(exc, Retry):
         return _seconds_until(exc.when)  # eager mode: the retry runs next, in this process
-    if isinstance(exc, Reject):
+    if isinstance(exc, Reject) and exc.requeue:
         return 0.0  # requeued by the broker: it comes back
     return None
 
@@ -417,6 +415,7 @@ def _free_at_revoke(**_: Any) -> None:
     command arrives, through the same handler as Celery's own ``task_revoked``
     (which still comes later, and then finds nothing of its token to release).
     """
+    from celery.app.task import Context
     from celery.worker import control
     from celery.worker import state as worker_state
 
@@ -430,19 +429,13 @@ def _free_at_revoke(**_: Any) -> None:
         ids = set(task_id) if isinstance(task_id, list | tuple | set) else {task_id}
         for request in list(worker_state.reserved_requests):
             if request.id in ids and request not in worker_state.active_requests:
-                _on_revoked(sender=request.task, request=_context_of(request))
+                # the task Context that task_revoked is sent, from the request's public fields
+                fields = dict(request.request_dict, id=request.id, args=request.args, kwargs=request.kwargs)
+                _on_revoked(sender=request.task, request=Context(fields))
         return reply
 
     setattr(revoke_and_free, "uniqjob_frees_locks", True)  # noqa: B010 - a marker on a function
     handlers["revoke"] = revoke_and_free
-
-
-def _context_of(request: Any) -> Any:
-    """A reserved worker Request's task Context, from its public fields (what ``task_revoked`` is sent)."""
-    from celery.app.task import Context
-
-    fields = dict(request.request_dict)
-    return Context({**fields, "id": request.id, "args": request.args, "kwargs": request.kwargs})
 
 
 @shared_task(name=ENQUEUE_LATER, ignore_result=True)  # type: ignore[untyped-decorator]
