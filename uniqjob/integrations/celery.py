@@ -38,7 +38,8 @@ except ModuleNotFoundError as exc:  # the optional extra
         name=exc.name,
     ) from exc
 
-from .. import _percall
+from .. import _job_sync, _percall
+from ..concurrency import _job as _concurrency
 from ..errors import ConfigurationError
 from ..functions import _CALLABLES
 from ..job import Queue, UniqueJob
@@ -46,7 +47,7 @@ from ..joblock import JobLock
 from ..locks import holder_is_dead, orphaned
 from ..ops._locks import reclaim
 from ..stores._log import get_logger
-from . import HEADER, KEEP, SETTING_PREFIXES, Decision, Ticket, in_context, perform, release_gone, settle
+from . import HEADER, KEEP, SETTING_PREFIXES, Decision, Ticket, in_context, perform, settle
 
 __all__ = ["CeleryQueue", "UniqueTask"]
 
@@ -358,10 +359,13 @@ def _on_revoked(sender: Any = None, request: Any = None, terminated: bool = Fals
         return
     job = sender.unique_job
     lock = Ticket.load(data, f"revoked task {sender.name}[{getattr(request, 'id', '?')}]").lock(job)
-    args, kwargs = getattr(request, "args", None) or (), getattr(request, "kwargs", None) or {}
-    release_gone(job, lock, args, kwargs)
-    if terminated:
+    lock.release()
+    _job_sync.next_call(job, lock, lock.backend)  # a "keep_last" call its release queued
+    if terminated:  # watched before the slot is freed: a concurrency key that raises leaves it watched
         _release_when_dead(job, lock.key, lock.token)
+    # the slot is found by the concurrency key of the arguments, as on a worker that runs the task
+    args, kwargs = getattr(request, "args", None) or (), getattr(request, "kwargs", None) or {}
+    _concurrency.free(job, lock.token, tuple(args), dict(kwargs))
 
 
 #: How often the worker looks whether a terminated task's pool child has died yet.
