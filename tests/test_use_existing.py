@@ -179,6 +179,7 @@ def test_celery_duplicates_wait_for_the_first_tasks_result(
 
 
 def test_arq_duplicates_wait_for_the_first_jobs_result(workers: Workers, redis_client: redis.Redis) -> None:
+    pytest.importorskip("arq", reason="arq is not installed: pip install --no-deps 'arq>=0.28'")
     from arq.jobs import Job
 
     from tests.arq_jobs import Gate
