@@ -273,7 +273,7 @@ def test_a_setting_assigned_after_the_class_is_defined_counts() -> None:
     assert Late.lock_from(lock.key, lock.token).lease == 7.0
 
 
-def test_a_class_that_overrides_a_hook_is_not_plain() -> None:
+def test_a_class_that_overrides_a_hook_is_not_plain_but_one_that_only_names_itself_is() -> None:
     class Named(UniqueJob):
         @classmethod
         def job_name(cls) -> str:
@@ -282,5 +282,11 @@ def test_a_class_that_overrides_a_hook_is_not_plain() -> None:
         def perform(self, a: int) -> None:
             pass
 
-    assert not Named._plan.plain
-    assert Named.lock(1).key.startswith("renamed:")
+    class Keyed(Named):
+        @classmethod
+        def lock_key(cls, *args: Any, **kwargs: Any) -> str:
+            return super().lock_key(*args, **kwargs)
+
+    assert Named._plan.plain and Named._plan.named and not Keyed._plan.plain
+    assert Named.lock(1).key == Keyed.lock(1).key == make_key("renamed", {"a": 1})
+    assert Named.lock(1).meta.cls == Keyed.lock(1).meta.cls == "renamed"

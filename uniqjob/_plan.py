@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 __all__ = ["LOCK_HOOKS", "JobPlan", "build_lock", "plan_of", "planned_key"]
 
-#: The UniqueJob methods that make a call's lock; a class overriding none of them is ``plain``.
+#: The UniqueJob methods that make a call's lock; a class overriding none of them (but maybe
+#: ``job_name``, which is then called once per lock) is ``plain``.
 LOCK_HOOKS = ("lock", "lock_key", "unique_key", "job_name", "backend", "autoexpire")
 
 
@@ -48,8 +49,11 @@ class JobPlan:
     custom_key: bool = False
     #: The default key of a signature of plain parameters, planned once; None: through ``unique_key()``.
     key: KeyPlan | None = None
-    #: The class overrides none of :data:`LOCK_HOOKS`: its locks may be made without calling them.
+    #: The class overrides none of :data:`LOCK_HOOKS` but ``job_name``: its locks may be made without
+    #: calling them (a queue integration's job class names itself after its task: Celery, Huey, Dramatiq).
     plain: bool = True
+    #: The class overrides ``job_name``: a plain lock is named by one call of it.
+    named: bool = False
     #: ``perform`` is an ``async def``: it is awaited under the locks, by the asyncio API only.
     asynchronous: bool = False
 
@@ -91,12 +95,19 @@ def plan_of(cls: type[UniqueJob], base: type[UniqueJob]) -> JobPlan:
         params = signature.parameters.values()
         defaults = [p.default for p in params if p.default is not inspect.Parameter.empty]
         key = KeyPlan(list(signature.parameters), defaults)
-    plain = all(
-        inspect.getattr_static(cls, name) is inspect.getattr_static(base, name) for name in LOCK_HOOKS
-    )
+    static = inspect.getattr_static
+    hooks = {name for name in LOCK_HOOKS if static(cls, name) is not static(base, name)}  # overridden
     function = getattr(perform, "__func__", perform)  # a classmethod's or staticmethod's function
-    asynchronous = inspect.iscoroutinefunction(function)
-    return JobPlan(signature, bind, bound, custom_key, key, plain, asynchronous)
+    return JobPlan(
+        signature,
+        bind,
+        bound,
+        custom_key,
+        key,
+        plain=hooks <= {"job_name"},
+        named="job_name" in hooks,
+        asynchronous=inspect.iscoroutinefunction(function),
+    )
 
 
 def planned_key(cls: type[UniqueJob], name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -136,7 +147,7 @@ def build_lock(
     if plan.plain:
         # UniqueJob's own lock_key(), job_name(), backend() and autoexpire(), in line: the
         # same values, without four calls on the path of every enqueue.
-        name = f"{cls.__module__}.{cls.__qualname__}"
+        name = cls.job_name() if plan.named else f"{cls.__module__}.{cls.__qualname__}"
         if key is None:
             key = planned_key(cls, name, args, kwargs) or cls.lock_key(*args, **kwargs)
         target = cls.unique_backend
