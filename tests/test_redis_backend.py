@@ -468,3 +468,18 @@ def _counting(parts: Any, reads: list[str]) -> Any:
         return parts(self)
 
     return counted
+
+
+def test_a_queued_job_s_lock_with_a_damaged_since_is_read_at_once_and_named(
+    redis_backend: RedisBackend, redis_client: redis.Redis
+) -> None:
+    """The claim marks a young job's lock with its age only when its since field is a number;
+    else the snapshot goes out plain, is read at once, and the damaged field names its key."""
+    meta = QueueMeta("job", "1", "job-1")
+    assert redis_backend.claim("k", "t1", meta=meta) is None
+    young = redis_backend.claim("k", "t2", meta=meta)
+    assert young is not None and young._read is not None and young.nothing_to_reclaim_yet(60.0)
+    redis_client.hset(f"{redis_backend.namespace}:{{k}}:q", "a", "garbage")
+    with pytest.raises(CorruptRecordError, match=r"field a \(since\) is 'garbage'") as caught:
+        redis_backend.claim("k", "t3", meta=meta)
+    assert caught.value.key == "k"
