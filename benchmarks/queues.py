@@ -782,10 +782,12 @@ def _claim_floors(
     store = default_backend()
     assert isinstance(store, RedisBackend)
     floors: dict[str, Callable[[], object]] = {}
+    claims: dict[str, tuple[Any, ...]] = {}
     for name, paths in ops.items():
         sent, _ = record(store.client, paths["duplicate"])
-        if sent:
+        if sent:  # (arq's sends nothing through the sync client)
             floors[name] = Raw(store.client, sent, fresh=False).op()
+            claims[name] = sent[0].args
     if "arq" in ops:
         face = async_backend(store)
         assert isinstance(face, RedisAsync)
@@ -794,7 +796,7 @@ def _claim_floors(
             return face.wire().client  # the running loop's: the one arq's duplicates use
 
         aclient = loop.run_until_complete(client())
-        _, sha, numkeys, *items = record(store.client, ops["rq"]["duplicate"])[0][0].args
+        _, sha, numkeys, *items = claims["rq"]
         floors["arq"] = lambda: loop.run_until_complete(aclient.evalsha(sha, numkeys, *items))
     return floors
 
